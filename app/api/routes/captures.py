@@ -1,0 +1,49 @@
+"""POST /v1/captures: JSON (shapes, untuned_csv or log inside), or a raw text/csv or text/plain body."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+
+from app.api.deps import DbDep
+from app.api.schemas import CaptureIn, CaptureOut
+from app.errors import Invalid
+from app.services import captures
+
+router = APIRouter(tags=["captures"])
+
+
+def _body_model(ctype: str, raw: bytes, params: dict[str, str]) -> CaptureIn:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Invalid("body: not UTF-8 text", "body") from None
+    if ctype.startswith("application/json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise Invalid(f"body: invalid JSON ({e.msg} at line {e.lineno})", "body") from None
+        if not isinstance(data, dict):
+            raise Invalid("body: expected a JSON object", "body")
+    elif ctype.startswith("text/csv"):
+        data = dict(params, untuned_csv=text)
+    elif ctype.startswith("text/plain"):
+        data = dict(params, log=text)
+    else:
+        raise Invalid(f"content-type: expected application/json, text/csv or text/plain, got {ctype!r}",
+                      "content-type")
+    try:
+        return CaptureIn.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        raise Invalid(f"{field}: {err['msg']}", field) from None
+
+
+@router.post("/v1/captures", status_code=201, response_model=CaptureOut)
+async def post_capture(request: Request, db: DbDep) -> CaptureOut:
+    body = _body_model(request.headers.get("content-type", ""), await request.body(), dict(request.query_params))
+    with db.session() as s:
+        return captures.ingest(s, body)

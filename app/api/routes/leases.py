@@ -1,0 +1,38 @@
+"""Worker leasing: lease a turn-sized batch, heartbeat, post each result, release."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.api.deps import DbDep, SettingsDep
+from app.api.schemas import LeaseIn, LeaseOut, ResultIn, ResultOut
+from app.services import leasing
+
+router = APIRouter(tags=["leases"])
+
+
+@router.post("/v1/leases", response_model=LeaseOut, responses={204: {"description": "no work for this identity"}})
+def lease(body: LeaseIn, db: DbDep, settings: SettingsDep) -> LeaseOut | Response:
+    with db.session() as s:
+        out = leasing.lease_batch(s, body, settings)
+    return out if out is not None else Response(status_code=204)
+
+
+@router.post("/v1/leases/{lease_id}/heartbeat")
+def heartbeat(lease_id: str, db: DbDep, settings: SettingsDep) -> dict:
+    with db.session() as s:
+        lease = leasing.heartbeat(s, lease_id, settings)
+        return {"lease_id": lease.id, "expires_at": lease.expires_at.isoformat(),
+                "hard_deadline": lease.hard_deadline.isoformat()}
+
+
+@router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
+def post_result(lease_id: str, body: ResultIn, db: DbDep, settings: SettingsDep) -> ResultOut:
+    with db.session() as s:
+        return leasing.post_result(s, lease_id, body, settings)
+
+
+@router.post("/v1/leases/{lease_id}/release")
+def release(lease_id: str, db: DbDep, settings: SettingsDep) -> dict:
+    with db.session() as s:
+        return {"lease_id": lease_id, "requeued": leasing.release(s, lease_id, settings)}

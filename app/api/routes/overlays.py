@@ -1,0 +1,53 @@
+"""Overlay CSVs, the deploy line to paste, the image's shipped tables, post-deploy log checks."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.api.deps import DbDep
+from app.api.schemas import ImageTablesIn, LogIn, check_digest
+from app.errors import Invalid
+from app.services import engagement, overlays
+from app.services.schemas import store_image_tables
+
+router = APIRouter(tags=["overlays"])
+
+
+def _digest(d: str) -> str:
+    try:
+        return check_digest(d)
+    except ValueError as e:
+        raise Invalid(f"image_digest: {e}", "image_digest") from None
+
+
+@router.get("/v1/overlays/{image_digest}/{family}.csv")
+def overlay_csv(image_digest: str, family: str, db: DbDep, merged: bool = False) -> Response:
+    with db.session(write=False) as s:
+        ov = overlays.build(s, _digest(image_digest), family, merged=merged)
+    name = overlays.overlay_filename(ov.family, image_digest)
+    return Response(ov.csv(), media_type="text/csv", headers={
+        "Content-Disposition": f'attachment; filename="{"merged_" if merged else ""}{name}"',
+        "X-Aiter-Env": ov.family.env_var, "X-Aiter-Rows": str(len(ov.table.rows))})
+
+
+@router.get("/v1/overlays/{image_digest}/{family}")
+def overlay_info(image_digest: str, family: str, db: DbDep) -> dict:
+    with db.session(write=False) as s:
+        ov = overlays.build(s, _digest(image_digest), family)
+    name = overlays.overlay_filename(ov.family, image_digest)
+    return {"family": ov.family.name, "env_var": ov.family.env_var, "rows": len(ov.table.rows),
+            "header": list(ov.schema.header), "schema_known": ov.schema.known, "filename": name,
+            "env_line": f"{ov.family.env_var}=/overlays/{name}",
+            "download": f"/v1/overlays/{image_digest}/{ov.family.name}.csv"}
+
+
+@router.put("/v1/images/{image_digest}/tables")
+def put_tables(image_digest: str, body: ImageTablesIn, db: DbDep) -> dict:
+    with db.session() as s:
+        return {"image_digest": image_digest, "stored": store_image_tables(s, _digest(image_digest), body)}
+
+
+@router.post("/v1/engagement/logs")
+def post_deploy_log(body: LogIn, db: DbDep) -> dict:
+    with db.session(write=False) as s:
+        return engagement.post_deploy(s, body.image_digest, body.gfx, body.cu_num, body.family, body.log)

@@ -1,0 +1,21 @@
+"""Settings from the environment (prefix TUNER_; DATABASE_URL also read bare)."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNER_")
+
+    database_url: str = Field("sqlite:///./data/tuner.db",
+                              validation_alias=AliasChoices("DATABASE_URL", "TUNER_DATABASE_URL"))
+    max_body_bytes: int = 8 * 1024 * 1024
+    lease_ttl_s: float = 60.0  # a lease dies this long after its last heartbeat
+    lease_grace_s: float = 30.0  # past budget: no heartbeat extends a lease beyond budget + grace
+    max_attempts: int = 3  # a shape failing this many times is parked as failed
+    default_shape_cost_s: float = 30.0  # until a campaign has measured costs
+    sqlite_busy_ms: int = 5000
+    retry_after_s: int = 1
+    stale_worker_s: float = 120.0

@@ -1,0 +1,157 @@
+"""ORM rows. One campaign per (image digest, gfx, cu_num, family); shapes carry their queue state."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on both engines (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # type: ignore[override]
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return value.astimezone(timezone.utc) if value is not None else None
+
+    def process_result_value(self, value, dialect):  # type: ignore[override]
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Base(DeclarativeBase):
+    # stable constraint names so Alembic batch mode (SQLite) can alter them
+    metadata = MetaData(naming_convention={
+        "ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s", "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s"})
+
+
+class Image(Base):
+    __tablename__ = "images"
+    digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    aiter_version: Mapped[str | None] = mapped_column(String(80))
+    aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ImageTable(Base):
+    """A table the image ships (its aiter/configs/ file), as the worker read it: header and text."""
+
+    __tablename__ = "image_tables"
+    __table_args__ = (UniqueConstraint("image_digest", "path"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    image_digest: Mapped[str] = mapped_column(ForeignKey("images.digest"), index=True)
+    family: Mapped[str] = mapped_column(String(64), index=True)
+    path: Mapped[str] = mapped_column(String(300))  # relative to aiter/configs/
+    kind: Mapped[str] = mapped_column(String(16))  # default | model_config | untuned
+    header: Mapped[str] = mapped_column(Text)
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Campaign(Base):
+    __tablename__ = "campaigns"
+    __table_args__ = (UniqueConstraint("image_digest", "gfx", "cu_num", "family"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    image_digest: Mapped[str] = mapped_column(ForeignKey("images.digest"), index=True)
+    gfx: Mapped[str] = mapped_column(String(32))
+    cu_num: Mapped[int] = mapped_column(Integer)
+    family: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    shapes: Mapped[list[CampaignShape]] = relationship(back_populates="campaign", lazy="raise")
+
+
+class Capture(Base):
+    __tablename__ = "captures"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
+    host: Mapped[str | None] = mapped_column(String(255))
+    source_format: Mapped[str] = mapped_column(String(16))
+    aiter_version: Mapped[str | None] = mapped_column(String(80))
+    aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    env: Mapped[dict] = mapped_column(JSON, default=dict)
+    shapes: Mapped[int] = mapped_column(Integer)
+    calls: Mapped[int] = mapped_column(Integer)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class CampaignShape(Base):
+    __tablename__ = "shapes"
+    __table_args__ = (UniqueConstraint("campaign_id", "shape_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
+    shape_key: Mapped[str] = mapped_column(String(1000))
+    shape: Mapped[dict] = mapped_column(JSON)
+    calls: Mapped[int] = mapped_column(Integer, default=0)
+    flops: Mapped[float] = mapped_column(Float)
+    priority: Mapped[float] = mapped_column(Float, index=True)  # estimated served time: calls x flops
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_id: Mapped[str | None] = mapped_column(ForeignKey("leases.id"), index=True)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    campaign: Mapped[Campaign] = relationship(back_populates="shapes", lazy="raise")
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    image_digest: Mapped[str] = mapped_column(String(80))
+    gfx: Mapped[str] = mapped_column(String(32))
+    cu_num: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str | None] = mapped_column(String(255))
+    backends: Mapped[list] = mapped_column(JSON, default=list)
+    aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Lease(Base):
+    __tablename__ = "leases"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id"), index=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(32))
+    budget_s: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16), default="active", index=True)  # active|released|expired|done
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    hard_deadline: Mapped[datetime] = mapped_column(UTCDateTime)  # created + budget + grace: no extension past it
+
+
+class Result(Base):
+    __tablename__ = "results"
+    __table_args__ = (UniqueConstraint("lease_id", "shape_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    shape_id: Mapped[int] = mapped_column(ForeignKey("shapes.id"), index=True)
+    lease_id: Mapped[str] = mapped_column(ForeignKey("leases.id"), index=True)
+    worker_id: Mapped[str] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(32))
+    image_digest: Mapped[str] = mapped_column(String(80), index=True)
+    aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    status: Mapped[str] = mapped_column(String(16))  # ok | failed
+    us: Mapped[float | None] = mapped_column(Float)
+    err_ratio: Mapped[float | None] = mapped_column(Float)
+    verified: Mapped[bool] = mapped_column(Boolean, default=False)
+    kernel_name: Mapped[str | None] = mapped_column(Text)
+    default_us: Mapped[float | None] = mapped_column(Float)  # the untuned default, where the backend timed it
+    row: Mapped[dict | None] = mapped_column(JSON)  # the winner in the family's tuned schema
+    candidates: Mapped[list] = mapped_column(JSON, default=list)
+    error: Mapped[str | None] = mapped_column(Text)
+    elapsed_s: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,59 @@
+"""Engine and sessions. SQLite: WAL, busy timeout, and BEGIN IMMEDIATE so writers queue instead of
+deadlocking on lock upgrade (SQLAlchemy's pysqlite recipe); PostgreSQL via DATABASE_URL."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": sqlite_busy_ms / 1000})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _rec):  # type: ignore[no-untyped-def]
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={int(sqlite_busy_ms)}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn):  # type: ignore[no-untyped-def]
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+
+
+class Database:
+    def __init__(self, url: str, sqlite_busy_ms: int = 5000):
+        self.url = url
+        self.engine = make_engine(url, sqlite_busy_ms)
+        self.is_sqlite = url.startswith("sqlite")
+        # SQLite readers take no write lock (WAL lets them run beside the one writer)
+        self.read_engine = make_engine(url, sqlite_busy_ms, immediate=False) if self.is_sqlite else self.engine
+        self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_factory = sessionmaker(self.read_engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self, write: bool = True) -> Iterator[Session]:
+        """One transaction per use case: committed on success, rolled back on error."""
+        with (self._factory if write else self._read_factory)() as s, s.begin():
+            yield s
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.read_engine is not self.engine:
+            self.read_engine.dispose()

@@ -1,0 +1,112 @@
+"""Shapes: a family's shape columns, validated and written in the spelling AITER's tables use."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from app.domain.families import (BOOL, BOOL01, DTYPE, DTYPES, ENUM, ENUM_VALUES, INT, TableFamily, column_kind,
+                                 enum_prefix)
+
+MAX_DIM = 1 << 31  # a dimension past int32 is a typo, not a shape
+
+# Columns a bf16 capture may leave out; AITER's own defaults for an unflagged call.
+_BF16_DEFAULTS = {"bias": "False", "scaleAB": "False", "bpreshuffle": "False", "dtype": "torch.bfloat16"}
+
+
+class ShapeError(ValueError):
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class Shape:
+    values: tuple[tuple[str, str], ...]  # (column, cell) in the family's shape-column order
+
+    @property
+    def key(self) -> str:
+        return "|".join(f"{c}={v}" for c, v in self.values)
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.values)
+
+
+def _truthy(field: str, raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    s = str(raw).strip()
+    if s in ("True", "true", "1"):
+        return True
+    if s in ("False", "false", "0"):
+        return False
+    raise ShapeError(field, f"expected True/False, got {raw!r}")
+
+
+def cell(col: str, raw: object, field: str) -> str:
+    """One cell in AITER's spelling, or ShapeError naming the field."""
+    kind = column_kind(col)
+    if kind == INT:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ShapeError(field, f"expected a non-negative integer, got {raw!r}")
+        try:
+            v = int(str(raw).strip()) if not isinstance(raw, float) else int(raw)
+        except ValueError:
+            raise ShapeError(field, f"expected a non-negative integer, got {raw!r}") from None
+        if v < 0 or v > MAX_DIM:
+            raise ShapeError(field, f"expected an integer in [0, {MAX_DIM}], got {v}")
+        return str(v)
+    if kind == BOOL:
+        return "True" if _truthy(field, raw) else "False"
+    if kind == BOOL01:
+        return "1" if _truthy(field, raw) else "0"
+    s = str(raw).strip()
+    if kind == DTYPE:
+        s = s if s.startswith("torch.") else f"torch.{s}"
+        if s not in DTYPES:
+            raise ShapeError(field, f"unknown dtype {raw!r}; expected one of {sorted(DTYPES)}")
+        return s
+    if kind == ENUM:
+        prefix = enum_prefix(col)
+        name = s.split(".", 1)[1] if s.startswith(prefix + ".") else s
+        if name not in ENUM_VALUES[prefix]:
+            raise ShapeError(field, f"unknown {prefix} {raw!r}; expected one of {sorted(ENUM_VALUES[prefix])}")
+        return f"{prefix}.{name}"
+    if not s or any(ch.isspace() for ch in s) or "," in s:
+        raise ShapeError(field, f"expected a non-empty value without spaces or commas, got {raw!r}")
+    return s
+
+
+def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape") -> Shape:
+    extra = [k for k in raw if k not in family.shape_columns]
+    if extra:
+        raise ShapeError(f"{where}.{extra[0]}", f"not a {family.name} shape column; "
+                                                f"expected {','.join(family.shape_columns)}")
+    filled = dict(raw)
+    if family.name == "bf16_gemm":
+        for col, default in _BF16_DEFAULTS.items():
+            filled.setdefault(col, default)
+        filled.setdefault("outdtype", filled["dtype"])
+    values = []
+    for col in family.shape_columns:
+        if col not in filled or filled[col] is None or filled[col] == "":
+            raise ShapeError(f"{where}.{col}", "missing")
+        values.append((col, cell(col, filled[col], f"{where}.{col}")))
+    return Shape(tuple(values))
+
+
+def shape_from_key(key: str) -> Shape:
+    return Shape(tuple(tuple(p.split("=", 1)) for p in key.split("|")))  # type: ignore[misc]
+
+
+def flops(family: TableFamily, shape: dict[str, str]) -> float:
+    """Work of one call, to rank shapes by served time (count x flops)."""
+    g = {k: int(v) for k, v in shape.items() if v.isdigit()}
+    if "M" in g and "N" in g and "K" in g:
+        return 2.0 * g.get("B", 1) * g["M"] * g["N"] * g["K"]
+    if {"m", "n", "k"} <= g.keys():
+        return 2.0 * g.get("b", 1) * g["m"] * g["n"] * g["k"]
+    if "token" in g:
+        mats = 3 if g.get("use_g1u1", 1) else 2  # gate+up then down
+        return 2.0 * g["token"] * g["topk"] * g["model_dim"] * g["inter_dim"] * mats
+    return float(math.prod(v for v in g.values() if v > 0) or 1)

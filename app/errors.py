@@ -1,0 +1,69 @@
+"""Domain errors and their HTTP form: {"title", "status", "detail", "field"}; busy databases are 503s."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+
+log = logging.getLogger("aiter_tuner")
+
+
+class DomainError(Exception):
+    status = 400
+    title = "bad request"
+
+    def __init__(self, detail: str, field: str | None = None):
+        super().__init__(detail)
+        self.detail, self.field = detail, field
+
+
+class Invalid(DomainError):
+    status, title = 422, "invalid input"
+
+
+class NotFound(DomainError):
+    status, title = 404, "not found"
+
+
+class Conflict(DomainError):
+    status, title = 409, "conflict"
+
+
+class TooLarge(DomainError):
+    status, title = 413, "payload too large"
+
+
+def _problem(status: int, title: str, detail: str, field: str | None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"title": title, "status": status, "detail": detail, "field": field}, status_code=status,
+                        headers=headers, media_type="application/problem+json")
+
+
+def _is_busy(exc: OperationalError) -> bool:
+    msg = str(exc.orig).lower()
+    return "database is locked" in msg or "database is busy" in msg or "could not serialize" in msg
+
+
+def install(app: FastAPI, retry_after_s: int) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(_req: Request, exc: DomainError) -> JSONResponse:
+        return _problem(exc.status, exc.title, exc.detail, exc.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        field = ".".join(loc) or None
+        return _problem(422, "invalid input", f"{field}: {first.get('msg')}" if field else str(first.get("msg")),
+                        field)
+
+    @app.exception_handler(OperationalError)
+    async def _db(_req: Request, exc: OperationalError) -> JSONResponse:
+        if _is_busy(exc):
+            return _problem(503, "database busy", "the database is busy; retry", None,
+                            {"Retry-After": str(retry_after_s)})
+        log.exception("database error")
+        return _problem(500, "database error", "internal database error", None)

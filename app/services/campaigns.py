@@ -1,0 +1,84 @@
+"""Campaign views: counts by state, served-time coverage, GPU time spent and left."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Campaign, CampaignShape, Image, Lease, Result, Worker, utcnow
+from app.services.leasing import est_shape_cost
+
+STATES = ("queued", "leased", "tuned", "failed")
+
+
+def summaries(s: Session, default_cost: float) -> list[dict]:
+    counts: dict[int, dict[str, int]] = {}
+    served: dict[int, list[float]] = {}
+    q = (select(CampaignShape.campaign_id, CampaignShape.state, func.count(), func.sum(CampaignShape.priority))
+         .group_by(CampaignShape.campaign_id, CampaignShape.state))
+    for cid, state, n, pri in s.execute(q):
+        counts.setdefault(cid, dict.fromkeys(STATES, 0))[state] = n
+        tot = served.setdefault(cid, [0.0, 0.0])
+        tot[0] += pri or 0.0
+        if state == "tuned":
+            tot[1] += pri or 0.0
+    spent = dict(s.execute(select(CampaignShape.campaign_id, func.sum(Result.elapsed_s))
+                           .join(Result, Result.shape_id == CampaignShape.id).group_by(CampaignShape.campaign_id))
+                 .tuples().all())
+    out = []
+    for camp, img in s.execute(select(Campaign, Image).join(Image, Image.digest == Campaign.image_digest)
+                               .order_by(Campaign.image_digest, Campaign.gfx, Campaign.family)):
+        c = counts.get(camp.id, dict.fromkeys(STATES, 0))
+        total = sum(c.values())
+        tot = served.get(camp.id, [0.0, 0.0])
+        cost = _cost_any(s, camp.id, default_cost)
+        out.append({"campaign_id": camp.id, "image_digest": camp.image_digest, "gfx": camp.gfx,
+                    "cu_num": camp.cu_num, "family": camp.family, "aiter_version": img.aiter_version,
+                    "aiter_commit": img.aiter_commit, "shapes": total, **c,
+                    "progress": (c["tuned"] + c["failed"]) / total if total else 0.0,
+                    "served_time_covered": tot[1] / tot[0] if tot[0] else 0.0,
+                    "gpu_s_spent": float(spent.get(camp.id) or 0.0),
+                    "gpu_s_left_est": (c["queued"] + c["leased"]) * cost, "est_shape_cost_s": cost})
+    return out
+
+
+def _cost_any(s: Session, campaign_id: int, default: float) -> float:
+    backend = s.scalar(select(Result.backend).join(CampaignShape, CampaignShape.id == Result.shape_id)
+                       .where(CampaignShape.campaign_id == campaign_id).order_by(Result.id.desc()).limit(1))
+    return est_shape_cost(s, campaign_id, backend, default) if backend else default
+
+
+def shapes(s: Session, campaign_id: int) -> list[dict]:
+    rows = list(s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == campaign_id)
+                          .order_by(CampaignShape.priority.desc(), CampaignShape.id)))
+    best: dict[int, Result] = {}
+    for r in s.scalars(select(Result).where(Result.shape_id.in_([x.id for x in rows] or [-1]))
+                       .order_by(Result.id)):
+        if r.shape_id not in best or (r.verified and (not best[r.shape_id].verified or
+                                                      (r.us or 1e30) < (best[r.shape_id].us or 1e30))):
+            best[r.shape_id] = r
+    out = []
+    for x in rows:
+        r = best.get(x.id)
+        out.append({"shape_id": x.id, "shape": x.shape, "calls": x.calls, "flops": x.flops,
+                    "served": x.priority, "state": x.state, "attempts": x.attempts, "last_error": x.last_error,
+                    "kernel": r.kernel_name if r else None, "us": r.us if r else None,
+                    "default_us": r.default_us if r else None, "backend": r.backend if r else None,
+                    "gpu_s": r.elapsed_s if r else None})
+    return out
+
+
+def workers(s: Session, stale_s: float) -> list[dict]:
+    now = utcnow()
+    posted = dict(s.execute(select(Result.worker_id, func.count()).group_by(Result.worker_id)).tuples().all())
+    out = []
+    for w in s.scalars(select(Worker).order_by(Worker.last_seen_at.desc())):
+        lease = s.scalars(select(Lease).where(Lease.worker_id == w.id, Lease.state == "active")
+                          .order_by(Lease.created_at.desc())).first()
+        used = (now - lease.created_at).total_seconds() if lease else None
+        out.append({"worker_id": w.id, "image_digest": w.image_digest, "gfx": w.gfx, "cu_num": w.cu_num,
+                    "host": w.host, "backends": w.backends, "last_seen_at": w.last_seen_at.isoformat(),
+                    "stale": (now - w.last_seen_at).total_seconds() > stale_s,
+                    "lease_id": lease.id if lease else None, "budget_s": lease.budget_s if lease else None,
+                    "budget_used_s": used, "results_posted": posted.get(w.id, 0)})
+    return out

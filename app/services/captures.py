@@ -1,0 +1,100 @@
+"""Ingest a capture: parse, validate everything first, then add counts to the campaign's shapes."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.api.schemas import CaptureIn, CaptureOut
+from app.db.dialect import add_shape_calls
+from app.db.models import Campaign, CampaignShape, Capture, Image, utcnow
+from app.domain import capture_parsing
+from app.domain.families import TableFamily, UnknownFamily, get_family
+from app.domain.shapes import ShapeError, flops
+from app.errors import Invalid
+
+
+def family_or_422(name: str) -> TableFamily:
+    try:
+        return get_family(name)
+    except UnknownFamily:
+        from app.domain.families import FAMILIES
+        raise Invalid(f"family: unknown table family {name!r}; known: {', '.join(FAMILIES)}", "family") from None
+
+
+def parse(body: CaptureIn) -> tuple[TableFamily, str, capture_parsing.ParsedCapture]:
+    fam = family_or_422(body.family)
+    given = [k for k in ("shapes", "untuned_csv", "log") if getattr(body, k) is not None]
+    if len(given) != 1:
+        raise Invalid("shapes: give exactly one of shapes (JSON), untuned_csv or log", "shapes")
+    fmt = given[0]
+    try:
+        if fmt == "shapes":
+            parsed = capture_parsing.from_json(fam, body.shapes or [])
+        elif fmt == "untuned_csv":
+            parsed = capture_parsing.from_untuned_csv(fam, body.untuned_csv or "")
+        else:
+            parsed = capture_parsing.from_log(fam, body.log or "", body.gfx, body.cu_num)
+    except ShapeError as e:
+        raise Invalid(str(e), e.field) from None
+    return fam, fmt, parsed
+
+
+def ensure_image(s: Session, digest: str, version: str | None = None, commit: str | None = None) -> Image:
+    img = s.get(Image, digest)
+    if img is None:
+        img = _insert_or_get(s, Image(digest=digest, aiter_version=version, aiter_commit=commit),
+                             lambda: s.get(Image, digest))
+    else:
+        img.aiter_version = version or img.aiter_version
+        img.aiter_commit = commit or img.aiter_commit
+    return img
+
+
+def ensure_campaign(s: Session, digest: str, gfx: str, cu_num: int, family: str) -> Campaign:
+    q = select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx, Campaign.cu_num == cu_num,
+                               Campaign.family == family)
+    camp = s.scalars(q).first()
+    if camp is None:
+        camp = _insert_or_get(s, Campaign(image_digest=digest, gfx=gfx, cu_num=cu_num, family=family),
+                              lambda: s.scalars(q).first())
+    return camp
+
+
+def _insert_or_get(s: Session, obj, fetch):  # type: ignore[no-untyped-def]
+    """Insert in a savepoint; if a concurrent request inserted the same row first, take theirs."""
+    try:
+        with s.begin_nested():
+            s.add(obj)
+            s.flush()
+        return obj
+    except IntegrityError:
+        return fetch()
+
+
+def ingest(s: Session, body: CaptureIn) -> CaptureOut:
+    fam, fmt, parsed = parse(body)  # raises before anything is written
+    ensure_image(s, body.image_digest, body.aiter_version, body.aiter_commit)
+    camp = ensure_campaign(s, body.image_digest, body.gfx, body.cu_num, fam.name)
+    keys = list(parsed.shapes)
+    known = set()
+    for i in range(0, len(keys), 500):
+        known |= set(s.scalars(select(CampaignShape.shape_key).where(
+            CampaignShape.campaign_id == camp.id, CampaignShape.shape_key.in_(keys[i:i + 500]))))
+    rows, calls = [], 0
+    for key, (shape, count) in parsed.shapes.items():
+        f = flops(fam, shape.as_dict())
+        rows.append({"campaign_id": camp.id, "shape_key": key, "shape": shape.as_dict(), "calls": count,
+                     "flops": f, "priority": count * f, "state": "queued", "attempts": 0,
+                     "updated_at": utcnow()})
+        calls += count
+    for i in range(0, len(rows), 500):
+        add_shape_calls(s, rows[i:i + 500])
+    new = len(keys) - len(known)
+    cap = Capture(campaign_id=camp.id, host=body.host, source_format=fmt, aiter_version=body.aiter_version,
+                  aiter_commit=body.aiter_commit, env=body.env, shapes=len(parsed.shapes), calls=calls)
+    s.add(cap)
+    s.flush()
+    return CaptureOut(capture_id=cap.id, campaign_id=camp.id, family=fam.name, shapes_received=len(parsed.shapes),
+                      shapes_new=new, calls_added=calls, notes=parsed.notes)

@@ -1,0 +1,203 @@
+"""Leases: turn-sized batches for workers, heartbeats, per-shape results, expiry and parking."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.api.schemas import LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
+from app.config import Settings
+from app.db.dialect import lock_for_lease
+from app.db.models import Campaign, CampaignShape, Lease, Result, Worker, utcnow
+from app.domain.families import get_family
+from app.domain.keys import runtime_value
+from app.errors import Conflict, Invalid, NotFound
+from app.services import schemas as table_schemas
+
+# An error ratio above this is not a valid winner (AITER's --errRatio defaults: GEMM 0.05, MoE cosine 0.1).
+ERR_MAX = {"fmoe": 0.1, "fhmoe": 0.1, "grouped_fmoe": 0.1}
+ERR_MAX_DEFAULT = 0.05
+
+
+def _park_or_requeue(shape: CampaignShape, error: str, max_attempts: int) -> None:
+    shape.lease_id = None
+    shape.last_error = error
+    shape.state = "failed" if shape.attempts >= max_attempts else "queued"
+
+
+def sweep_expired(s: Session, settings: Settings, now: datetime | None = None) -> int:
+    """Leases past their expiry give their unfinished shapes back (or park them after N attempts)."""
+    now = now or utcnow()
+    dead = list(s.scalars(select(Lease).where(Lease.state == "active", Lease.expires_at < now)))
+    for lease in dead:
+        lease.state = "expired"
+        for shape in s.scalars(select(CampaignShape).where(CampaignShape.lease_id == lease.id,
+                                                           CampaignShape.state == "leased")):
+            _park_or_requeue(shape, f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)",
+                             settings.max_attempts)
+    return len(dead)
+
+
+def _touch_worker(s: Session, body: LeaseIn, now: datetime) -> None:
+    w = s.get(Worker, body.worker_id)
+    if w is None:
+        s.add(Worker(id=body.worker_id, image_digest=body.image_digest, gfx=body.gfx, cu_num=body.cu_num,
+                     host=body.host, backends=body.backends, aiter_commit=body.aiter_commit, first_seen_at=now,
+                     last_seen_at=now))
+    else:
+        w.image_digest, w.gfx, w.cu_num, w.host = body.image_digest, body.gfx, body.cu_num, body.host
+        w.backends, w.aiter_commit, w.last_seen_at = body.backends, body.aiter_commit, now
+
+
+def est_shape_cost(s: Session, campaign_id: int, backend: str, default: float) -> float:
+    """Median measured seconds per shape in this campaign for this backend; the default until measured."""
+    q = (select(Result.elapsed_s).join(CampaignShape, CampaignShape.id == Result.shape_id)
+         .where(CampaignShape.campaign_id == campaign_id, Result.backend == backend, Result.elapsed_s.is_not(None))
+         .order_by(Result.id.desc()).limit(200))
+    costs = [c for c in s.scalars(q) if c is not None]
+    return statistics.median(costs) if costs else default
+
+
+def _pick_campaign(s: Session, body: LeaseIn) -> Campaign | None:
+    q = (select(Campaign, func.max(CampaignShape.priority).label("top"))
+         .join(CampaignShape, CampaignShape.campaign_id == Campaign.id)
+         .where(Campaign.image_digest == body.image_digest, Campaign.gfx == body.gfx,
+                Campaign.cu_num == body.cu_num, CampaignShape.state == "queued")
+         .group_by(Campaign.id).order_by(func.max(CampaignShape.priority).desc()))
+    if body.families is not None:
+        q = q.where(Campaign.family.in_(body.families))
+    row = s.execute(q.limit(1)).first()
+    return row[0] if row else None
+
+
+def lease_batch(s: Session, body: LeaseIn, settings: Settings) -> LeaseOut | None:
+    now = utcnow()
+    sweep_expired(s, settings, now)
+    _touch_worker(s, body, now)
+    camp = _pick_campaign(s, body)
+    if camp is None:
+        return None
+    backend = body.backends[0]
+    cost = est_shape_cost(s, camp.id, backend, settings.default_shape_cost_s)
+    n = max(1, math.floor(body.budget_s / cost)) if cost > 0 else 10_000
+    if body.max_shapes:
+        n = min(n, body.max_shapes)
+    pick = lock_for_lease(select(CampaignShape).where(CampaignShape.campaign_id == camp.id,
+                                                      CampaignShape.state == "queued")
+                          .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(n))
+    shapes = list(s.scalars(pick))
+    if not shapes:
+        return None
+    hard = now + timedelta(seconds=body.budget_s + settings.lease_grace_s)
+    lease = Lease(id=str(uuid.uuid4()), worker_id=body.worker_id, campaign_id=camp.id, backend=backend,
+                  budget_s=body.budget_s, created_at=now, heartbeat_at=now, hard_deadline=hard,
+                  expires_at=min(now + timedelta(seconds=settings.lease_ttl_s), hard))
+    s.add(lease)
+    s.flush()
+    for sh in shapes:
+        sh.state, sh.lease_id, sh.attempts = "leased", lease.id, sh.attempts + 1
+    return LeaseOut(lease_id=lease.id, campaign_id=camp.id, family=camp.family, image_digest=camp.image_digest,
+                    gfx=camp.gfx, cu_num=camp.cu_num, backend=backend, budget_s=body.budget_s,
+                    expires_at=lease.expires_at, hard_deadline=hard, heartbeat_every_s=settings.lease_ttl_s / 3,
+                    est_shape_cost_s=cost,
+                    tuned_header=list(table_schemas.schema_for(s, camp.image_digest, camp.family).header),
+                    shapes=[LeasedShape(shape_id=x.id, shape=x.shape, calls=x.calls, attempts=x.attempts)
+                            for x in shapes])
+
+
+def _live_lease(s: Session, lease_id: str, settings: Settings) -> Lease:
+    lease = s.get(Lease, lease_id)
+    if lease is None:
+        raise NotFound(f"lease_id: no lease {lease_id}", "lease_id")
+    if lease.state == "active" and lease.expires_at < utcnow():
+        sweep_expired(s, settings)
+    if lease.state != "active":
+        raise Conflict(f"lease_id: lease {lease_id} is {lease.state}; lease again", "lease_id")
+    return lease
+
+
+def heartbeat(s: Session, lease_id: str, settings: Settings) -> Lease:
+    lease = _live_lease(s, lease_id, settings)
+    now = utcnow()
+    lease.heartbeat_at = now
+    lease.expires_at = min(now + timedelta(seconds=settings.lease_ttl_s), lease.hard_deadline)
+    w = s.get(Worker, lease.worker_id)
+    if w is not None:
+        w.last_seen_at = now
+    return lease
+
+
+def release(s: Session, lease_id: str, settings: Settings) -> int:
+    """A clean stop: unfinished shapes go back to the queue, and the attempt does not count."""
+    lease = _live_lease(s, lease_id, settings)
+    lease.state = "released"
+    back = list(s.scalars(select(CampaignShape).where(CampaignShape.lease_id == lease.id,
+                                                      CampaignShape.state == "leased")))
+    for sh in back:
+        sh.state, sh.lease_id, sh.attempts = "queued", None, max(0, sh.attempts - 1)
+    return len(back)
+
+
+def _check_row(s: Session, camp: Campaign, shape: CampaignShape, row: dict) -> dict[str, str]:
+    """The winner row must be in the image's schema and key exactly the leased shape."""
+    fam = get_family(camp.family)
+    schema = table_schemas.schema_for(s, camp.image_digest, camp.family)
+    cells = {k: "" if v is None else str(v) for k, v in row.items()}
+    missing = [c for c in schema.header if c not in cells]
+    if missing:
+        raise Invalid(f"row.{missing[0]}: missing; the image's {fam.name} header is {','.join(schema.header)}",
+                      f"row.{missing[0]}")
+    want = dict(shape.shape, gfx=camp.gfx, cu_num=str(camp.cu_num))
+    for col in schema.key_columns:
+        if col in want and runtime_value(col, cells[col]) != runtime_value(col, want[col]):
+            raise Invalid(f"row.{col}: {cells[col]!r} does not match the leased shape's {want[col]!r}",
+                          f"row.{col}")
+    return {c: cells[c] for c in schema.header}
+
+
+def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings) -> ResultOut:
+    dup = s.scalars(select(Result).where(Result.lease_id == lease_id, Result.shape_id == body.shape_id)).first()
+    if dup is not None:  # a retried POST: same answer, nothing stored twice
+        shape = s.get(CampaignShape, body.shape_id)
+        return ResultOut(result_id=dup.id, shape_state=shape.state if shape else "?", verified=dup.verified,
+                         duplicate=True)
+    lease = _live_lease(s, lease_id, settings)
+    shape = s.get(CampaignShape, body.shape_id)
+    if shape is None or shape.lease_id != lease.id or shape.state != "leased":
+        raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
+    camp = s.get(Campaign, lease.campaign_id)
+    assert camp is not None
+    row = _check_row(s, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
+    err_max = ERR_MAX.get(camp.family, ERR_MAX_DEFAULT)
+    verified = (body.status == "ok" and row is not None and body.us is not None and math.isfinite(body.us)
+                and body.us > 0 and body.err_ratio is not None and 0 <= body.err_ratio <= err_max)
+    res = Result(shape_id=shape.id, lease_id=lease.id, worker_id=lease.worker_id, backend=body.backend,
+                 image_digest=camp.image_digest, aiter_commit=body.aiter_commit, status=body.status, us=body.us,
+                 err_ratio=body.err_ratio, verified=verified, kernel_name=body.kernel_name,
+                 default_us=body.default_us, row=row, candidates=[c.model_dump() for c in body.candidates],
+                 error=body.error, elapsed_s=body.elapsed_s, started_at=body.started_at,
+                 finished_at=body.finished_at or utcnow())
+    s.add(res)
+    if verified:
+        shape.state, shape.lease_id, shape.last_error = "tuned", None, None
+    else:
+        why = body.error or (f"no verified winner (err_ratio {body.err_ratio} > {err_max} or bad us {body.us})")
+        _park_or_requeue(shape, why, settings.max_attempts)
+    s.flush()
+    left = s.scalar(select(func.count()).select_from(CampaignShape).where(CampaignShape.lease_id == lease.id))
+    if not left:
+        lease.state = "done"
+    return ResultOut(result_id=res.id, shape_state=shape.state, verified=verified)
+
+
+def requeue_campaign_failures(s: Session, campaign_id: int) -> int:
+    """Admin: give parked shapes another round of attempts."""
+    r = s.execute(update(CampaignShape).where(CampaignShape.campaign_id == campaign_id,
+                                              CampaignShape.state == "failed")
+                  .values(state="queued", attempts=0))
+    return r.rowcount or 0

@@ -1,0 +1,65 @@
+"""Each image's own tables, as its worker read them, and the schema they imply per family."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.api.schemas import ImageTablesIn
+from app.db.models import ImageTable
+from app.domain.families import get_family, family_for_file
+from app.domain.headers import HeaderError, Schema, current_schema, parse_header_line, tuned_schema
+from app.domain.tables import Table, read_table
+from app.errors import Invalid
+
+
+def _kind(path: str, default_file: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    if "untuned" in name:
+        return "untuned"
+    return "default" if path == default_file else "model_config"
+
+
+def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str, int]:
+    from app.services.captures import ensure_image
+    ensure_image(s, digest, body.aiter_version, body.aiter_commit)
+    stored: dict[str, int] = {}
+    for path, text in body.tables.items():
+        fam = family_for_file(path)
+        if fam is None or not text.strip():
+            continue  # a table no family reads (asm_a8w8_gemm.csv) is not part of any deploy
+        header = parse_header_line(text.splitlines()[0])
+        kind = _kind(path, fam.tuned_file)
+        if kind != "untuned":
+            try:
+                tuned_schema(fam, header)
+            except HeaderError as e:
+                raise Invalid(f"tables.{path}: {e}", f"tables.{path}") from None
+        old = s.scalars(select(ImageTable).where(ImageTable.image_digest == digest, ImageTable.path == path)).first()
+        if old is None:
+            s.add(ImageTable(image_digest=digest, family=fam.name, path=path, kind=kind, header=",".join(header),
+                             content=text))
+        else:
+            old.header, old.content, old.kind, old.family = ",".join(header), text, kind, fam.name
+        stored[fam.name] = stored.get(fam.name, 0) + 1
+    return stored
+
+
+def image_tables(s: Session, digest: str, family: str, kinds: tuple[str, ...] = ("default", "model_config")
+                 ) -> list[ImageTable]:
+    q = (select(ImageTable).where(ImageTable.image_digest == digest, ImageTable.family == family,
+                                  ImageTable.kind.in_(kinds)).order_by(ImageTable.kind, ImageTable.path))
+    return list(s.scalars(q))
+
+
+def shipped_tables(s: Session, digest: str, family: str) -> list[Table]:
+    """The image's default table first, then its model_configs files, as AITER merges them."""
+    return [read_table(t.content, t.path) for t in image_tables(s, digest, family)]
+
+
+def schema_for(s: Session, digest: str, family: str) -> Schema:
+    """The image's own header for the family (its default table), else the family's current one."""
+    fam = get_family(family)
+    for t in image_tables(s, digest, family, ("default",)):
+        return tuned_schema(fam, parse_header_line(t.header))
+    return current_schema(fam)
