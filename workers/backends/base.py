@@ -1,0 +1,54 @@
+"""What a backend gives the agent: run a leased batch, emitting each shape's result as it finishes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+
+@dataclass
+class ShapeResult:
+    shape_id: int
+    status: str  # ok | failed
+    row: dict[str, Any] | None = None
+    us: float | None = None
+    err_ratio: float | None = None
+    kernel_name: str | None = None
+    default_us: float | None = None
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    elapsed_s: float | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    def payload(self, backend: str, aiter_commit: str | None) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items()}
+        d.update(backend=backend, aiter_commit=aiter_commit)
+        return d
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+@dataclass
+class Batch:
+    lease: dict[str, Any]
+    deadline: float  # time.monotonic() by which every shape must be done
+    should_stop: Callable[[], bool]
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+Emit = Callable[[ShapeResult], None]
+
+
+class Backend(Protocol):
+    name: str
+    families: list[str]
+
+    def run(self, batch: Batch, emit: Emit) -> None: ...

@@ -1,0 +1,73 @@
+"""Triton GEMM candidates for the torch backend on a GPU: y = a @ b.T (+ bias), several tiles and split-K.
+
+Split-K writes fp32 partials and sums them; the sum is part of the timed candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)
+CONFIGS = [
+    (16, 64, 128, 1, 4, 4), (16, 128, 128, 4, 4, 4), (32, 64, 64, 1, 4, 4), (64, 64, 64, 1, 4, 3),
+    (64, 128, 64, 1, 4, 4), (128, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3), (64, 64, 128, 4, 4, 3),
+    (128, 128, 32, 2, 4, 4),
+]
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_cs,
+                 stride_cm, stride_cn, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_per = tl.cdiv(K, SPLIT_K)
+    k_lo = pid_k * k_per
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_per, BLOCK_K):
+        rk = k_lo + k0 + tl.arange(0, BLOCK_K)
+        kmask = (rk < K) & (rk < k_lo + k_per)
+        a = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+        b = tl.load(b_ptr + rn[None, :] * stride_bn + rk[:, None] * stride_bk,
+                    mask=(rn[None, :] < N) & kmask[:, None], other=0.0)
+        acc += tl.dot(a, b)
+    if HAS_BIAS:
+        if pid_k == 0:
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    c = c_ptr + pid_k * stride_cs + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def _make(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
+          cfg: tuple[int, ...]) -> Callable[[], torch.Tensor]:
+    bm, bn, bk, sk, warps, stages = cfg
+    m, k = a.shape
+    n = b.shape[0]
+    buf = torch.empty((sk, m, n), device=a.device, dtype=torch.float32 if sk > 1 else out_dtype)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), sk)
+    bias_arg = bias if bias is not None else a
+
+    def run() -> torch.Tensor:
+        _gemm_kernel[grid](a, b, buf, bias_arg, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                           buf.stride(0), buf.stride(1), buf.stride(2), HAS_BIAS=bias is not None, BLOCK_M=bm,
+                           BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=warps, num_stages=stages)
+        return buf[0] if sk == 1 else buf.sum(0).to(out_dtype)
+    return run
+
+
+def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+               ) -> list[tuple[str, int, Callable[[], torch.Tensor]]]:
+    out = []
+    for cfg in CONFIGS:
+        bm, bn, bk, sk, warps, stages = cfg
+        if sk > 1 and a.shape[1] < bk * sk:
+            continue
+        name = f"triton_gemm_{bm}x{bn}x{bk}_sk{sk}_w{warps}_s{stages}"
+        out.append((name, sk, _make(a, b, bias, out_dtype, cfg)))
+    return out

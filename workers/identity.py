@@ -1,0 +1,31 @@
+"""What this worker is, the way AITER's tuners see it: gfx and cu_num from torch's device properties."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    gfx: str
+    cu_num: int
+    device: str  # torch device string the backend runs on
+    host: str
+
+
+def detect(gpu: int | None) -> WorkerIdentity:
+    """gcnArchName / multi_processor_count on ROCm (what base_tuner.py stamps rows with); sm_XY on CUDA;
+    a CPU identity where there is no GPU."""
+    host = socket.gethostname()
+    try:
+        import torch
+    except ImportError:  # the aiter backend can run without torch in this process
+        torch = None  # type: ignore[assignment]
+    if torch is not None and gpu is not None and torch.cuda.is_available() and gpu < torch.cuda.device_count():
+        p = torch.cuda.get_device_properties(gpu)
+        arch = getattr(p, "gcnArchName", "") or ""
+        gfx = arch.split(":", 1)[0] if arch.startswith("gfx") else f"sm_{p.major}{p.minor}"
+        return WorkerIdentity(gfx, int(p.multi_processor_count), f"cuda:{gpu}", host)
+    return WorkerIdentity("cpu", os.cpu_count() or 1, "cpu", host)
