@@ -93,6 +93,7 @@ def tuned_schema(family: TableFamily, header: tuple[str, ...]) -> Schema:
 def untuned_header_ok(family: TableFamily, header: tuple[str, ...]) -> list[str]:
     """Problems with an untuned (tuner input) header: unknown columns, or missing dimension columns."""
     allowed = set(family.shape_columns) | set(family.tuned_header) | {"gfx", "cu_num"}
+    allowed |= {c for h in known_untuned_headers(family) for c in h}
     problems = [f"unknown column {c!r}" for c in header if c not in allowed]
     dims = [c for c in family.shape_columns if c == family.m_column or c in ("N", "K", "B", "b", "n", "k")]
     problems += [f"missing column {c!r}" for c in dims if c not in header]

@@ -22,9 +22,9 @@ def summaries(s: Session, default_cost: float) -> list[dict]:
         tot[0] += pri or 0.0
         if state == "tuned":
             tot[1] += pri or 0.0
-    spent = dict(s.execute(select(CampaignShape.campaign_id, func.sum(Result.elapsed_s))
-                           .join(Result, Result.shape_id == CampaignShape.id).group_by(CampaignShape.campaign_id))
-                 .tuples().all())
+    spent = {cid: t for cid, t in s.execute(select(CampaignShape.campaign_id, func.sum(Result.elapsed_s))
+                                            .join(Result, Result.shape_id == CampaignShape.id)
+                                            .group_by(CampaignShape.campaign_id))}
     out = []
     for camp, img in s.execute(select(Campaign, Image).join(Image, Image.digest == Campaign.image_digest)
                                .order_by(Campaign.image_digest, Campaign.gfx, Campaign.family)):
@@ -70,7 +70,7 @@ def shapes(s: Session, campaign_id: int) -> list[dict]:
 
 def workers(s: Session, stale_s: float) -> list[dict]:
     now = utcnow()
-    posted = dict(s.execute(select(Result.worker_id, func.count()).group_by(Result.worker_id)).tuples().all())
+    posted = {w: n for w, n in s.execute(select(Result.worker_id, func.count()).group_by(Result.worker_id))}
     out = []
     for w in s.scalars(select(Worker).order_by(Worker.last_seen_at.desc())):
         lease = s.scalars(select(Lease).where(Lease.worker_id == w.id, Lease.state == "active")

@@ -1,0 +1,109 @@
+"""Shared fixtures: AITER's real tables, a real database per test, the app over HTTP, a live server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("TUNER_SHARED_DIR", ROOT.parent / "shared"))
+CONFIGS = SHARED / "aiter-configs"
+DIGEST = "sha256:" + "ab" * 32
+OTHER_DIGEST = "sha256:" + "cd" * 32
+PG_URL = os.environ.get("TUNER_TEST_PG_URL")  # a PostgreSQL server to test against as well
+
+
+def engines() -> list[str]:
+    return ["sqlite", "postgresql"] if PG_URL else ["sqlite"]
+
+
+def _pg_database() -> str:
+    """A fresh database on the test server, so tests never share state."""
+    import psycopg
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(params=engines())
+def db_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tuner.db'}"
+    return _pg_database()
+
+
+@pytest.fixture
+def settings(db_url):
+    from app.config import Settings
+    return Settings(database_url=db_url, lease_ttl_s=30, lease_grace_s=5, max_attempts=2)
+
+
+@pytest.fixture
+def client(settings):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, url: str, proc: subprocess.Popen, log: Path):
+        self.url, self.proc, self.log = url, proc, log
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+
+def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None) -> LiveServer:
+    port = free_port()
+    env = dict(os.environ, DATABASE_URL=db_url, **(env_extra or {}))
+    out = open(log, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return LiveServer(url, proc, log)
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not come up")
+
+
+@pytest.fixture
+def live_server(db_url, tmp_path):
+    srv = start_server(db_url, tmp_path / "server.log",
+                       {"TUNER_LEASE_TTL_S": "3", "TUNER_LEASE_GRACE_S": "5", "TUNER_MAX_ATTEMPTS": "3"})
+    yield srv
+    srv.proc.terminate()
+    try:
+        srv.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+
+
+def capture(c, shapes, family="bf16_gemm", gfx="gfx942", cu_num=304, digest=DIGEST, **extra):
+    body = {"image_digest": digest, "gfx": gfx, "cu_num": cu_num, "family": family, "host": "test", **extra}
+    if shapes is not None:
+        body["shapes"] = shapes
+    return c.post("/v1/captures", json=body)

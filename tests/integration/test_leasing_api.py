@@ -1,0 +1,150 @@
+"""Leasing over HTTP on a real database: identity, sizing, heartbeats, results, expiry, parking."""
+
+from __future__ import annotations
+
+import time
+
+from tests.conftest import DIGEST, OTHER_DIGEST, capture
+
+
+def lease(client, budget_s=60.0, worker="w1", digest=DIGEST, gfx="gfx942", cu_num=304, **kw):
+    return client.post("/v1/leases", json={"worker_id": worker, "image_digest": digest, "gfx": gfx,
+                                           "cu_num": cu_num, "backends": ["torch"], "budget_s": budget_s, **kw})
+
+
+def ok_row(lease_body, item, us=10.0, **over):
+    row = dict(item["shape"], gfx=lease_body["gfx"], cu_num=lease_body["cu_num"], libtype="torch", solidx=0,
+               splitK=0, us=us, kernelName="k", err_ratio=0.0, tflops=1, bw=1)
+    row.update(over)
+    return {"shape_id": item["shape_id"], "backend": "torch", "status": "ok", "row": row, "us": us,
+            "err_ratio": 0.0, "elapsed_s": 2.0}
+
+
+def shapes(n, n0=64):
+    return [{"M": m, "N": n0, "K": 64} for m in range(1, n + 1)]  # served time grows with M
+
+
+def test_a_worker_only_gets_its_own_image_gfx_and_cu_num(client):
+    capture(client, shapes(2))
+    capture(client, shapes(2), gfx="gfx950", cu_num=256)
+    capture(client, shapes(2), digest=OTHER_DIGEST)
+    assert lease(client, gfx="gfx942", cu_num=80).status_code == 204
+    assert lease(client, digest="sha256:" + "ef" * 32).status_code == 204
+    r = lease(client, gfx="gfx950", cu_num=256)
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["gfx"], body["cu_num"], body["image_digest"]) == ("gfx950", 256, DIGEST)
+    assert len(body["shapes"]) == 2
+    assert lease(client, gfx="gfx950", cu_num=256).status_code == 204  # nothing left for that identity
+
+
+def test_batch_fits_the_budget_from_measured_cost(client, settings):
+    capture(client, shapes(20))
+    first = lease(client, budget_s=settings.default_shape_cost_s * 3).json()
+    assert len(first["shapes"]) == 3 and first["est_shape_cost_s"] == settings.default_shape_cost_s
+    for item in first["shapes"]:
+        assert client.post(f"/v1/leases/{first['lease_id']}/results", json=ok_row(first, item)).status_code == 200
+    second = lease(client, budget_s=10.0).json()  # measured: 2 s a shape
+    assert second["est_shape_cost_s"] == 2.0 and len(second["shapes"]) == 5
+    # highest served time first, never a shape twice
+    ms = [int(x["shape"]["M"]) for x in first["shapes"] + second["shapes"]]
+    assert ms == sorted(ms, reverse=True) and len(set(ms)) == len(ms)
+
+
+def test_results_are_idempotent_and_only_for_the_lease(client):
+    capture(client, shapes(3))
+    a = lease(client, max_shapes=1, worker="a").json()
+    b = lease(client, max_shapes=1, worker="b").json()
+    item = a["shapes"][0]
+    r1 = client.post(f"/v1/leases/{a['lease_id']}/results", json=ok_row(a, item))
+    r2 = client.post(f"/v1/leases/{a['lease_id']}/results", json=ok_row(a, item))
+    assert r1.status_code == r2.status_code == 200
+    assert r2.json()["duplicate"] and r1.json()["result_id"] == r2.json()["result_id"]
+    wrong = client.post(f"/v1/leases/{b['lease_id']}/results", json=ok_row(b, item))
+    assert wrong.status_code == 409 and wrong.json()["field"] == "shape_id"
+    assert client.post("/v1/leases/nope/results", json=ok_row(a, item)).status_code == 404
+
+
+def test_a_row_that_does_not_key_the_shape_is_refused(client):
+    capture(client, shapes(1))
+    body = lease(client).json()
+    item = body["shapes"][0]
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, cu_num=80))
+    assert r.status_code == 422 and r.json()["field"] == "row.cu_num"
+    bad = ok_row(body, item)
+    del bad["row"]["kernelName"]
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json=bad)
+    assert r.status_code == 422 and r.json()["field"] == "row.kernelName"
+    detail = client.get(f"/v1/campaigns/{body['campaign_id']}").json()
+    assert detail["leased"] == 1 and detail["tuned"] == 0
+
+
+def test_failures_park_a_shape_after_max_attempts(client, settings):
+    capture(client, shapes(1))
+    for attempt in range(settings.max_attempts):
+        body = lease(client).json()
+        item = body["shapes"][0]
+        assert item["attempts"] == attempt + 1
+        r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
+            "shape_id": item["shape_id"], "backend": "torch", "status": "failed", "error": f"boom {attempt}"})
+        assert r.json()["shape_state"] == ("failed" if attempt + 1 == settings.max_attempts else "queued")
+    assert lease(client).status_code == 204
+    (s,) = client.get(f"/v1/campaigns/{body['campaign_id']}").json()["shape_list"]
+    assert s["state"] == "failed" and s["last_error"] == f"boom {settings.max_attempts - 1}"
+
+
+def test_an_unverified_winner_does_not_count_as_tuned(client):
+    capture(client, shapes(1))
+    body = lease(client).json()
+    item = body["shapes"][0]
+    res = ok_row(body, item)
+    res["err_ratio"] = 0.5
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json=res)
+    assert r.json() == {"result_id": r.json()["result_id"], "shape_state": "queued", "verified": False,
+                        "duplicate": False}
+    assert client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text.count("\n") == 1  # header only
+
+
+def test_release_requeues_without_counting_an_attempt(client):
+    capture(client, shapes(3))
+    body = lease(client, budget_s=1000).json()
+    client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, body["shapes"][0]))
+    r = client.post(f"/v1/leases/{body['lease_id']}/release")
+    assert r.json()["requeued"] == 2
+    again = lease(client).json()
+    assert len(again["shapes"]) == 2 and all(x["attempts"] == 1 for x in again["shapes"])
+    assert client.post(f"/v1/leases/{body['lease_id']}/heartbeat").status_code == 409
+
+
+def test_expired_lease_gives_its_shapes_back(client, settings):
+    settings.lease_ttl_s = 0.5
+    capture(client, shapes(2))
+    body = lease(client, worker="dead").json()
+    client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, body["shapes"][0]))
+    time.sleep(0.8)
+    assert client.post(f"/v1/leases/{body['lease_id']}/heartbeat").status_code == 409
+    again = lease(client, worker="alive").json()
+    assert [x["shape_id"] for x in again["shapes"]] == [body["shapes"][1]["shape_id"]]
+    assert again["shapes"][0]["attempts"] == 2
+    late = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, body["shapes"][1]))
+    assert late.status_code == 409  # the dead worker's late post cannot land on a re-leased shape
+    c = client.get(f"/v1/campaigns/{body['campaign_id']}").json()
+    assert (c["tuned"], c["leased"]) == (1, 1)
+
+
+def test_heartbeat_extends_but_never_past_budget_and_grace(client, settings):
+    settings.lease_ttl_s = 1.0
+    capture(client, shapes(1))
+    body = lease(client, budget_s=0.5).json()
+    for _ in range(4):
+        time.sleep(0.4)
+        r = client.post(f"/v1/leases/{body['lease_id']}/heartbeat")
+        assert r.status_code == 200
+    assert r.json()["expires_at"] <= r.json()["hard_deadline"]
+
+
+def test_workers_list_shows_identity_and_lease(client):
+    capture(client, shapes(1))
+    body = lease(client, worker="gpu-7").json()
+    (w,) = client.get("/v1/workers").json()
+    assert w["worker_id"] == "gpu-7" and w["lease_id"] == body["lease_id"] and not w["stale"]

@@ -1,0 +1,89 @@
+"""Overlays, merges over the image's shipped table, and engagement before and after deploy."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from app.domain.families import FAMILIES
+from app.domain.keys import row_key
+from tests.conftest import CONFIGS, DIGEST, capture
+from tests.integration.test_leasing_api import lease, ok_row
+
+BF16 = FAMILIES["bf16_gemm"]
+
+
+def tune_all(client, us_of=lambda item: 10.0, gfx="gfx942", cu_num=304):
+    while True:
+        r = lease(client, budget_s=10_000, gfx=gfx, cu_num=cu_num)
+        if r.status_code == 204:
+            return
+        body = r.json()
+        for item in body["shapes"]:
+            res = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, us_of(item)))
+            assert res.status_code == 200, res.text
+
+
+def rows(text):
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_overlay_has_the_exact_header_and_the_best_verified_row_per_key(client):
+    capture(client, [{"M": 1, "N": 1280, "K": 8192}, {"M": 32, "N": 1280, "K": 8192}])
+    tune_all(client, us_of=lambda item: 5.0)
+    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")
+    assert r.status_code == 200 and r.headers["x-aiter-env"] == "AITER_CONFIG_GEMM_BF16"
+    assert r.text.splitlines()[0] == ",".join(BF16.tuned_header)
+    assert len(rows(r.text)) == 2
+    info = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm").json()
+    assert info["env_line"].startswith("AITER_CONFIG_GEMM_BF16=") and info["rows"] == 2
+
+
+def test_overlay_unknown_family_and_bad_digest(client):
+    assert client.get(f"/v1/overlays/{DIGEST}/nope.csv").json()["field"] == "family"
+    assert client.get("/v1/overlays/sha256:zz/bf16_gemm.csv").json()["field"] == "image_digest"
+
+
+def test_merged_overlay_over_the_image_default_has_unique_keys(client):
+    default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
+    r = client.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}})
+    assert r.status_code == 200 and r.json()["stored"] == {"bf16_gemm": 1}
+    shipped = rows(default)
+    s0 = shipped[0]  # re-tune a shape the image already ships, plus a new one
+    capture(client, [{c: s0[c] for c in BF16.shape_columns}, {"M": 3, "N": 77, "K": 99}], gfx=s0["gfx"],
+            cu_num=int(s0["cu_num"]))
+    tune_all(client, us_of=lambda item: 1.5, gfx=s0["gfx"], cu_num=int(s0["cu_num"]))
+    merged = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"merged": True}).text)
+    keys = [row_key(BF16.key_columns, r) for r in merged]
+    assert len(keys) == len(set(keys)), "a merged table must load with a unique index"
+    assert len(merged) == len(shipped) + 1
+    mine = next(r for r in merged if row_key(BF16.key_columns, r) == row_key(BF16.key_columns, s0))
+    assert mine["us"] == "1.5" and mine["kernelName"] == "k"
+    assert all(r["kernelName"] != "" and r["libtype"] != "" for r in merged)
+
+
+def test_engagement_before_deploy_reports_hits_and_reasons(client):
+    r = capture(client, [{"M": 1, "N": 1280, "K": 8192, "count": 9}, {"M": 2, "N": 1280, "K": 8192, "count": 1}])
+    cid = r.json()["campaign_id"]
+    body = lease(client, max_shapes=1).json()
+    client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, body["shapes"][0]))
+    rep = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    assert (rep["hits"], rep["misses"]) == (1, 1)
+    miss = next(x for x in rep["report"] if not x["hit"])
+    # M=1 (9 calls) outranks M=2 (1 call, twice the flops), so it was leased and tuned first
+    assert miss["shape"]["M"] == "2" and miss["tried_m"] == [2, 16]
+    assert "M=[1]" in miss["reason"]
+    assert abs(rep["served_time_covered"] - 9 / 11) < 1e-9
+
+
+def test_engagement_after_deploy_counts_log_lines(client):
+    from tests.unit.test_capture_parsing import aiter_lines
+    capture(client, [{"M": 100, "N": 4096, "K": 4096}])
+    r = client.post("/v1/engagement/logs", json={"image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304,
+                                                 "family": "bf16_gemm", "log": aiter_lines()})
+    assert r.status_code == 200
+    rep = r.json()
+    by_m = {x["shape"]["M"]: x for x in rep["report"]}
+    assert by_m["100"]["hits"] == 1 and by_m["100"]["shape_id"] is not None
+    assert by_m["20"]["misses"] == 2 and by_m["20"]["shape_id"] is None
+    assert "AITER_LOG_TUNED_CONFIG=1" in rep["note"]

@@ -1,0 +1,64 @@
+"""Padding and key rebuilding against AITER's rules and its real tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.domain.engagement import check
+from app.domain.families import FAMILIES
+from app.domain.keys import m_candidates, moe_token, padded_m
+from app.domain.tables import read_table
+from tests.conftest import CONFIGS
+
+
+@pytest.mark.parametrize("m,n,gl0,gl1", [
+    (1, 4096, 16, 1), (17, 4096, 32, 32), (256, 4096, 256, 256), (257, 4096, 288, 512), (1000, 512, 1024, 1024),
+    (1025, 4096, 1088, 2048), (4097, 4096, 4224, 8192), (9000, 8192, 9088, 8192), (9000, 4096, 9088, 16384)])
+def test_padded_m_follows_gemm_common_cu(m, n, gl0, gl1):
+    assert padded_m(m, n, 0) == gl0
+    assert padded_m(m, n, 1) == gl1
+
+
+@pytest.mark.parametrize("m,token", [(1, 1), (3, 4), (32, 32), (33, 64), (32767, 32768), (32768, 32768),
+                                     (131071, 32768), (131072, 131072), (500000, 131072)])
+def test_moe_token_tiers(m, token):
+    assert moe_token(m) == token
+
+
+def test_candidates_in_aiter_order():
+    fam = FAMILIES["bf16_gemm"]
+    assert m_candidates(fam, {"M": "100", "N": "4096"}) == [100, 112, 128]
+    assert m_candidates(FAMILIES["bf16_batched_gemm"], {"M": "100"}) == [100]  # batched: exact M only
+    assert m_candidates(FAMILIES["fmoe"], {"token": "200000"}) == [131072, 32768]
+
+
+@pytest.mark.parametrize("name,family", [
+    ("model_configs/dsv3_bf16_tuned_gemm.csv", "bf16_gemm"),
+    ("a8w8_bpreshuffle_tuned_gemm.csv", "a8w8_bpreshuffle_gemm"),
+    ("a8w8_blockscale_tuned_gemm.csv", "a8w8_blockscale_gemm"),
+    ("bf16_tuned_batched_gemm.csv", "bf16_batched_gemm"),
+    ("model_configs/dsv4_fp8fp4_tuned_fmoe.csv", "fmoe"),
+])
+def test_every_shipped_row_engages_for_its_own_shape(name, family):
+    """Rebuild the runtime key for each row's own shape: a real table must hit itself at the exact M."""
+    fam = FAMILIES[family]
+    table = read_table((CONFIGS / name).read_text(), name)
+    by_ident: dict[tuple[str, str], list[dict]] = {}
+    for r in table.rows:
+        by_ident.setdefault((r["gfx"], r["cu_num"]), []).append({c: r[c] for c in fam.shape_columns})
+    for (gfx, cu), shapes in by_ident.items():
+        res = check(fam, fam.key_columns, gfx, int(cu), shapes[:300], table)
+        missed = [x for x in res if not x.hit]
+        assert not missed, (name, missed[0].reason if missed else "")
+        assert all(x.matched_m == int(x.shape[fam.m_column]) for x in res)
+
+
+def test_a_miss_names_the_field_that_differs():
+    fam = FAMILIES["bf16_gemm"]
+    table = read_table((CONFIGS / "bf16_tuned_gemm.csv").read_text())
+    row = table.rows[0]
+    shape = {c: row[c] for c in fam.shape_columns}
+    res = check(fam, fam.key_columns, row["gfx"], int(row["cu_num"]) + 1, [shape], table)[0]
+    assert not res.hit and "cu_num" in res.reason
+    res = check(fam, fam.key_columns, "gfx942", int(row["cu_num"]), [shape], table)[0]
+    assert not res.hit and "gfx" in res.reason
