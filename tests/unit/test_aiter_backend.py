@@ -1,0 +1,106 @@
+"""The aiter backend: the command lines it builds, and AITER's real tuned rows read back as results."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from app.domain.families import FAMILIES
+from app.domain.tables import read_table
+from workers.backends import aiter_tuner
+from workers.backends.aiter_tuner import AiterBackend, match_rows, result_from_row, tuner_command
+from workers.backends.base import Batch
+from tests.conftest import CONFIGS
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_bf16_command_follows_base_tuner_flags(tmp_path):
+    cmd = tuner_command(FAMILIES["bf16_gemm"], Path("/opt/aiter"), tmp_path / "u.csv", tmp_path / "t.csv", 290,
+                        mp=1, python="python3")
+    assert cmd == ["python3", "/opt/aiter/csrc/gemm_a16w16/gemm_a16w16_tune.py", "-i", str(tmp_path / "u.csv"),
+                   "-o", str(tmp_path / "t.csv"), "--mp", "1", "--batch", "1", "--timeout", "290"]
+
+
+def test_preshuffle_family_always_passes_output_and_flag(tmp_path):
+    cmd = tuner_command(FAMILIES["a8w8_blockscale_bpreshuffle_gemm"], Path("/a"), Path("u"), Path("t"), 60)
+    assert cmd[1] == "/a/csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"
+    assert cmd[cmd.index("-o") + 1] == "t" and "--preshuffle" in cmd
+    moe = tuner_command(FAMILIES["fmoe"], Path("/a"), Path("u"), Path("t"), 60)
+    assert moe[1].endswith("csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py")
+    run = aiter_tuner.run_config_command(FAMILIES["bf16_gemm"], Path("/a"), Path("overlay.csv"), Path("u"))
+    assert run[run.index("--run_config") + 1] == "overlay.csv"
+
+
+def test_untuned_csv_is_aiters_header():
+    text = aiter_tuner.untuned_csv(FAMILIES["a8w8_gemm"], [{"shape": {"M": "1", "N": "2", "K": "3",
+                                                                        "q_dtype_w": "torch.int8"}}])
+    assert text == "M,N,K,q_dtype_w\n1,2,3,torch.int8\n"
+
+
+def _lease_from(table_path: str, family: str, n: int) -> tuple[dict, list[dict]]:
+    fam = FAMILIES[family]
+    table = read_table((CONFIGS / table_path).read_text(), table_path)
+    first = table.rows[0]
+    gfx, cu = first.get("gfx", "gfx942"), first["cu_num"]
+    rows = [r for r in table.rows if r.get("gfx", "gfx942") == gfx and r["cu_num"] == cu][:n]
+    shapes = [{"shape_id": i + 1, "shape": {c: r[c].strip() for c in fam.shape_columns}} for i, r in enumerate(rows)]
+    return {"family": family, "gfx": gfx, "cu_num": int(cu), "shapes": shapes,
+            "tuned_header": list(table.header)}, rows
+
+
+def test_real_a8w8_bpreshuffle_rows_become_results():
+    lease, rows = _lease_from("a8w8_bpreshuffle_tuned_gemm.csv", "a8w8_bpreshuffle_gemm", 20)
+    fam = FAMILIES["a8w8_bpreshuffle_gemm"]
+    table = read_table((CONFIGS / "a8w8_bpreshuffle_tuned_gemm.csv").read_text())
+    matched = match_rows(fam, lease, table)
+    assert len(matched) == len(rows)
+    res = result_from_row(fam, lease, 1, matched[1], 1.0, "t")
+    assert res.status == "ok" and res.us == float(rows[0]["us"]) and res.err_ratio == float(rows[0]["errRatio"])
+    assert res.kernel_name == rows[0]["kernelName"] and list(res.row) == lease["tuned_header"]
+
+
+def test_real_fmoe_rows_with_percent_errors():
+    lease, rows = _lease_from("model_configs/dsv4_fp8fp4_tuned_fmoe.csv", "fmoe", 5)
+    fam = FAMILIES["fmoe"]
+    table = read_table((CONFIGS / "model_configs/dsv4_fp8fp4_tuned_fmoe.csv").read_text())
+    matched = match_rows(fam, lease, table)
+    assert len(matched) == len(rows)
+    res = result_from_row(fam, lease, 1, matched[1], 1.0, "t")
+    errs = [float(rows[0][c].rstrip("%")) / 100 for c in ("err1", "err2")]
+    assert res.err_ratio == max(errs) and "+" in res.kernel_name
+
+
+def test_drives_a_tuner_process_and_posts_rows_as_they_appear(tmp_path, monkeypatch):
+    lease, rows = _lease_from("bf16_tuned_gemm.csv", "bf16_gemm", 3)
+    lease["shapes"].append({"shape_id": 99, "shape": dict(lease["shapes"][0]["shape"], N="7")})  # no row for it
+    script_dir = tmp_path / "aiter" / "csrc" / "gemm_a16w16"
+    script_dir.mkdir(parents=True)
+    (script_dir / "gemm_a16w16_tune.py").write_text((FIXTURES / "stub_tuner.py").read_text())
+    monkeypatch.setenv("STUB_SOURCE", str(CONFIGS / "bf16_tuned_gemm.csv"))
+    monkeypatch.setenv("STUB_DELAY", "0.3")
+    seen: list[tuple[float, object]] = []
+    backend = AiterBackend(root=tmp_path / "aiter", python=sys.executable, poll_s=0.05, margin_s=2)
+    backend.run(Batch(lease, time.monotonic() + 60, lambda: False), lambda r: seen.append((time.monotonic(), r)))
+    ok = [r for _, r in seen if r.status == "ok"]
+    failed = [r for _, r in seen if r.status == "failed"]
+    assert [r.shape_id for r in ok] == [1, 2, 3] and [r.shape_id for r in failed] == [99]
+    assert "exit 1" in failed[0].error and "no valid candidate" in failed[0].error
+    assert seen[1][0] - seen[0][0] > 0.15, "rows are posted as the tuner writes them, not at the end"
+    assert [r.us for r in ok] == [float(r["us"]) for r in rows]
+
+
+def test_a_tuner_past_the_budget_is_stopped(tmp_path, monkeypatch):
+    lease, _ = _lease_from("bf16_tuned_gemm.csv", "bf16_gemm", 3)
+    script_dir = tmp_path / "aiter" / "csrc" / "gemm_a16w16"
+    script_dir.mkdir(parents=True)
+    (script_dir / "gemm_a16w16_tune.py").write_text((FIXTURES / "stub_tuner.py").read_text())
+    monkeypatch.setenv("STUB_SOURCE", str(CONFIGS / "bf16_tuned_gemm.csv"))
+    monkeypatch.setenv("STUB_DELAY", "5")
+    seen = []
+    t0 = time.monotonic()
+    AiterBackend(root=tmp_path / "aiter", poll_s=0.05, margin_s=1).run(
+        Batch(lease, time.monotonic() + 2, lambda: False), seen.append)
+    assert time.monotonic() - t0 < 4
+    assert all(r.status == "failed" and "budget" in r.error for r in seen) and len(seen) == 3
