@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install into .venv (with the test extras) and run every test, on SQLite and on a real PostgreSQL
+# started here on loopback. Without PostgreSQL the run fails loudly (TUNER_ALLOW_NO_PG=1 to run SQLite only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q -e '.[dev]'
+
+start_pg() {
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+  if [ -z "$bin" ] && command -v apt-get >/dev/null; then
+    (apt-get install -y -q postgresql >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
+      apt-get install -y -q postgresql >/dev/null; }) || true
+    bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+  fi
+  [ -n "$bin" ] || return 1
+  PGDATA=$(mktemp -d /tmp/tuner-pg.XXXXXX)
+  local port run=()
+  port=$(.venv/bin/python -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
+  if [ "$(id -u)" = 0 ]; then chown postgres "$PGDATA"; run=(runuser -u postgres --); fi
+  "${run[@]}" "$bin/initdb" -D "$PGDATA" -A trust -U postgres >/dev/null
+  "${run[@]}" "$bin/pg_ctl" -D "$PGDATA" -l "$PGDATA/log" -w -o \
+    "-p $port -k $PGDATA -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off" start >/dev/null
+  PG_STOP=("${run[@]}" "$bin/pg_ctl" -D "$PGDATA" -m fast stop)
+  export TUNER_TEST_PG_URL="postgresql://postgres@127.0.0.1:$port/postgres"
+}
+
+if [ -z "${TUNER_TEST_PG_URL:-}" ]; then
+  if start_pg; then
+    trap '"${PG_STOP[@]}" >/dev/null 2>&1 || true; rm -rf "$PGDATA"' EXIT
+    echo "PostgreSQL started for the tests at $TUNER_TEST_PG_URL"
+  elif [ "${TUNER_ALLOW_NO_PG:-0}" = 1 ]; then
+    echo "!!!!! PostgreSQL NOT AVAILABLE: running on SQLite only (TUNER_ALLOW_NO_PG=1) !!!!!" >&2
+  else
+    echo "!!!!! PostgreSQL NOT AVAILABLE: could not install or start it; refusing to pass on SQLite alone." >&2
+    echo "!!!!! Set TUNER_TEST_PG_URL, or TUNER_ALLOW_NO_PG=1 to run SQLite only." >&2
+    exit 1
+  fi
+fi
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
