@@ -20,14 +20,14 @@ CONFIGS = [
 
 
 @triton.jit
-def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_cs,
-                 stride_cm, stride_cn, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, K_PER, stride_am, stride_ak, stride_bn, stride_bk,
+                 stride_cs, stride_cm, stride_cn, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_per = tl.cdiv(K, SPLIT_K)
-    k_lo = pid_k * k_per
+    k_per = K_PER  # a multiple of BLOCK_K, so each split starts aligned and loads stay vectorised
+    k_lo = tl.multiple_of(pid_k * k_per, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k_per, BLOCK_K):
         rk = k_lo + k0 + tl.arange(0, BLOCK_K)
@@ -52,9 +52,10 @@ def _make(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype
     buf = torch.empty((sk, m, n), device=a.device, dtype=torch.float32 if sk > 1 else out_dtype)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), sk)
     bias_arg = bias if bias is not None else a
+    k_per = triton.cdiv(triton.cdiv(k, sk), bk) * bk
 
     def run() -> torch.Tensor:
-        _gemm_kernel[grid](a, b, buf, bias_arg, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        _gemm_kernel[grid](a, b, buf, bias_arg, m, n, k, k_per, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                            buf.stride(0), buf.stride(1), buf.stride(2), HAS_BIAS=bias is not None, BLOCK_M=bm,
                            BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=warps, num_stages=stages)
         return buf[0] if sk == 1 else buf.sum(0).to(out_dtype)
