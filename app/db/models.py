@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -89,7 +90,9 @@ class Capture(Base):
 
 class CampaignShape(Base):
     __tablename__ = "shapes"
-    __table_args__ = (UniqueConstraint("campaign_id", "shape_key"),)
+    # the queue order a lease takes: one index walk instead of a sort per lease
+    __table_args__ = (UniqueConstraint("campaign_id", "shape_key"),
+                      Index("ix_shapes_queue", "campaign_id", "state", "priority", "id"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
     shape_key: Mapped[str] = mapped_column(String(1000))
