@@ -23,17 +23,57 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    import os
+    from pathlib import Path
+
+    from app.config import Settings
+    if args.token or os.environ.get("TUNER_TOKEN"):
+        return args.token or os.environ.get("TUNER_TOKEN")
+    path = Path(Settings().admin_token_file)
+    return path.read_text().strip() if path.exists() else None
+
+
 def example(args: argparse.Namespace) -> int:
     import httpx
+    tok = _token(args)
+    headers = {"Authorization": f"Bearer {tok}"} if tok else {}
     body = {"image_digest": EXAMPLE_DIGEST, "gfx": "gfx942", "cu_num": 304, "family": "bf16_gemm",
             "host": "example", "aiter_version": "example", "shapes": EXAMPLE_SHAPES}
-    r = httpx.post(f"{args.service.rstrip('/')}/v1/captures", json=body, timeout=30)
+    r = httpx.post(f"{args.service.rstrip('/')}/v1/captures", json=body, timeout=30, headers=headers)
     print(r.status_code, json.dumps(r.json()))
     camps = httpx.get(f"{args.service.rstrip('/')}/v1/campaigns", timeout=30).json()
     for c in camps:
         print(f"campaign {c['campaign_id']}: {c['family']} {c['gfx']}/{c['cu_num']} {c['shapes']} shapes, "
               f"{c['queued']} queued")
     return 0 if r.status_code == 201 else 1
+
+
+def token_cmd(args: argparse.Namespace) -> int:
+    """Manage API tokens directly in the service's database (DATABASE_URL)."""
+    from app.config import Settings
+    from app.db import migrate
+    from app.db.session import Database
+    from app.services import tokens
+    settings = Settings()
+    migrate.upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    try:
+        with db.session() as s:
+            if args.action == "create":
+                tok, secret = tokens.create(s, args.name, args.role, args.digest or None)
+                print(json.dumps({"id": tok.id, "name": tok.name, "role": tok.role, "digests": tok.digests,
+                                  "token": secret}))
+            elif args.action == "list":
+                print(json.dumps(tokens.listing(s), indent=1))
+            elif not tokens.revoke(s, args.id):
+                print(f"no live token {args.id}", file=sys.stderr)
+                return 1
+            else:
+                print(f"revoked {args.id}")
+    finally:
+        db.dispose()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=serve)
     e = sub.add_parser("example-capture", help="post a tiny bf16 capture to a running service")
     e.add_argument("--service", default="http://127.0.0.1:8000")
+    e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
     e.set_defaults(fn=example)
+    t = sub.add_parser("token", help="create, list or revoke API tokens (in the database at DATABASE_URL)")
+    tsub = t.add_subparsers(dest="action", required=True)
+    c = tsub.add_parser("create")
+    c.add_argument("--role", required=True, choices=["capture", "worker", "admin", "read"])
+    c.add_argument("--name", required=True)
+    c.add_argument("--digest", action="append", help="scope to this image digest (repeatable)")
+    tsub.add_parser("list")
+    r = tsub.add_parser("revoke")
+    r.add_argument("id", type=int)
+    t.set_defaults(fn=token_cmd)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -19,3 +19,7 @@ class Settings(BaseSettings):
     sqlite_busy_ms: int = 5000
     retry_after_s: int = 1
     stale_worker_s: float = 120.0
+    auth: bool = True  # bearer tokens with roles; off only for local experiments
+    read_open: bool = True  # overlays, reports and the dashboard need no token
+    admin_token: str | None = None  # TUNER_ADMIN_TOKEN: the first admin token, instead of a generated one
+    admin_token_file: str = "./data/admin_token"  # where a generated first admin token is written (0600)

@@ -33,6 +33,14 @@ class Conflict(DomainError):
     status, title = 409, "conflict"
 
 
+class Unauthorized(DomainError):
+    status, title = 401, "unauthorized"
+
+
+class Forbidden(DomainError):
+    status, title = 403, "forbidden"
+
+
 class TooLarge(DomainError):
     status, title = 413, "payload too large"
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -12,6 +14,22 @@ from app.config import Settings
 from app.db import migrate
 from app.db.session import Database
 from app.limits import BodyLimit
+from app.services import tokens
+
+
+def bootstrap_admin(db: Database, settings: Settings) -> None:
+    """First start: an admin token from TUNER_ADMIN_TOKEN, or a generated one printed and saved (0600)."""
+    with db.session() as s:
+        if tokens.has_admin(s):
+            return
+        _, secret = tokens.create(s, "bootstrap-admin", "admin", secret=settings.admin_token)
+    if settings.admin_token:
+        return
+    path = Path(settings.admin_token_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(secret + "\n")
+    print(f"aiter-tuner: first start, admin token (also in {path}): {secret}", file=sys.stderr, flush=True)
 
 
 def create_app(settings: Settings | None = None, run_migrations: bool = True) -> FastAPI:
@@ -19,6 +37,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     if run_migrations:
         migrate.upgrade(settings.database_url)
     db = Database(settings.database_url, settings.sqlite_busy_ms)
+    if settings.auth:
+        bootstrap_admin(db, settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import DIGEST, start_server  # noqa: E402
+from tests.conftest import ADMIN, DIGEST, start_server  # noqa: E402
 from workers.agent import Agent, AgentConfig  # noqa: E402
 from workers.backends.base import Batch  # noqa: E402
 from workers.backends.torch_race import TorchBackend  # noqa: E402
@@ -45,7 +45,7 @@ def direct(backend: TorchBackend, items: list[dict], ident) -> float:
 def through_service(backend: TorchBackend, items: list[dict], ident, budget_s: float, db_url: str) -> tuple:
     srv = start_server(db_url, Path(tempfile.mkdtemp()) / "server.log")
     try:
-        c = ServiceClient(srv.url)
+        c = ServiceClient(srv.url, token=ADMIN)
         body = {"image_digest": DIGEST, "gfx": ident.gfx, "cu_num": ident.cu_num, "family": "bf16_gemm",
                 "shapes": items}
         t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.conftest import DIGEST, start_server  # noqa: E402
+from tests.conftest import ADMIN, DIGEST, start_server  # noqa: E402
 
 IDENT = {"image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304}
 
@@ -37,7 +37,7 @@ def run_clients(n: int, seconds: float, work) -> tuple[list[float], int]:
 
     def loop(i: int) -> None:
         nonlocal errors
-        with httpx.Client(base_url=URL, timeout=60) as c:
+        with httpx.Client(base_url=URL, timeout=60, headers=AUTH) as c:
             k = 0
             while time.monotonic() < stop:
                 t0 = time.perf_counter()
@@ -73,7 +73,7 @@ def bench(engine: str, url: str, seconds: float) -> None:
     srv = start_server(url, Path(tempfile.mkdtemp()) / "server.log", {"TUNER_LEASE_TTL_S": "600"})
     URL = srv.url
     try:
-        httpx.post(URL + "/v1/captures", json={**IDENT, "family": "bf16_gemm",
+        httpx.post(URL + "/v1/captures", headers=AUTH, json={**IDENT, "family": "bf16_gemm",
                                                "shapes": [{"M": m, "N": 64, "K": 64} for m in range(1, 2001)]})
         for n in (1, 8, 64):
             lat, err = run_clients(n, seconds, lease_roundtrip)
@@ -105,5 +105,6 @@ def main() -> None:
 
 
 URL = ""
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
 if __name__ == "__main__":
     main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -18,7 +19,8 @@ SHARED = Path(os.environ.get("TUNER_SHARED_DIR", ROOT.parent / "shared"))
 CONFIGS = SHARED / "aiter-configs"
 DIGEST = "sha256:" + "ab" * 32
 OTHER_DIGEST = "sha256:" + "cd" * 32
-PG_URL = os.environ.get("TUNER_TEST_PG_URL")  # a PostgreSQL server to test against as well
+PG_URL = os.environ.get("TUNER_TEST_PG_URL")
+ADMIN = "atk_test-admin-token"  # TUNER_ADMIN_TOKEN of the servers the tests start  # a PostgreSQL server to test against as well
 
 
 def engines() -> list[str]:
@@ -44,7 +46,8 @@ def db_url(request, tmp_path) -> str:
 @pytest.fixture
 def settings(db_url):
     from app.config import Settings
-    return Settings(database_url=db_url, lease_ttl_s=30, lease_grace_s=5, max_attempts=2)
+    # functional tests run with auth off; tests/integration/test_auth.py covers it on
+    return Settings(database_url=db_url, lease_ttl_s=30, lease_grace_s=5, max_attempts=2, auth=False)
 
 
 @pytest.fixture
@@ -63,16 +66,25 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, url: str, proc: subprocess.Popen, log: Path):
-        self.url, self.proc, self.log = url, proc, log
+    def __init__(self, url: str, proc: subprocess.Popen, log: Path, db_url: str):
+        self.url, self.proc, self.log, self.db_url = url, proc, log, db_url
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30)
+    def client(self, token: str = ADMIN) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {token}"})
+
+    def token(self, role: str, name: str, *digests: str) -> str:
+        """A token made with the CLI, as an operator would."""
+        args = [sys.executable, "-m", "app.cli", "token", "create", "--role", role, "--name", name]
+        for d in digests:
+            args += ["--digest", d]
+        out = subprocess.run(args, cwd=ROOT, env=dict(os.environ, DATABASE_URL=self.db_url), check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out)["token"]
 
 
 def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None) -> LiveServer:
     port = free_port()
-    env = dict(os.environ, DATABASE_URL=db_url, **(env_extra or {}))
+    env = dict(os.environ, DATABASE_URL=db_url, TUNER_ADMIN_TOKEN=ADMIN, **(env_extra or {}))
     out = open(log, "w")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT)
@@ -83,7 +95,7 @@ def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None
             raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
         try:
             if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return LiveServer(url, proc, log)
+                return LiveServer(url, proc, log, db_url)
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()

@@ -133,6 +133,7 @@ class Lease(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     hard_deadline: Mapped[datetime] = mapped_column(UTCDateTime)  # created + budget + grace: no extension past it
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("tokens.id"))  # only this token may post to it
 
 
 class Result(Base):
@@ -158,3 +159,16 @@ class Result(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Token(Base):
+    """An API token, stored as its SHA-256 (tokens are 256-bit random, so a fast hash is enough)."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))  # capture | worker | admin | read
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    digests: Mapped[list | None] = mapped_column(JSON)  # image digests it may act on; None: all
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

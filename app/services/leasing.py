@@ -16,7 +16,7 @@ from app.db.dialect import lock_for_lease
 from app.db.models import Campaign, CampaignShape, Lease, Result, Worker, utcnow
 from app.domain.families import get_family
 from app.domain.keys import runtime_value
-from app.errors import Conflict, Invalid, NotFound
+from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 
 # An error ratio above this is not a valid winner (AITER's --errRatio defaults: GEMM 0.05, MoE cosine 0.1).
@@ -75,7 +75,7 @@ def _pick_campaign(s: Session, body: LeaseIn) -> Campaign | None:
     return row[0] if row else None
 
 
-def lease_batch(s: Session, body: LeaseIn, settings: Settings) -> LeaseOut | None:
+def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | None = None) -> LeaseOut | None:
     now = utcnow()
     sweep_expired(s, settings, now)
     _touch_worker(s, body, now)
@@ -94,7 +94,7 @@ def lease_batch(s: Session, body: LeaseIn, settings: Settings) -> LeaseOut | Non
     if not shapes:
         return None
     hard = now + timedelta(seconds=body.budget_s + settings.lease_grace_s)
-    lease = Lease(id=str(uuid.uuid4()), worker_id=body.worker_id, campaign_id=camp.id, backend=backend,
+    lease = Lease(id=str(uuid.uuid4()), worker_id=body.worker_id, campaign_id=camp.id, backend=backend, token_id=token_id,
                   budget_s=body.budget_s, created_at=now, heartbeat_at=now, hard_deadline=hard,
                   expires_at=min(now + timedelta(seconds=settings.lease_ttl_s), hard))
     s.add(lease)
@@ -110,10 +110,18 @@ def lease_batch(s: Session, body: LeaseIn, settings: Settings) -> LeaseOut | Non
                             for x in shapes])
 
 
-def _live_lease(s: Session, lease_id: str, settings: Settings) -> Lease:
+def _owned_lease(s: Session, lease_id: str, owner: int | None) -> Lease:
+    """owner: the token that must hold the lease (None: no check: auth off, or an admin)."""
     lease = s.get(Lease, lease_id)
     if lease is None:
         raise NotFound(f"lease_id: no lease {lease_id}", "lease_id")
+    if owner is not None and lease.token_id != owner:
+        raise Forbidden(f"lease_id: lease {lease_id} belongs to another worker's token", "lease_id")
+    return lease
+
+
+def _live_lease(s: Session, lease_id: str, settings: Settings, owner: int | None = None) -> Lease:
+    lease = _owned_lease(s, lease_id, owner)
     if lease.state == "active" and lease.expires_at < utcnow():
         sweep_expired(s, settings)
     if lease.state != "active":
@@ -121,8 +129,8 @@ def _live_lease(s: Session, lease_id: str, settings: Settings) -> Lease:
     return lease
 
 
-def heartbeat(s: Session, lease_id: str, settings: Settings) -> Lease:
-    lease = _live_lease(s, lease_id, settings)
+def heartbeat(s: Session, lease_id: str, settings: Settings, owner: int | None = None) -> Lease:
+    lease = _live_lease(s, lease_id, settings, owner)
     now = utcnow()
     lease.heartbeat_at = now
     lease.expires_at = min(now + timedelta(seconds=settings.lease_ttl_s), lease.hard_deadline)
@@ -132,9 +140,9 @@ def heartbeat(s: Session, lease_id: str, settings: Settings) -> Lease:
     return lease
 
 
-def release(s: Session, lease_id: str, settings: Settings) -> int:
+def release(s: Session, lease_id: str, settings: Settings, owner: int | None = None) -> int:
     """A clean stop: unfinished shapes go back to the queue, and the attempt does not count."""
-    lease = _live_lease(s, lease_id, settings)
+    lease = _live_lease(s, lease_id, settings, owner)
     lease.state = "released"
     back = list(s.scalars(select(CampaignShape).where(CampaignShape.lease_id == lease.id,
                                                       CampaignShape.state == "leased")))
@@ -160,13 +168,15 @@ def _check_row(s: Session, camp: Campaign, shape: CampaignShape, row: dict) -> d
     return {c: cells[c] for c in schema.header}
 
 
-def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings) -> ResultOut:
+def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
+                ) -> ResultOut:
+    _owned_lease(s, lease_id, owner)
     dup = s.scalars(select(Result).where(Result.lease_id == lease_id, Result.shape_id == body.shape_id)).first()
     if dup is not None:  # a retried POST: same answer, nothing stored twice
         shape = s.get(CampaignShape, body.shape_id)
         return ResultOut(result_id=dup.id, shape_state=shape.state if shape else "?", verified=dup.verified,
                          duplicate=True)
-    lease = _live_lease(s, lease_id, settings)
+    lease = _live_lease(s, lease_id, settings, owner)
     shape = s.get(CampaignShape, body.shape_id)
     if shape is None or shape.lease_id != lease.id or shape.state != "leased":
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")

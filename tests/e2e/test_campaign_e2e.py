@@ -19,8 +19,8 @@ CPU = {"gfx": "cpu", "cu_num": os.cpu_count() or 1}
 SHAPES = [{"M": m, "N": 512, "K": 1024, "count": 10 + m} for m in (8, 16, 24, 32, 48, 64, 80, 96)]
 
 
-def worker(url, wid, budget, *extra):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def worker(url, wid, budget, *extra, token):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=token)
     return subprocess.Popen([sys.executable, "-m", "workers", "--service", url, "--backend", "torch",
                              "--budget-s", str(budget), "--image-digest", DIGEST, "--worker-id", wid,
                              "--repeats", "10", "--poll-s", "0.2", *extra],
@@ -48,7 +48,8 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
     cid = r.json()["campaign_id"]
 
     # worker A's budget fits every shape at the service's default cost (30 s) until costs are measured
-    a = worker(live_server.url, "victim", 600, "--max-batches", "1")
+    tok = live_server.token("worker", "e2e-workers", DIGEST)
+    a = worker(live_server.url, "victim", 600, "--max-batches", "1", token=tok)
     # kill it once it has posted something but still holds unfinished shapes
     wait_for(lambda: (s := campaign(c, cid))["tuned"] >= 1 and s["leased"] >= 1, timeout=120)
     a.send_signal(signal.SIGKILL)
@@ -60,7 +61,7 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
     # the dead worker's lease expires (TTL 3 s without heartbeats); the rest is re-leased by worker B,
     # which takes budget-sized batches of the measured cost, so the campaign needs several
     time.sleep(3.5)
-    b = worker(live_server.url, "survivor", 1.5, "--once")
+    b = worker(live_server.url, "survivor", 1.5, "--once", token=tok)
     out, _ = b.communicate(timeout=240)
     assert b.returncode == 0, out
     stats = json.loads(out.strip().splitlines()[-1])
@@ -83,7 +84,7 @@ def test_sigterm_releases_the_lease_at_once(live_server):
     c = live_server.client()
     cid = c.post("/v1/captures", json={"image_digest": DIGEST, "family": "bf16_gemm", "shapes": SHAPES,
                                        **CPU}).json()["campaign_id"]
-    w = worker(live_server.url, "polite", 600, "--max-batches", "1")
+    w = worker(live_server.url, "polite", 600, "--max-batches", "1", token=live_server.token("worker", "w"))
     wait_for(lambda: campaign(c, cid)["tuned"] >= 1, timeout=120)
     w.send_signal(signal.SIGTERM)
     out, _ = w.communicate(timeout=60)

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from app.db.models import CampaignShape, Result
 from app.db.session import Database
-from tests.conftest import DIGEST, start_server
+from tests.conftest import ADMIN, DIGEST, start_server
 from workers.client import ServiceClient
 
 N_AGENTS, N_SHAPES = 32, 240
@@ -39,7 +39,7 @@ def test_32_agents_never_share_a_shape_and_every_shape_has_one_result(server, db
     start = threading.Barrier(N_AGENTS)
 
     def agent(i: int) -> None:
-        cl = ServiceClient(live_server.url, retry_for_s=60)
+        cl = ServiceClient(live_server.url, retry_for_s=60, token=ADMIN)
         try:
             start.wait()
             while True:
@@ -91,10 +91,11 @@ def test_busy_sqlite_is_503_with_retry_after_and_the_agent_waits(tmp_path):
         holder.execute("BEGIN IMMEDIATE")  # another writer holds the database
         body = {"image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304, "family": "bf16_gemm",
                 "shapes": [{"M": 1, "N": 2, "K": 3}]}
-        r = httpx.post(srv.url + "/v1/captures", json=body, timeout=10)
+        r = httpx.post(srv.url + "/v1/captures", json=body, timeout=10,
+                       headers={"Authorization": f"Bearer {ADMIN}"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         threading.Timer(1.5, lambda: holder.execute("ROLLBACK")).start()
-        cl = ServiceClient(srv.url, retry_for_s=30)
+        cl = ServiceClient(srv.url, retry_for_s=30, token=ADMIN)
         out = cl.lease({"worker_id": "w", "image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304,
                         "backends": ["torch"], "budget_s": 10})
         assert out is None and cl.retries >= 1  # it waited for the lock instead of failing

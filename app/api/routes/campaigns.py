@@ -5,19 +5,20 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import DbDep, SettingsDep
+from app.auth import AdminAuth, ReadAuth
 from app.services import campaigns, engagement, leasing
 
 router = APIRouter(tags=["campaigns"])
 
 
 @router.get("/v1/campaigns")
-def list_campaigns(db: DbDep, settings: SettingsDep) -> list[dict]:
+def list_campaigns(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict]:
     with db.session(write=False) as s:
         return campaigns.summaries(s, settings.default_shape_cost_s)
 
 
 @router.get("/v1/campaigns/{campaign_id}")
-def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep) -> dict:
+def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAuth) -> dict:
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
         summary = next(c for c in campaigns.summaries(s, settings.default_shape_cost_s)
@@ -26,19 +27,19 @@ def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep) -> dict:
 
 
 @router.get("/v1/campaigns/{campaign_id}/engagement")
-def get_engagement(campaign_id: int, db: DbDep, merged: bool = False) -> dict:
+def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False) -> dict:
     with db.session(write=False) as s:
         return engagement.pre_deploy(s, campaign_id, merged=merged)
 
 
 @router.post("/v1/campaigns/{campaign_id}/requeue-failed")
-def requeue_failed(campaign_id: int, db: DbDep) -> dict:
+def requeue_failed(campaign_id: int, db: DbDep, who: AdminAuth) -> dict:
     with db.session() as s:
         engagement.campaign_or_404(s, campaign_id)
         return {"requeued": leasing.requeue_campaign_failures(s, campaign_id)}
 
 
 @router.get("/v1/workers")
-def list_workers(db: DbDep, settings: SettingsDep) -> list[dict]:
+def list_workers(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict]:
     with db.session(write=False) as s:
         return campaigns.workers(s, settings.stale_worker_s)

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from app.api.deps import DbDep
 from app.api.schemas import CaptureIn, CaptureOut
+from app.auth import CaptureAuth
 from app.errors import Invalid
 from app.services import captures
 
@@ -43,7 +44,8 @@ def _body_model(ctype: str, raw: bytes, params: dict[str, str]) -> CaptureIn:
 
 
 @router.post("/v1/captures", status_code=201, response_model=CaptureOut)
-async def post_capture(request: Request, db: DbDep) -> CaptureOut:
+async def post_capture(request: Request, db: DbDep, who: CaptureAuth) -> CaptureOut:
     body = _body_model(request.headers.get("content-type", ""), await request.body(), dict(request.query_params))
+    who.check_digest(body.image_digest)
     with db.session() as s:
         return captures.ingest(s, body)

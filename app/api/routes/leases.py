@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api.deps import DbDep, SettingsDep
+from app.auth import Principal, WorkerAuth
 from app.api.schemas import LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.services import leasing
 
@@ -12,27 +13,33 @@ router = APIRouter(tags=["leases"])
 
 
 @router.post("/v1/leases", response_model=LeaseOut, responses={204: {"description": "no work for this identity"}})
-def lease(body: LeaseIn, db: DbDep, settings: SettingsDep) -> LeaseOut | Response:
+def lease(body: LeaseIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> LeaseOut | Response:
+    who.check_digest(body.image_digest)
     with db.session() as s:
-        out = leasing.lease_batch(s, body, settings)
+        out = leasing.lease_batch(s, body, settings, who.token_id)
     return out if out is not None else Response(status_code=204)
 
 
 @router.post("/v1/leases/{lease_id}/heartbeat")
-def heartbeat(lease_id: str, db: DbDep, settings: SettingsDep) -> dict:
+def heartbeat(lease_id: str, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> dict:
     with db.session() as s:
-        lease = leasing.heartbeat(s, lease_id, settings)
+        lease = leasing.heartbeat(s, lease_id, settings, _owner(who))
         return {"lease_id": lease.id, "expires_at": lease.expires_at.isoformat(),
                 "hard_deadline": lease.hard_deadline.isoformat()}
 
 
 @router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
-def post_result(lease_id: str, body: ResultIn, db: DbDep, settings: SettingsDep) -> ResultOut:
+def post_result(lease_id: str, body: ResultIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> ResultOut:
     with db.session() as s:
-        return leasing.post_result(s, lease_id, body, settings)
+        return leasing.post_result(s, lease_id, body, settings, _owner(who))
 
 
 @router.post("/v1/leases/{lease_id}/release")
-def release(lease_id: str, db: DbDep, settings: SettingsDep) -> dict:
+def release(lease_id: str, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> dict:
     with db.session() as s:
-        return {"lease_id": lease_id, "requeued": leasing.release(s, lease_id, settings)}
+        return {"lease_id": lease_id, "requeued": leasing.release(s, lease_id, settings, _owner(who))}
+
+
+def _owner(who: Principal) -> int | None:
+    """A worker token may touch only leases it took; an admin (or auth off) may touch any."""
+    return None if who.role == "admin" else who.token_id

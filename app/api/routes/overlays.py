@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 
 from app.api.deps import DbDep
 from app.api.schemas import ImageTablesIn, LogIn, check_digest
+from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
 from app.services import engagement, overlays
 from app.services.schemas import store_image_tables
@@ -21,7 +22,8 @@ def _digest(d: str) -> str:
 
 
 @router.get("/v1/overlays/{image_digest}/{family}.csv")
-def overlay_csv(image_digest: str, family: str, db: DbDep, merged: bool = False) -> Response:
+def overlay_csv(image_digest: str, family: str, db: DbDep, who: ReadAuth, merged: bool = False) -> Response:
+    who.check_digest(image_digest)
     with db.session(write=False) as s:
         ov = overlays.build(s, _digest(image_digest), family, merged=merged)
     name = overlays.overlay_filename(ov.family, image_digest)
@@ -31,7 +33,8 @@ def overlay_csv(image_digest: str, family: str, db: DbDep, merged: bool = False)
 
 
 @router.get("/v1/overlays/{image_digest}/{family}")
-def overlay_info(image_digest: str, family: str, db: DbDep) -> dict:
+def overlay_info(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> dict:
+    who.check_digest(image_digest)
     with db.session(write=False) as s:
         ov = overlays.build(s, _digest(image_digest), family)
     name = overlays.overlay_filename(ov.family, image_digest)
@@ -42,12 +45,14 @@ def overlay_info(image_digest: str, family: str, db: DbDep) -> dict:
 
 
 @router.put("/v1/images/{image_digest}/tables")
-def put_tables(image_digest: str, body: ImageTablesIn, db: DbDep) -> dict:
+def put_tables(image_digest: str, body: ImageTablesIn, db: DbDep, who: WorkerAuth) -> dict:
+    who.check_digest(image_digest)
     with db.session() as s:
         return {"image_digest": image_digest, "stored": store_image_tables(s, _digest(image_digest), body)}
 
 
 @router.post("/v1/engagement/logs")
-def post_deploy_log(body: LogIn, db: DbDep) -> dict:
+def post_deploy_log(body: LogIn, db: DbDep, who: CaptureAuth) -> dict:
+    who.check_digest(body.image_digest)
     with db.session(write=False) as s:
         return engagement.post_deploy(s, body.image_digest, body.gfx, body.cu_num, body.family, body.log)

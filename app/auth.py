@@ -1,0 +1,65 @@
+"""Who may do what: bearer tokens with a role, optionally scoped to image digests.
+
+capture: POST captures and post-deploy logs. worker: lease, heartbeat, results, image tables. admin: all of
+it plus campaign management. read: overlays, reports and the dashboard when reads are not open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.errors import Forbidden, Unauthorized
+from app.services import tokens
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: int | None
+    role: str
+    name: str
+    digests: tuple[str, ...] | None  # None: every image
+
+    def check_digest(self, digest: str) -> None:
+        if self.digests is not None and digest not in self.digests:
+            raise Forbidden(f"image_digest: token {self.name!r} is not scoped to {digest}", "image_digest")
+
+
+OPEN = Principal(None, "admin", "auth disabled", None)
+
+
+def _principal(request: Request) -> Principal | None:
+    header = request.headers.get("authorization", "")
+    if not header:
+        return None
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthorized("authorization: expected 'Bearer <token>'", "authorization")
+    with request.app.state.db.session(write=False) as s:
+        tok = tokens.find(s, secret.strip())
+        if tok is None:
+            raise Unauthorized("authorization: unknown or revoked token", "authorization")
+        return Principal(tok.id, tok.role, tok.name, tuple(tok.digests) if tok.digests else None)
+
+
+def require(*roles: str, read: bool = False):  # type: ignore[no-untyped-def]
+    def dep(request: Request) -> Principal:
+        settings = request.app.state.settings
+        if not settings.auth or (read and settings.read_open):
+            return OPEN if not settings.auth else (_principal(request) or OPEN)
+        p = _principal(request)
+        if p is None:
+            raise Unauthorized(f"authorization: a {' or '.join(roles)} token is required", "authorization")
+        if p.role != "admin" and p.role not in roles:
+            raise Forbidden(f"authorization: role {p.role!r} may not do this; needs {' or '.join(roles)}",
+                            "authorization")
+        return p
+    return Depends(dep)
+
+
+CaptureAuth = Annotated[Principal, require("capture")]
+WorkerAuth = Annotated[Principal, require("worker")]
+AdminAuth = Annotated[Principal, require("admin")]
+ReadAuth = Annotated[Principal, require("read", "capture", "worker", read=True)]
