@@ -119,3 +119,25 @@ def capture(c, shapes, family="bf16_gemm", gfx="gfx942", cu_num=304, digest=DIGE
     if shapes is not None:
         body["shapes"] = shapes
     return c.post("/v1/captures", json=body)
+
+
+OLD_AITER = "amd-aiter==0.1.7.post2.dev18"  # a published release whose tables predate gfx/bpreshuffle columns
+
+
+def old_release_package() -> Path:
+    """The aiter package dir of an older published AITER release: its configs/ and _version.py, unpacked
+    from the wheel on the package registry (fetched once into .cache/, never committed)."""
+    import zipfile
+    dest = ROOT / ".cache" / OLD_AITER.replace("==", "-")
+    if not (dest / "aiter" / "configs" / "bf16_tuned_gemm.csv").exists():
+        wheels = dest / "wheel"
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), OLD_AITER],
+                       check=True)
+        (whl,) = wheels.glob("*.whl")
+        with zipfile.ZipFile(whl) as z:
+            for name in z.namelist():
+                if name.startswith("aiter/configs/") or name == "aiter/_version.py":
+                    z.extract(name, dest)
+        for w in wheels.glob("*.whl"):
+            w.unlink()
+    return dest / "aiter"

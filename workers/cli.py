@@ -25,6 +25,22 @@ def make_backend(name: str, device: str, args: argparse.Namespace):  # type: ign
     raise SystemExit(f"unknown backend {name!r}: expected torch or aiter")
 
 
+def report_image_tables(client: ServiceClient, args: argparse.Namespace) -> None:
+    """Tell the service this image's own AITER tables and version, so outputs follow its headers."""
+    from pathlib import Path
+
+    from workers import image_tables
+    pkg = Path(args.aiter_package) if args.aiter_package else image_tables.aiter_package_dir()
+    if pkg is None or not (pkg / "configs").is_dir():
+        logging.info("no AITER package here: not reporting image tables")
+        return
+    try:
+        stored = image_tables.report(client, args.image_digest, pkg, args.aiter_commit)
+        logging.info("reported the image's AITER tables: %s", stored)
+    except Exception as e:  # the service keeps the family defaults; tuning can go on
+        logging.warning("could not report the image's AITER tables: %s", e)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aiter-tuner-worker", description=__doc__)
     p.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
@@ -38,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", default=os.environ.get("TUNER_WORKER_ID"))
     p.add_argument("--aiter-root", default=os.environ.get("AITER_ROOT"))
     p.add_argument("--aiter-commit", default=os.environ.get("AITER_COMMIT"))
+    p.add_argument("--aiter-package", default=os.environ.get("AITER_PACKAGE_DIR"),
+                   help="the installed aiter package dir (default: found by import); its configs/ are reported")
     p.add_argument("--token", default=os.environ.get("TUNER_TOKEN"))
     p.add_argument("--once", action="store_true", help="exit when the service has no work")
     p.add_argument("--max-batches", type=int)
@@ -63,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                       max_batches=args.max_batches, max_shapes=args.max_shapes)
     agent = Agent(client, backend, ident, cfg)
     agent.install_signals()
+    report_image_tables(client, args)
     try:
         stats = agent.run()
     finally:

@@ -84,7 +84,8 @@ class LeaseOut(BaseModel):
     hard_deadline: datetime
     heartbeat_every_s: float
     est_shape_cost_s: float
-    tuned_header: list[str]
+    tuned_header: list[str]  # the image's own header for rows posted back
+    untuned_header: list[str]  # the image's own header for its tuner's input
     shapes: list[LeasedShape]
 
 

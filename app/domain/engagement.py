@@ -42,6 +42,12 @@ def _miss_reason(family: TableFamily, keys: tuple[str, ...], want: tuple, tried:
 
 def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int,
           shapes: list[dict[str, str]], table: Table) -> list[ShapeEngagement]:
+    missing = [c for c in key_columns if c not in table.header]
+    if missing:  # AITER's set_index raises, or (fmoe, CK) keys on something else: nothing in it engages
+        why = (f"the table's header lacks key column(s) {', '.join(missing)} that this image's AITER indexes on; "
+               f"header is {','.join(table.header)}")
+        return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, key_columns, gfx, cu_num, shape)],
+                                reason=why) for shape in shapes]
     index: dict[tuple, dict[str, str]] = {}
     for r in table.rows:
         index.setdefault(row_key(key_columns, r), r)

@@ -12,25 +12,31 @@ from dataclasses import dataclass
 
 from app.domain.families import TableFamily
 
-# Headers seen in released tables, besides each family's current tuned_header.
-# The bf16 one is ROCm/aiter before the gfx/bpreshuffle columns were added (late 2025).
-KNOWN_TUNED_VARIANTS: dict[str, tuple[str, ...]] = {
-    "bf16_gemm": (
-        "M,N,K,bias,dtype,outdtype,scaleAB,cu_num,libtype,solidx,splitK,us,kernelName,err_ratio,tflops,bw",
-    ),
+# Headers seen in released tables besides each family's current one, with the key columns that release's
+# loader indexes on. "0.1.7" is the amd-aiter 0.1.7.post2 wheel (Nov 2025): no gfx column anywhere, bf16 with
+# cu_num after scaleAB and no bpreshuffle, a8w8 keyed without q_dtype_w (its tuned_gemm.py:62,
+# ops/gemm_op_a8w8.py:220/:254, ops/gemm_op_a4w4.py:40, ops/batched_gemm_op_*.py, fused_moe.py:527).
+_CK_OLD = "cu_num,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio"
+_FMOE_OLD_KEYS = ("cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,"
+                  "use_g1u1,doweight_stage1")
+_FMOE_HEAD = _FMOE_OLD_KEYS + ",block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage"
+KNOWN_TUNED_VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {  # family -> ((header, key columns), ...)
+    "bf16_gemm": (("M,N,K,bias,dtype,outdtype,scaleAB,cu_num,libtype,solidx,splitK,us,kernelName,err_ratio,tflops,"
+                   "bw", "cu_num,M,N,K,bias,dtype,outdtype,scaleAB"),),
+    "a8w8_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
+    "a8w8_bpreshuffle_gemm": (("cu_num,M,N,K,q_dtype_w,kernelId,splitK,us,kernelName,tflops,bw,errRatio",
+                               "cu_num,M,N,K,q_dtype_w"),),
+    "a8w8_blockscale_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
+    "a8w8_blockscale_bpreshuffle_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
+    "a4w4_blockscale_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
+    "a8w8_batched_gemm": (("cu_num,B,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio", "cu_num,B,M,N,K"),),
+    "bf16_batched_gemm": (("cu_num,B,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio", "cu_num,B,M,N,K"),),
     "fmoe": (
-        "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
-        "doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,tflops,bw,_tag",
-        "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
-        "doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,tflops,bw,xbf16,_tag",
-        "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
-        "doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,xbf16,tflops,bw,_tag",
-        "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
-        "doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,xbf16,flat,tflops,"
-        "bw,_tag",
-        "gfx,cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
-        "doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,xbf16,flat,tflops,"
-        "bw,_tag",
+        (_FMOE_HEAD + ",tflops,bw", _FMOE_OLD_KEYS),
+        # the current release's own default and model_configs files (gfx backfilled from cu_num)
+        (_FMOE_HEAD + ",tflops,bw,_tag", ""), (_FMOE_HEAD + ",tflops,bw,xbf16,_tag", ""),
+        (_FMOE_HEAD + ",xbf16,tflops,bw,_tag", ""), (_FMOE_HEAD + ",xbf16,flat,tflops,bw,_tag", ""),
+        ("gfx," + _FMOE_HEAD + ",xbf16,flat,tflops,bw,_tag", ""),
     ),
 }
 
@@ -66,6 +72,15 @@ class Schema:
     def missing_from(self, other_header: tuple[str, ...]) -> list[str]:
         return [c for c in self.header if c not in other_header]
 
+    def header_problems(self, other_header: tuple[str, ...]) -> list[str]:
+        """Why a table written in other_header would not load or key in this schema's AITER."""
+        out = [f"lacks key column {c!r} that this image's AITER indexes on" for c in self.key_columns
+               if c not in other_header]
+        if not out and tuple(c for c in other_header if c in self.header) != tuple(
+                c for c in self.header if c in other_header):
+            out.append("columns are not in this image's order (a merge keeps the first file's order)")
+        return out
+
 
 def parse_header_line(line: str) -> tuple[str, ...]:
     # AITER's runtime pd.read_csv keeps whitespace; a tab after the last name is a real shipped quirk
@@ -73,7 +88,14 @@ def parse_header_line(line: str) -> tuple[str, ...]:
 
 
 def known_tuned_headers(family: TableFamily) -> list[tuple[str, ...]]:
-    return [family.tuned_header] + [tuple(h.split(",")) for h in KNOWN_TUNED_VARIANTS.get(family.name, ())]
+    return [family.tuned_header] + [tuple(h.split(",")) for h, _ in KNOWN_TUNED_VARIANTS.get(family.name, ())]
+
+
+def _known_keys(family: TableFamily, header: tuple[str, ...]) -> tuple[str, ...] | None:
+    for h, keys in KNOWN_TUNED_VARIANTS.get(family.name, ()):
+        if tuple(h.split(",")) == header and keys:
+            return tuple(keys.split(","))
+    return None
 
 
 def known_untuned_headers(family: TableFamily) -> list[tuple[str, ...]]:
@@ -81,7 +103,11 @@ def known_untuned_headers(family: TableFamily) -> list[tuple[str, ...]]:
 
 
 def tuned_schema(family: TableFamily, header: tuple[str, ...]) -> Schema:
-    """Understand a tuned-table header by its columns; refuse one that lacks a key column."""
+    """A known release's header keys as that release's loader does; an unseen one is understood by its
+    columns (the current loader's key columns it has), and refused if it lacks a key column."""
+    old_keys = _known_keys(family, header)
+    if old_keys is not None:
+        return Schema(family.name, header, old_keys, True)
     optional = _BACKFILLED.get(family.name, set())
     missing = [c for c in family.key_columns if c not in header and c not in optional]
     if missing:

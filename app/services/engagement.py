@@ -9,7 +9,8 @@ from app.db.models import Campaign, CampaignShape
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
-from app.errors import NotFound
+from app.domain.tables import read_table
+from app.errors import Invalid, NotFound
 from app.services import overlays
 from app.services.captures import family_or_422
 
@@ -21,9 +22,17 @@ def campaign_or_404(s: Session, campaign_id: int) -> Campaign:
     return camp
 
 
-def pre_deploy(s: Session, campaign_id: int, merged: bool = False) -> dict:
+def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None) -> dict:
+    """table_csv: check a table as written (e.g. a hand-made or older overlay) instead of ours."""
     camp = campaign_or_404(s, campaign_id)
     ov = overlays.build(s, camp.image_digest, camp.family, merged=merged)
+    warnings: list[str] = []
+    if table_csv is not None:
+        try:
+            ov.table = read_table(table_csv, "supplied")
+        except ValueError as e:
+            raise Invalid(f"body: {e}", "body") from None
+        warnings = ov.schema.header_problems(ov.table.header)
     shapes = list(s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == camp.id)
                             .order_by(CampaignShape.priority.desc(), CampaignShape.id)))
     checks = eng.check(ov.family, ov.schema.key_columns, camp.gfx, camp.cu_num, [x.shape for x in shapes], ov.table)
@@ -31,7 +40,8 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False) -> dict:
     covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
-        "cu_num": camp.cu_num, "env_var": ov.family.env_var, "table": "merged" if merged else "overlay",
+        "cu_num": camp.cu_num, "env_var": ov.family.env_var,
+        "table": "supplied" if table_csv is not None else ("merged" if merged else "overlay"), "warnings": warnings,
         "header": list(ov.schema.header), "shapes": len(shapes), "hits": sum(c.hit for c in checks),
         "misses": sum(not c.hit for c in checks), "served_time_covered": covered / total,
         "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,

@@ -106,6 +106,7 @@ def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | N
                     expires_at=lease.expires_at, hard_deadline=hard, heartbeat_every_s=settings.lease_ttl_s / 3,
                     est_shape_cost_s=cost,
                     tuned_header=list(table_schemas.schema_for(s, camp.image_digest, camp.family).header),
+                    untuned_header=list(table_schemas.untuned_header_for(s, camp.image_digest, camp.family)),
                     shapes=[LeasedShape(shape_id=x.id, shape=x.shape, calls=x.calls, attempts=x.attempts)
                             for x in shapes])
 

@@ -63,3 +63,24 @@ def schema_for(s: Session, digest: str, family: str) -> Schema:
     for t in image_tables(s, digest, family, ("default",)):
         return tuned_schema(fam, parse_header_line(t.header))
     return current_schema(fam)
+
+
+def untuned_header_for(s: Session, digest: str, family: str) -> tuple[str, ...]:
+    """The image's own untuned header for the family's tuner input, else the family's."""
+    fam = get_family(family)
+    for t in image_tables(s, digest, family, ("untuned",)):
+        if t.path == fam.untuned_file:
+            return parse_header_line(t.header)
+    return fam.untuned_header
+
+
+def schemas_of(s: Session, digest: str) -> list[dict]:
+    from app.domain.families import FAMILIES
+    out = []
+    for name in FAMILIES:
+        sch = schema_for(s, digest, name)
+        stored = bool(image_tables(s, digest, name, ("default",)))
+        out.append({"family": name, "header": list(sch.header), "key_columns": list(sch.key_columns),
+                    "known_release_header": sch.known, "from_image": stored,
+                    "untuned_header": list(untuned_header_for(s, digest, name))})
+    return out

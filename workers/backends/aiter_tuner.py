@@ -37,7 +37,11 @@ def default_aiter_root() -> Path | None:
         spec = importlib.util.find_spec("aiter")
     except (ImportError, ValueError):
         return None
-    return Path(spec.origin).resolve().parents[1] if spec and spec.origin else None
+    if not spec or not spec.origin:
+        return None
+    site = Path(spec.origin).resolve().parents[1]
+    # a wheel install ships the tuner scripts under aiter_meta/csrc; a source checkout has csrc/ at its root
+    return site / "aiter_meta" if (site / "aiter_meta" / "csrc").is_dir() else site
 
 
 def tuner_command(family: TableFamily, root: Path, untuned: Path, tuned: Path, timeout_s: int, mp: int = 1,
@@ -117,7 +121,8 @@ class AiterBackend:
         family = get_family(batch.lease["family"])
         with tempfile.TemporaryDirectory(prefix="aiter-lease-") as tmp:
             untuned, tuned = Path(tmp, family.untuned_file), Path(tmp, family.tuned_file)
-            untuned.write_text(untuned_csv(family, batch.lease["shapes"]))
+            header = tuple(batch.lease.get("untuned_header") or family.untuned_header)  # the image's own
+            untuned.write_text(untuned_csv(family, batch.lease["shapes"], header))
             timeout = int(batch.time_left() - self.margin_s)
             cmd = tuner_command(family, self.root, untuned, tuned, timeout, self.mp, self.python, self.extra)
             self._drive(batch, family, cmd, tuned, emit, cwd=self.root)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from app.api.deps import DbDep, SettingsDep
 from app.auth import AdminAuth, ReadAuth
@@ -30,6 +30,14 @@ def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAu
 def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False) -> dict:
     with db.session(write=False) as s:
         return engagement.pre_deploy(s, campaign_id, merged=merged)
+
+
+@router.post("/v1/campaigns/{campaign_id}/engagement")
+async def check_supplied_table(campaign_id: int, request: Request, db: DbDep, who: ReadAuth) -> dict:
+    """Would this CSV (as written) engage in the campaign's image? Body: the table, text/csv."""
+    text = (await request.body()).decode("utf-8", errors="replace")
+    with db.session(write=False) as s:
+        return engagement.pre_deploy(s, campaign_id, table_csv=text)
 
 
 @router.post("/v1/campaigns/{campaign_id}/requeue-failed")

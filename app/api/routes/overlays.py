@@ -9,7 +9,7 @@ from app.api.schemas import ImageTablesIn, LogIn, check_digest
 from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
 from app.services import engagement, overlays
-from app.services.schemas import store_image_tables
+from app.services.schemas import schemas_of, store_image_tables
 
 router = APIRouter(tags=["overlays"])
 
@@ -49,6 +49,13 @@ def put_tables(image_digest: str, body: ImageTablesIn, db: DbDep, who: WorkerAut
     who.check_digest(image_digest)
     with db.session() as s:
         return {"image_digest": image_digest, "stored": store_image_tables(s, _digest(image_digest), body)}
+
+
+@router.get("/v1/images/{image_digest}/schemas")
+def get_schemas(image_digest: str, db: DbDep, who: ReadAuth) -> list[dict]:
+    """Per family: the header, key columns and untuned header this image's AITER uses."""
+    with db.session(write=False) as s:
+        return schemas_of(s, _digest(image_digest))
 
 
 @router.post("/v1/engagement/logs")

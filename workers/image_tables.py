@@ -1,0 +1,71 @@
+"""What the image's own AITER ships: its configs/ tables, version and commit, reported to the service so
+overlays, tuner inputs and engagement checks follow this image's headers (AITER headers change by release)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+MAX_REQUEST_BYTES = 4 * 1024 * 1024  # tables go up in batches under the service's body limit
+
+
+def aiter_package_dir() -> Path | None:
+    try:
+        spec = importlib.util.find_spec("aiter")
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).resolve().parent if spec and spec.origin else None
+
+
+def read_tables(configs: Path) -> dict[str, str]:
+    """Every tuned and untuned CSV under configs/, by path relative to it."""
+    return {str(p.relative_to(configs)): p.read_text(errors="replace") for p in sorted(configs.rglob("*.csv"))
+            if "tuned" in p.name}
+
+
+def aiter_version(pkg: Path) -> str | None:
+    v = pkg / "_version.py"
+    if v.exists():
+        m = re.search(r"""__version__\s*=\s*['"]([^'"]+)['"]""", v.read_text())
+        if m:
+            return m.group(1)
+    try:
+        from importlib.metadata import version
+        return version("amd-aiter")
+    except Exception:
+        return None
+
+
+def aiter_commit(pkg: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(pkg.parent), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def batches(tables: dict[str, str], limit: int = MAX_REQUEST_BYTES) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = [{}]
+    size = 0
+    for path, text in tables.items():
+        if out[-1] and size + len(text) > limit:
+            out.append({})
+            size = 0
+        out[-1][path] = text
+        size += len(text)
+    return [b for b in out if b]
+
+
+def report(client: Any, digest: str, pkg: Path, commit: str | None = None) -> dict[str, int]:
+    """PUT the image's tables to the service; returns tables stored per family."""
+    version, commit = aiter_version(pkg), commit or aiter_commit(pkg)
+    stored: dict[str, int] = {}
+    for chunk in batches(read_tables(pkg / "configs")):
+        out = client.put_tables(digest, {"aiter_version": version, "aiter_commit": commit, "tables": chunk})
+        for fam, n in out["stored"].items():
+            stored[fam] = stored.get(fam, 0) + n
+    return stored
