@@ -65,7 +65,8 @@ def report(client: Any, digest: str, pkg: Path, commit: str | None = None) -> di
     version, commit = aiter_version(pkg), commit or aiter_commit(pkg)
     stored: dict[str, int] = {}
     for chunk in batches(read_tables(pkg / "configs")):
-        out = client.put_tables(digest, {"aiter_version": version, "aiter_commit": commit, "tables": chunk})
+        out = client.put_tables(digest, {"aiter_version": version, "aiter_commit": commit,
+                                         "configs_dir": str(pkg / "configs"), "tables": chunk})
         for fam, n in out["stored"].items():
             stored[fam] = stored.get(fam, 0) + n
     return stored

@@ -123,6 +123,7 @@ class ResultOut(BaseModel):
 class ImageTablesIn(BaseModel):
     aiter_version: str | None = None
     aiter_commit: str | None = None
+    configs_dir: str | None = Field(None, max_length=500)  # absolute path of aiter/configs/ in the image
     tables: dict[str, str]  # path under aiter/configs/ -> CSV text
 
 

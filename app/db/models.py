@@ -44,6 +44,7 @@ class Image(Base):
     digest: Mapped[str] = mapped_column(String(80), primary_key=True)
     aiter_version: Mapped[str | None] = mapped_column(String(80))
     aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    configs_dir: Mapped[str | None] = mapped_column(String(500))  # the image's aiter/configs/, absolute
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -63,3 +63,18 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             out.append(ShapeEngagement(shape, False, tried,
                                        reason=_miss_reason(family, key_columns, cands[0][1], tried, index)))
     return out
+
+
+def is_flydsl_row(row: dict[str, str]) -> bool:
+    return row.get("libtype") == "flydsl" or any(str(row.get(c, "")).startswith("flydsl_")
+                                                 for c in ("kernelName", "kernelName1", "kernelName2"))
+
+
+def drop_flydsl_hits(family: TableFamily, checks: list[ShapeEngagement]) -> None:
+    """Where flydsl is not importable a FlyDSL row does not engage: GEMM lookups skip it, MoE has no
+    fallback and fails in the asm/CK stage (aiter-tuning.md section 6)."""
+    for c in checks:
+        if c.hit and c.row is not None and is_flydsl_row(c.row):
+            c.hit = False
+            c.reason = ("FlyDSL row, but flydsl is not importable in the serving image: "
+                        + ("AITER raises in the MoE stage" if family.m_column == "token" else "AITER skips it"))

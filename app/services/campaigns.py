@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Campaign, CampaignShape, Image, Lease, Result, Worker, utcnow
 from app.services.leasing import est_shape_cost
 
-STATES = ("queued", "leased", "tuned", "failed")
+STATES = ("queued", "leased", "tuned", "failed", "covered")  # covered: served by a bucket row
 
 
 def summaries(s: Session, default_cost: float) -> list[dict]:
@@ -35,7 +35,7 @@ def summaries(s: Session, default_cost: float) -> list[dict]:
         out.append({"campaign_id": camp.id, "image_digest": camp.image_digest, "gfx": camp.gfx,
                     "cu_num": camp.cu_num, "family": camp.family, "aiter_version": img.aiter_version,
                     "aiter_commit": img.aiter_commit, "shapes": total, **c,
-                    "progress": (c["tuned"] + c["failed"]) / total if total else 0.0,
+                    "progress": (c["tuned"] + c["failed"] + c["covered"]) / total if total else 0.0,
                     "served_time_covered": tot[1] / tot[0] if tot[0] else 0.0,
                     "gpu_s_spent": float(spent.get(camp.id) or 0.0),
                     "gpu_s_left_est": (c["queued"] + c["leased"]) * cost, "est_shape_cost_s": cost})

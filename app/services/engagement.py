@@ -5,7 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Campaign, CampaignShape
+from app.db.models import Campaign, CampaignShape, Capture, Image
+from app.domain.families import get_family
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
@@ -35,13 +36,18 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         warnings = ov.schema.header_problems(ov.table.header)
     shapes = list(s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == camp.id)
                             .order_by(CampaignShape.priority.desc(), CampaignShape.id)))
-    checks = eng.check(ov.family, ov.schema.key_columns, camp.gfx, camp.cu_num, [x.shape for x in shapes], ov.table)
+    ident = runtime_identity(s, camp)
+    checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
+                       [x.shape for x in shapes], ov.table)
+    if not ident["flydsl"]:
+        eng.drop_flydsl_hits(ov.family, checks)
     total = sum(x.priority for x in shapes) or 1.0
     covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
         "cu_num": camp.cu_num, "env_var": ov.family.env_var,
-        "table": "supplied" if table_csv is not None else ("merged" if merged else "overlay"), "warnings": warnings,
+        "table": "supplied" if table_csv is not None else ("merged" if merged else "overlay"),
+        "warnings": warnings + ident["mismatches"], "identity": ident,
         "header": list(ov.schema.header), "shapes": len(shapes), "hits": sum(c.hit for c in checks),
         "misses": sum(not c.hit for c in checks), "served_time_covered": covered / total,
         "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
@@ -49,6 +55,35 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
                     "kernel": (c.row or {}).get("kernelName") or (c.row or {}).get("kernelName1")}
                    for x, c in zip(shapes, checks)],
     }
+
+
+GPU_ARCHS_FAMILIES = ("bf16_gemm", "grouped_fmoe")  # looked up with get_gfx(), which honours GPU_ARCHS
+
+
+def runtime_identity(s: Session, camp: Campaign) -> dict:
+    """gfx and cu_num the way the server's AITER will see them, from the environment its last capture sent:
+    get_gfx() takes GPU_ARCHS' last entry (bf16, grouped fmoe); Python lookups honour CU_NUM, C++ does not."""
+    cap = s.scalars(select(Capture).where(Capture.campaign_id == camp.id).order_by(Capture.id.desc())).first()
+    env = dict(cap.env) if cap and cap.env else {}
+    gfx, cu, notes = camp.gfx, camp.cu_num, []
+    archs = [a.strip() for a in env.get("GPU_ARCHS", "").split(";") if a.strip()]
+    if archs and camp.family in GPU_ARCHS_FAMILIES and archs[-1] != camp.gfx:
+        gfx = archs[-1]
+        notes.append(f"GPU_ARCHS={env['GPU_ARCHS']}: AITER looks up gfx={gfx} (its last entry), not the GPU's "
+                     f"{camp.gfx}; unset GPU_ARCHS in the serving environment or every row misses")
+    raw_cu = env.get("CU_NUM", "").strip()
+    if raw_cu.isdigit() and int(raw_cu) and int(raw_cu) != camp.cu_num:
+        cu = int(raw_cu)
+        notes.append(f"CU_NUM={raw_cu}: Python lookups use cu_num={cu}, the GPU has {camp.cu_num}"
+                     + (" and the compiled C++ table uses the GPU's: they disagree" if get_family(camp.family).compiled
+                        else ""))
+    flydsl = env.get("flydsl", env.get("FLYDSL", "")).strip().lower() not in ("0", "false", "no", "absent")
+    img = s.get(Image, camp.image_digest)
+    if cap and cap.aiter_version and img and img.aiter_version and cap.aiter_version != img.aiter_version:
+        notes.append(f"the server reports AITER {cap.aiter_version}, the image's worker {img.aiter_version}: "
+                     "rows are only valid in the image they were measured in")
+    return {"gpu_gfx": camp.gfx, "gpu_cu_num": camp.cu_num, "lookup_gfx": gfx, "lookup_cu_num": cu,
+            "flydsl": flydsl, "env": env, "mismatches": notes}
 
 
 def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log: str) -> dict:

@@ -22,7 +22,8 @@ def _kind(path: str, default_file: str) -> str:
 
 def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str, int]:
     from app.services.captures import ensure_image
-    ensure_image(s, digest, body.aiter_version, body.aiter_commit)
+    img = ensure_image(s, digest, body.aiter_version, body.aiter_commit)
+    img.configs_dir = body.configs_dir or img.configs_dir
     stored: dict[str, int] = {}
     for path, text in body.tables.items():
         fam = family_for_file(path)

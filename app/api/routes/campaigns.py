@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from app.api.deps import DbDep, SettingsDep
 from app.auth import AdminAuth, ReadAuth
-from app.services import campaigns, engagement, leasing
+from app.services import buckets, campaigns, engagement, leasing
 
 router = APIRouter(tags=["campaigns"])
 
@@ -38,6 +38,18 @@ async def check_supplied_table(campaign_id: int, request: Request, db: DbDep, wh
     text = (await request.body()).decode("utf-8", errors="replace")
     with db.session(write=False) as s:
         return engagement.pre_deploy(s, campaign_id, table_csv=text)
+
+
+@router.get("/v1/campaigns/{campaign_id}/bucket-plan")
+def bucket_plan(campaign_id: int, db: DbDep, who: ReadAuth) -> dict:
+    with db.session(write=False) as s:
+        return buckets.report(s, campaign_id)
+
+
+@router.post("/v1/campaigns/{campaign_id}/bucket-plan/apply")
+def apply_bucket_plan(campaign_id: int, db: DbDep, who: AdminAuth) -> dict:
+    with db.session() as s:
+        return buckets.apply(s, campaign_id)
 
 
 @router.post("/v1/campaigns/{campaign_id}/requeue-failed")

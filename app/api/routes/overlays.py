@@ -22,10 +22,11 @@ def _digest(d: str) -> str:
 
 
 @router.get("/v1/overlays/{image_digest}/{family}.csv")
-def overlay_csv(image_digest: str, family: str, db: DbDep, who: ReadAuth, merged: bool = False) -> Response:
+def overlay_csv(image_digest: str, family: str, db: DbDep, who: ReadAuth, merged: bool = False,
+                exclude_shipped: bool = False) -> Response:
     who.check_digest(image_digest)
     with db.session(write=False) as s:
-        ov = overlays.build(s, _digest(image_digest), family, merged=merged)
+        ov = overlays.deployable(s, _digest(image_digest), family, merged=merged, exclude_shipped=exclude_shipped)
     name = overlays.overlay_filename(ov.family, image_digest)
     return Response(ov.csv(), media_type="text/csv", headers={
         "Content-Disposition": f'attachment; filename="{"merged_" if merged else ""}{name}"',
@@ -42,6 +43,14 @@ def overlay_info(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> di
             "header": list(ov.schema.header), "schema_known": ov.schema.known, "filename": name,
             "env_line": f"{ov.family.env_var}=/overlays/{name}",
             "download": f"/v1/overlays/{image_digest}/{ov.family.name}.csv"}
+
+
+@router.get("/v1/overlays/{image_digest}/{family}/deploy")
+def deploy_plan(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> dict:
+    """The exact env value to set (layer over the shipped tables, or one merged file), rebuild and log notes."""
+    who.check_digest(image_digest)
+    with db.session(write=False) as s:
+        return overlays.deploy_plan(s, _digest(image_digest), family)
 
 
 @router.put("/v1/images/{image_digest}/tables")
