@@ -6,7 +6,9 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import errors
 from app.api.routes import campaigns, captures, health, leases, overlays
@@ -14,6 +16,8 @@ from app.config import Settings
 from app.db import migrate
 from app.db.session import Database
 from app.limits import BodyLimit
+from app.metrics import LatencyMiddleware, Metrics
+from app.web import routes as web
 from app.services import tokens
 
 
@@ -48,7 +52,15 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app = FastAPI(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.db = settings, db
     errors.install(app, settings.retry_after_s)
-    for r in (health.router, captures.router, leases.router, campaigns.router, overlays.router):
+    for r in (health.router, captures.router, leases.router, campaigns.router, overlays.router, web.router):
         app.include_router(r)
+    app.mount("/static", StaticFiles(directory=str(Path(web.__file__).parent / "static")), name="static")
+    app.state.metrics = metrics = Metrics(db)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(LatencyMiddleware, metrics=metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

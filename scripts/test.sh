@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[dev]'
 
+# Browser tests drive Debian's Chromium through Playwright (no browser download of its own).
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
+  (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
+    apt-get install -y -q chromium >/dev/null; }) || echo "!!!!! could not install chromium: browser tests will fail" >&2
+fi
+
 start_pg() {
   local bin
   bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)

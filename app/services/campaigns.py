@@ -82,3 +82,21 @@ def workers(s: Session, stale_s: float) -> list[dict]:
                     "lease_id": lease.id if lease else None, "budget_s": lease.budget_s if lease else None,
                     "budget_used_s": used, "results_posted": posted.get(w.id, 0)})
     return out
+
+
+def coverage_points(s: Session, campaign_id: int) -> list[tuple[float, float]]:
+    """(GPU seconds spent so far, share of served time tuned) after each result, in the order they landed."""
+    total = s.scalar(select(func.sum(CampaignShape.priority)).where(CampaignShape.campaign_id == campaign_id)) or 0
+    q = (select(Result.elapsed_s, Result.verified, CampaignShape.priority, CampaignShape.id)
+         .join(CampaignShape, CampaignShape.id == Result.shape_id)
+         .where(CampaignShape.campaign_id == campaign_id).order_by(Result.id))
+    spent = covered = 0.0
+    seen: set[int] = set()
+    out = []
+    for elapsed, verified, priority, sid in s.execute(q):
+        spent += elapsed or 0.0
+        if verified and sid not in seen:
+            seen.add(sid)
+            covered += priority
+        out.append((spent, covered / total if total else 0.0))
+    return out

@@ -48,4 +48,10 @@ async def post_capture(request: Request, db: DbDep, who: CaptureAuth) -> Capture
     body = _body_model(request.headers.get("content-type", ""), await request.body(), dict(request.query_params))
     who.check_digest(body.image_digest)
     with db.session() as s:
-        return captures.ingest(s, body)
+        out = captures.ingest(s, body)
+    request.app.state.metrics.captures.labels(out.family, _format(body)).inc()
+    return out
+
+
+def _format(body: CaptureIn) -> str:
+    return "json" if body.shapes is not None else ("untuned_csv" if body.untuned_csv is not None else "log")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from app.api.deps import DbDep, SettingsDep
 from app.auth import Principal, WorkerAuth
@@ -29,9 +29,13 @@ def heartbeat(lease_id: str, db: DbDep, settings: SettingsDep, who: WorkerAuth) 
 
 
 @router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
-def post_result(lease_id: str, body: ResultIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> ResultOut:
+def post_result(lease_id: str, body: ResultIn, request: Request, db: DbDep, settings: SettingsDep,
+                who: WorkerAuth) -> ResultOut:
     with db.session() as s:
-        return leasing.post_result(s, lease_id, body, settings, _owner(who))
+        out = leasing.post_result(s, lease_id, body, settings, _owner(who))
+    if not out.duplicate:
+        request.app.state.metrics.results.labels(body.backend, body.status, str(out.verified).lower()).inc()
+    return out
 
 
 @router.post("/v1/leases/{lease_id}/release")

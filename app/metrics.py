@@ -1,0 +1,70 @@
+"""Prometheus metrics, one registry per app: counters from requests, gauges read from the database."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.db.models import CampaignShape, Lease, utcnow
+
+
+class Metrics:
+    def __init__(self, db):  # type: ignore[no-untyped-def]
+        self.registry = CollectorRegistry()
+        self.captures = Counter("aiter_tuner_captures_received", "Captures accepted", ["family", "format"],
+                                registry=self.registry)
+        self.results = Counter("aiter_tuner_results", "Results posted", ["backend", "status", "verified"],
+                               registry=self.registry)
+        self.latency = Histogram("aiter_tuner_request_seconds", "Request latency", ["method", "route", "status"],
+                                 registry=self.registry)
+        self.registry.register(_DbCollector(db))
+
+
+class _DbCollector:
+    def __init__(self, db):  # type: ignore[no-untyped-def]
+        self.db = db
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        shapes = GaugeMetricFamily("aiter_tuner_shapes", "Shapes by state", labels=["family", "state"])
+        leases = GaugeMetricFamily("aiter_tuner_leases", "Leases by state (active ones past expiry: expired)",
+                                   labels=["state"])
+        from app.db.models import Campaign
+        with self.db.session(write=False) as s:
+            for fam, state, n in s.execute(select(Campaign.family, CampaignShape.state, func.count())
+                                           .join(Campaign, Campaign.id == CampaignShape.campaign_id)
+                                           .group_by(Campaign.family, CampaignShape.state)):
+                shapes.add_metric([fam, state], n)
+            now = utcnow()
+            counts: dict[str, int] = {}
+            for state, exp in s.execute(select(Lease.state, Lease.expires_at)):
+                key = "expired" if state == "active" and exp < now else state
+                counts[key] = counts.get(key, 0) + 1
+            for state in ("active", "expired", "released", "done"):
+                leases.add_metric([state], counts.get(state, 0))
+        yield shapes
+        yield leases
+
+
+class LatencyMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), {"code": 500}
+
+        async def wrapped(msg):  # type: ignore[no-untyped-def]
+            if msg["type"] == "http.response.start":
+                status["code"] = msg["status"]
+            await send(msg)
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.latency.labels(scope["method"], path, str(status["code"])).observe(time.perf_counter() - t0)

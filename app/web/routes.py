@@ -1,0 +1,76 @@
+"""Server-rendered dashboard: home, campaign and workers pages, with a small polling refresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from app.api.deps import DbDep, SettingsDep
+from app.auth import ReadAuth
+from app.domain.families import get_family
+from app.services import campaigns, engagement, overlays
+from app.web.plots import coverage_svg
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+
+
+def _fmt_s(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 3600:.1f} h" if v >= 3600 else (f"{v / 60:.1f} min" if v >= 60 else f"{v:.1f} s")
+
+
+templates.env.filters["dur"] = _fmt_s
+
+
+def _page(request: Request, name: str, ctx: dict) -> HTMLResponse:
+    partial = request.query_params.get("partial") == "1"
+    return templates.TemplateResponse(request, name, {**ctx, "partial": partial})
+
+
+@router.get("/", response_class=HTMLResponse)
+def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> HTMLResponse:
+    with db.session(write=False) as s:
+        camps = campaigns.summaries(s, settings.default_shape_cost_s)
+    images: dict[str, dict] = {}
+    for c in camps:
+        img = images.setdefault(c["image_digest"], {"digest": c["image_digest"], "aiter_version": c["aiter_version"],
+                                                    "campaigns": []})
+        img["campaigns"].append(c)
+    return _page(request, "index.html", {"images": list(images.values())})
+
+
+@router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
+def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth
+                  ) -> HTMLResponse:
+    with db.session(write=False) as s:
+        engagement.campaign_or_404(s, campaign_id)
+        summary = next(c for c in campaigns.summaries(s, settings.default_shape_cost_s)
+                       if c["campaign_id"] == campaign_id)
+        shapes = campaigns.shapes(s, campaign_id)
+        fam = get_family(summary["family"])
+        name = overlays.overlay_filename(fam, summary["image_digest"])
+    return _page(request, "campaign.html", {
+        "c": summary, "shapes": shapes, "family": fam, "overlay_name": name,
+        "env_line": f"{fam.env_var}=/overlays/{name}",
+        "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
+        "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"})
+
+
+@router.get("/campaigns/{campaign_id}/coverage.svg")
+def coverage_plot(campaign_id: int, db: DbDep, who: ReadAuth) -> Response:
+    with db.session(write=False) as s:
+        engagement.campaign_or_404(s, campaign_id)
+        pts = campaigns.coverage_points(s, campaign_id)
+    return Response(coverage_svg(pts), media_type="image/svg+xml")
+
+
+@router.get("/workers", response_class=HTMLResponse)
+def workers_page(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> HTMLResponse:
+    with db.session(write=False) as s:
+        ws = campaigns.workers(s, settings.stale_worker_s)
+    return _page(request, "workers.html", {"workers": ws, "stale_s": settings.stale_worker_s})
