@@ -130,3 +130,16 @@ class ImageTablesIn(BaseModel):
 class LogIn(Identity):
     family: str
     log: str
+
+
+class VerificationIn(BaseModel):
+    image_digest: str
+    family: str
+    worker_id: str = Field(min_length=1, max_length=128)
+    aiter_commit: str | None = None
+    rows: int = Field(ge=0)
+    exit_code: int
+    command: str = Field(max_length=4000)
+    output_tail: str = Field(max_length=20_000)
+
+    _digest = field_validator("image_digest")(check_digest)

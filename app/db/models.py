@@ -173,3 +173,20 @@ class Token(Base):
     digests: Mapped[list | None] = mapped_column(JSON)  # image digests it may act on; None: all
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Verification(Base):
+    """AITER's own replay of an overlay through the production op in the image (a tuner's --run_config)."""
+
+    __tablename__ = "verifications"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    image_digest: Mapped[str] = mapped_column(ForeignKey("images.digest"), index=True)
+    family: Mapped[str] = mapped_column(String(64))
+    worker_id: Mapped[str] = mapped_column(String(128))
+    aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    rows: Mapped[int] = mapped_column(Integer)
+    exit_code: Mapped[int] = mapped_column(Integer)
+    passed: Mapped[bool] = mapped_column(Boolean)
+    command: Mapped[str] = mapped_column(Text)
+    output_tail: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

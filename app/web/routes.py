@@ -11,7 +11,7 @@ from fastapi.templating import Jinja2Templates
 from app.api.deps import DbDep, SettingsDep
 from app.auth import ReadAuth
 from app.domain.families import get_family
-from app.services import campaigns, engagement, overlays
+from app.services import campaigns, engagement, overlays, verifications
 from app.web.plots import coverage_svg
 
 router = APIRouter(include_in_schema=False)
@@ -54,7 +54,8 @@ def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: Setti
         shapes = campaigns.shapes(s, campaign_id)
         fam = get_family(summary["family"])
         name = overlays.overlay_filename(fam, summary["image_digest"])
-    return _page(request, "campaign.html", {
+        checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
+    return _page(request, "campaign.html", {"verifications": checks,
         "c": summary, "shapes": shapes, "family": fam, "overlay_name": name,
         "env_line": f"{fam.env_var}=/overlays/{name}",
         "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api.deps import DbDep
-from app.api.schemas import ImageTablesIn, LogIn, check_digest
+from app.api.schemas import ImageTablesIn, LogIn, VerificationIn, check_digest
 from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
-from app.services import engagement, overlays
+from app.services import engagement, overlays, verifications
 from app.services.schemas import schemas_of, store_image_tables
 
 router = APIRouter(tags=["overlays"])
@@ -51,6 +51,21 @@ def deploy_plan(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> dic
     who.check_digest(image_digest)
     with db.session(write=False) as s:
         return overlays.deploy_plan(s, _digest(image_digest), family)
+
+
+@router.post("/v1/verifications", status_code=201)
+def post_verification(body: VerificationIn, db: DbDep, who: WorkerAuth) -> dict:
+    """A worker's replay of the deployed overlay through AITER's production op (tuner --run_config)."""
+    who.check_digest(body.image_digest)
+    with db.session() as s:
+        return verifications.record(s, body)
+
+
+@router.get("/v1/overlays/{image_digest}/{family}/verifications")
+def list_verifications(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> list[dict]:
+    who.check_digest(image_digest)
+    with db.session(write=False) as s:
+        return verifications.listing(s, _digest(image_digest), family)
 
 
 @router.put("/v1/images/{image_digest}/tables")
