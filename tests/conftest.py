@@ -105,7 +105,7 @@ def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None
 @pytest.fixture
 def live_server(db_url, tmp_path):
     srv = start_server(db_url, tmp_path / "server.log",
-                       {"TUNER_LEASE_TTL_S": "3", "TUNER_LEASE_GRACE_S": "5", "TUNER_MAX_ATTEMPTS": "3"})
+                       {"TUNER_LEASE_TTL_S": "6", "TUNER_LEASE_GRACE_S": "5", "TUNER_MAX_ATTEMPTS": "3"})
     yield srv
     srv.proc.terminate()
     try:

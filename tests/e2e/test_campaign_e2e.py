@@ -58,9 +58,9 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
     tuned_before = {x["shape_id"] for x in mid["shape_list"] if x["state"] == "tuned"}
     assert mid["leased"] >= 1 and tuned_before
 
-    # the dead worker's lease expires (TTL 3 s without heartbeats); the rest is re-leased by worker B,
+    # the dead worker's lease expires (TTL 6 s without heartbeats); the rest is re-leased by worker B,
     # which takes budget-sized batches of the measured cost, so the campaign needs several
-    time.sleep(3.5)
+    time.sleep(6.5)
     b = worker(live_server.url, "survivor", 1.5, "--once", token=tok)
     out, _ = b.communicate(timeout=240)
     assert b.returncode == 0, out
