@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +19,25 @@ from app.db.session import Database
 from app.limits import BodyLimit
 from app.metrics import LatencyMiddleware, Metrics
 from app.web import routes as web
-from app.services import tokens
+from app.services import leasing, tokens
+
+
+async def _sweep_forever(db: Database, settings: Settings) -> None:
+    """Requeue the shapes of dead workers' leases promptly, so pages and metrics show them queued again
+    (lease requests sweep too; this covers an idle queue)."""
+    from starlette.concurrency import run_in_threadpool
+    from sqlalchemy.exc import OperationalError
+
+    def sweep() -> None:
+        with db.session() as s:
+            leasing.sweep_expired(s, settings)
+
+    while True:
+        await asyncio.sleep(max(1.0, settings.lease_ttl_s / 3))
+        try:
+            await run_in_threadpool(sweep)
+        except OperationalError:  # busy: the next round or the next lease request sweeps
+            pass
 
 
 def bootstrap_admin(db: Database, settings: Settings) -> None:
@@ -46,7 +65,9 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # type: ignore[no-untyped-def]
+        sweeper = asyncio.create_task(_sweep_forever(db, settings))
         yield
+        sweeper.cancel()
         db.dispose()
 
     app = FastAPI(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan)

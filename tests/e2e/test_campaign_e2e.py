@@ -60,7 +60,9 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
 
     # the dead worker's lease expires (TTL 6 s without heartbeats); the rest is re-leased by worker B,
     # which takes budget-sized batches of the measured cost, so the campaign needs several
-    time.sleep(6.5)
+    # with no lease request coming, the server's own sweeper requeues them (dashboard and metrics see it)
+    back = wait_for(lambda: (s := campaign(c, cid))["leased"] == 0 and s, timeout=20, every=0.5)
+    assert back["queued"] == len(SHAPES) - len(tuned_before)
     b = worker(live_server.url, "survivor", 1.5, "--once", token=tok)
     out, _ = b.communicate(timeout=240)
     assert b.returncode == 0, out

@@ -10,7 +10,7 @@ from app.domain.capture_parsing import from_untuned_csv
 from app.domain.families import FAMILIES
 from app.domain.keys import m_candidates, row_key
 from tests.conftest import CONFIGS, DIGEST, capture
-from tests.integration.test_leasing_api import lease, ok_row
+from tests.integration.test_leasing_api import tune_all
 
 BF16 = FAMILIES["bf16_gemm"]
 LLAMA = CONFIGS / "model_configs" / "llama70B_untuned_gemm_bf16.csv"
@@ -26,21 +26,12 @@ def ship(client, *paths):
     assert r.status_code == 200, r.text
 
 
-def tune_all(client, gfx, cu, us=2.0, **row):
-    while (r := lease(client, budget_s=80_000, gfx=gfx, cu_num=cu)).status_code == 200:
-        body = r.json()
-        for item in body["shapes"]:
-            res = ok_row(body, item, us, **row)
-            assert client.post(f"/v1/leases/{body['lease_id']}/results", json=res).status_code == 200
-    assert r.status_code == 204, r.text
-
-
 def test_an_overlay_repeating_a_shipped_key_is_refused_naming_the_key(client):
     ship(client, "bf16_tuned_gemm.csv", "model_configs/dsv3_bf16_tuned_gemm.csv")
     s0 = rows((CONFIGS / "model_configs/dsv3_bf16_tuned_gemm.csv").read_text())[0]
     gfx, cu = s0["gfx"], int(s0["cu_num"])
     capture(client, [{c: s0[c] for c in BF16.shape_columns}, {"M": 3, "N": 77, "K": 99}], gfx=gfx, cu_num=cu)
-    tune_all(client, gfx, cu, us=0.5)
+    tune_all(client, gfx, cu, us_of=lambda item: 0.5)
     r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")
     assert r.status_code == 409 and r.json()["field"] == "overlay"
     assert f"M={s0['M']}" in r.json()["detail"] and "dsv3_bf16_tuned_gemm.csv" in r.json()["detail"]

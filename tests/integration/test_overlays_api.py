@@ -8,20 +8,9 @@ import io
 from app.domain.families import FAMILIES
 from app.domain.keys import row_key
 from tests.conftest import CONFIGS, DIGEST, capture
-from tests.integration.test_leasing_api import lease, ok_row
+from tests.integration.test_leasing_api import lease, ok_row, tune_all
 
 BF16 = FAMILIES["bf16_gemm"]
-
-
-def tune_all(client, us_of=lambda item: 10.0, gfx="gfx942", cu_num=304):
-    while True:
-        r = lease(client, budget_s=10_000, gfx=gfx, cu_num=cu_num)
-        if r.status_code == 204:
-            return
-        body = r.json()
-        for item in body["shapes"]:
-            res = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, us_of(item)))
-            assert res.status_code == 200, res.text
 
 
 def rows(text):
@@ -52,7 +41,7 @@ def test_merged_overlay_over_the_image_default_has_unique_keys(client):
     s0 = shipped[0]  # re-tune a shape the image already ships, plus a new one
     capture(client, [{c: s0[c] for c in BF16.shape_columns}, {"M": 3, "N": 77, "K": 99}], gfx=s0["gfx"],
             cu_num=int(s0["cu_num"]))
-    tune_all(client, us_of=lambda item: 1.5, gfx=s0["gfx"], cu_num=int(s0["cu_num"]))
+    tune_all(client, s0["gfx"], int(s0["cu_num"]), us_of=lambda item: 1.5)
     merged = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"merged": True}).text)
     keys = [row_key(BF16.key_columns, r) for r in merged]
     assert len(keys) == len(set(keys)), "a merged table must load with a unique index"
