@@ -50,24 +50,23 @@ def _lease_from(table_path: str, family: str, n: int) -> tuple[dict, list[dict]]
             "tuned_header": list(table.header)}, rows
 
 
-def test_real_a8w8_bpreshuffle_rows_become_results():
-    lease, rows = _lease_from("a8w8_bpreshuffle_tuned_gemm.csv", "a8w8_bpreshuffle_gemm", 20)
-    fam = FAMILIES["a8w8_bpreshuffle_gemm"]
-    table = read_table((CONFIGS / "a8w8_bpreshuffle_tuned_gemm.csv").read_text())
-    matched = match_rows(fam, lease, table)
+def _first_result(path: str, family: str, n: int):
+    """Read a real shipped table back as the tuner's output for a lease of its own shapes."""
+    lease, rows = _lease_from(path, family, n)
+    fam = FAMILIES[family]
+    matched = match_rows(fam, lease, read_table((CONFIGS / path).read_text()))
     assert len(matched) == len(rows)
-    res = result_from_row(fam, lease, 1, matched[1], 1.0, "t")
+    return lease, rows, result_from_row(fam, lease, 1, matched[1], 1.0, "t")
+
+
+def test_real_a8w8_bpreshuffle_rows_become_results():
+    lease, rows, res = _first_result("a8w8_bpreshuffle_tuned_gemm.csv", "a8w8_bpreshuffle_gemm", 20)
     assert res.status == "ok" and res.us == float(rows[0]["us"]) and res.err_ratio == float(rows[0]["errRatio"])
     assert res.kernel_name == rows[0]["kernelName"] and list(res.row) == lease["tuned_header"]
 
 
 def test_real_fmoe_rows_with_percent_errors():
-    lease, rows = _lease_from("model_configs/dsv4_fp8fp4_tuned_fmoe.csv", "fmoe", 5)
-    fam = FAMILIES["fmoe"]
-    table = read_table((CONFIGS / "model_configs/dsv4_fp8fp4_tuned_fmoe.csv").read_text())
-    matched = match_rows(fam, lease, table)
-    assert len(matched) == len(rows)
-    res = result_from_row(fam, lease, 1, matched[1], 1.0, "t")
+    _, rows, res = _first_result("model_configs/dsv4_fp8fp4_tuned_fmoe.csv", "fmoe", 5)
     errs = [float(rows[0][c].rstrip("%")) / 100 for c in ("err1", "err2")]
     assert res.err_ratio == max(errs) and "+" in res.kernel_name
 
