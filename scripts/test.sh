@@ -3,6 +3,7 @@
 # started here on loopback. Without PostgreSQL the run fails loudly (TUNER_ALLOW_NO_PG=1 to run SQLite only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[dev]'
 
