@@ -87,3 +87,20 @@ def test_a_stop_abandons_the_shape_and_an_unsupported_shape_fails():
 @pytest.mark.parametrize("budget", [0.0])
 def test_no_work_starts_past_the_budget(budget):
     assert run(TorchBackend(repeats=2), lease_for((4, 64, 64, False), (4, 64, 64, True)), budget=budget) == []
+
+
+def test_a_shape_that_hits_the_budget_ends_its_race_early():
+    lease = lease_for((16, 256, 512, False))
+    full = run(TorchBackend(repeats=3), lease)[0]
+    class RunsOut(Batch):
+        """Inside the budget when the shape starts, past it from the first candidate on."""
+        calls = 0
+
+        def time_left(self):
+            self.calls += 1
+            return 1.0 if self.calls == 1 else -1.0
+
+    out = []
+    TorchBackend(repeats=3).run(RunsOut(lease, 0.0, lambda: False), out.append)
+    (res,) = out
+    assert res.status == "ok" and len(res.candidates) < len(full.candidates)

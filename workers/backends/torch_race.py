@@ -206,6 +206,8 @@ class TorchBackend:
                 continue
             if batch.should_stop():
                 return None
+            if results and batch.time_left() <= 0:
+                break  # past the budget: the race ends with the candidates timed so far
             rec, out = self._race_one(c, ref, out_dtype, batch)
             results.append(rec)
             if out is not None:
