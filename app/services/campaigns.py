@@ -11,11 +11,16 @@ from app.services.leasing import est_shape_cost
 STATES = ("queued", "leased", "tuned", "failed", "covered")  # covered: served by a bucket row
 
 
-def summaries(s: Session, default_cost: float) -> list[dict]:
+def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -> list[dict]:
+    """Every campaign's counts and coverage, or one campaign's (campaign_id)."""
     counts: dict[int, dict[str, int]] = {}
     served: dict[int, list[float]] = {}
     q = (select(CampaignShape.campaign_id, CampaignShape.state, func.count(), func.sum(CampaignShape.priority))
          .group_by(CampaignShape.campaign_id, CampaignShape.state))
+    camps = select(Campaign, Image).join(Image, Image.digest == Campaign.image_digest)
+    if campaign_id is not None:
+        q = q.where(CampaignShape.campaign_id == campaign_id)
+        camps = camps.where(Campaign.id == campaign_id)
     for cid, state, n, pri in s.execute(q):
         counts.setdefault(cid, dict.fromkeys(STATES, 0))[state] = n
         tot = served.setdefault(cid, [0.0, 0.0])
@@ -26,8 +31,7 @@ def summaries(s: Session, default_cost: float) -> list[dict]:
                                             .join(Result, Result.shape_id == CampaignShape.id)
                                             .group_by(CampaignShape.campaign_id))}
     out = []
-    for camp, img in s.execute(select(Campaign, Image).join(Image, Image.digest == Campaign.image_digest)
-                               .order_by(Campaign.image_digest, Campaign.gfx, Campaign.family)):
+    for camp, img in s.execute(camps.order_by(Campaign.image_digest, Campaign.gfx, Campaign.family)):
         c = counts.get(camp.id, dict.fromkeys(STATES, 0))
         total = sum(c.values())
         tot = served.get(camp.id, [0.0, 0.0])
@@ -40,6 +44,11 @@ def summaries(s: Session, default_cost: float) -> list[dict]:
                     "gpu_s_spent": float(spent.get(camp.id) or 0.0),
                     "gpu_s_left_est": (c["queued"] + c["leased"]) * cost, "est_shape_cost_s": cost})
     return out
+
+
+def summary(s: Session, default_cost: float, campaign_id: int) -> dict:
+    (one,) = summaries(s, default_cost, campaign_id)
+    return one
 
 
 def _cost_any(s: Session, campaign_id: int, default: float) -> float:

@@ -49,8 +49,7 @@ def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: Setti
                   ) -> HTMLResponse:
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
-        summary = next(c for c in campaigns.summaries(s, settings.default_shape_cost_s)
-                       if c["campaign_id"] == campaign_id)
+        summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id)
         shapes = campaigns.shapes(s, campaign_id)
         fam = get_family(summary["family"])
         name = overlays.overlay_filename(fam, summary["image_digest"])

@@ -21,8 +21,7 @@ def list_campaigns(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict
 def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAuth) -> dict:
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
-        summary = next(c for c in campaigns.summaries(s, settings.default_shape_cost_s)
-                       if c["campaign_id"] == campaign_id)
+        summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id)
         return {**summary, "shape_list": campaigns.shapes(s, campaign_id)}
 
 
