@@ -21,12 +21,20 @@ def merge_key(family: TableFamily, untuned_header: tuple[str, ...], header: tupl
     return tuple(k for k in keys if k in header)
 
 
+def collision_key(family: TableFamily, untuned_header: tuple[str, ...], header: tuple[str, ...]
+                  ) -> tuple[str, ...]:
+    """The merge key, less act_type for fmoe: its lookup ignores act_type, so rows differing only there
+    collide at run time (the first in file order wins, aiter-tuning.md 2.7)."""
+    keys = merge_key(family, untuned_header, header)
+    return tuple(k for k in keys if k != "act_type") if family.name == "fmoe" else keys
+
+
 def collisions(family: TableFamily, untuned_header: tuple[str, ...], shipped: list[Table], overlay: Table
                ) -> list[tuple[dict[str, str], str]]:
     """Overlay rows whose merge key a shipped table of the family already has: (key cells, shipped file)."""
     out = []
     for t in shipped:
-        keys = merge_key(family, untuned_header, t.header)
+        keys = collision_key(family, untuned_header, t.header)
         have = {row_key(keys, r) for r in t.rows}
         for r in overlay.rows:
             if row_key(keys, r) in have:

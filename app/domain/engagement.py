@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.domain.families import TableFamily
-from app.domain.keys import lookup_keys, row_key
+from app.domain.keys import CPP_PADDED, cpp_m_candidates, lookup_keys, row_key
 from app.domain.tables import Table
 
 
@@ -48,21 +48,55 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                f"header is {','.join(table.header)}")
         return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, key_columns, gfx, cu_num, shape)],
                                 reason=why) for shape in shapes]
+    if family.name == "fmoe":
+        # the fmoe lookup keys on a pybind enum that never equals the CSV string, so every hit comes from the
+        # act_type-wildcarded fallback: the first row in file order wins (aiter-tuning.md 2.7)
+        key_columns = tuple(c for c in key_columns if c != "act_type")
     index: dict[tuple, dict[str, str]] = {}
     for r in table.rows:
         index.setdefault(row_key(key_columns, r), r)
+    cpp = _cpp_index(family, key_columns, table)
     out = []
     for shape in shapes:
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
         tried = [m for m, _ in cands]
         for m, k in cands:
             if k in index:
-                out.append(ShapeEngagement(shape, True, tried, m, index[k]))
+                res = ShapeEngagement(shape, True, tried, m, index[k])
+                if cpp is not None:
+                    _check_cpp(family, cpp, gfx, cu_num, res)
+                out.append(res)
                 break
         else:
             out.append(ShapeEngagement(shape, False, tried,
                                        reason=_miss_reason(family, key_columns, cands[0][1], tried, index)))
     return out
+
+
+def _cpp_index(family: TableFamily, key_columns: tuple[str, ...], table: Table) -> tuple | None:
+    if family.name not in CPP_PADDED:
+        return None
+    keys = tuple(c for c in key_columns if c != "q_dtype_w")
+    index = {row_key(keys, r): r for r in table.rows}  # build_tune_dict: plain dict, the last row wins
+    return keys, index
+
+
+def _check_cpp(family: TableFamily, cpp: tuple, gfx: str, cu_num: int, res: ShapeEngagement) -> None:
+    """Python takes splitK from its row; the compiled C++ table must resolve to that same row."""
+    keys, index = cpp
+    mcol = family.m_column or "M"
+    raw = int(res.shape[mcol])
+    for m in cpp_m_candidates(raw):
+        row = index.get(row_key(keys, dict(res.shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
+        if row is not None:
+            break
+    if row is res.row:
+        return
+    res.hit = False
+    where = f"the row at {mcol}={row[mcol]}" if row is not None else "no row (its heuristic kernel)"
+    res.reason = (f"Python takes splitK from the row at {mcol}={res.matched_m}, but the compiled C++ table "
+                  f"(padding {cpp_m_candidates(raw)}, no q_dtype_w) picks the kernel from {where}: a mismatched "
+                  f"pair; tune the row at the M both sides look up")
 
 
 def is_flydsl_row(row: dict[str, str]) -> bool:

@@ -76,3 +76,20 @@ def lookup_keys(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_
             cells[family.m_column] = str(m)  # type: ignore[index]
         out.append((m, row_key(key_columns, cells)))
     return out
+
+
+# Families whose kernel comes from a C++ table compiled from the CSV with its own padding and a key without
+# q_dtype_w (csrc/ck_gemm_a8w8/gemm_a8w8.cu:94-136, csrc/ck_batched_gemm_*/batched_gemm_*.cu:102-116),
+# while Python supplies only splitK from its own lookup.
+CPP_PADDED = ("a8w8_gemm", "a8w8_batched_gemm", "bf16_batched_gemm")
+
+
+def cpp_m_candidates(m: int) -> list[int]:
+    out = [m]
+    if 1 < m <= 16:
+        out.append(16)
+    elif 16 < m <= 16384:
+        out.append(next_pow2(m))
+    elif 16384 < m <= 20480:
+        out.append(20480)
+    return list(dict.fromkeys(out))

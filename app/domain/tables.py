@@ -67,9 +67,9 @@ def duplicate_keys(key_columns: tuple[str, ...], tables: list[Table]) -> dict[tu
     return {k: v for k, v in seen.items() if len(v) > 1}
 
 
-def merge(family: TableFamily, tables: list[Table], prefer_last: bool = False) -> Table:
-    """One table with unique merge keys. AITER's rule: lowest us wins, ties to the earlier file.
-    prefer_last: a later table's row replaces an earlier one (an overlay measured in this image)."""
+def merge(family: TableFamily, tables: list[Table]) -> Table:
+    """One table with unique merge keys. AITER's rule: lowest us wins, ties to the earlier file; rows keep
+    the position of the first row of their key."""
     header = union_header(tables)
     keys = tuple(c for c in family.merge_key if c in header)
     best: dict[tuple, tuple[int, dict[str, str]]] = {}
@@ -82,6 +82,6 @@ def merge(family: TableFamily, tables: list[Table], prefer_last: bool = False) -
             if old is None:
                 best[k] = (order, full)
                 order += 1
-            elif prefer_last or _us(full) < _us(old[1]):
+            elif _us(full) < _us(old[1]):
                 best[k] = (old[0], full)
     return Table(header, [r for _, r in sorted(best.values(), key=lambda x: x[0])], "merged")

@@ -54,7 +54,8 @@ def build(s: Session, digest: str, family: str, merged: bool = False) -> Overlay
     table = Table(schema.header, best_rows(s, digest, fam.name, schema), f"overlay_{fam.tuned_file}")
     shipped = shipped_tables(s, digest, fam.name)
     if merged and shipped:
-        table = merge(fam, shipped + [table])
+        # fmoe hits are first-in-file-order across act_type, so the overlay's rows go first there
+        table = merge(fam, [table] + shipped if fam.name == "fmoe" else shipped + [table])
     return Overlay(fam, schema, table, shipped)
 
 
@@ -72,7 +73,7 @@ def deployable(s: Session, digest: str, family: str, merged: bool = False, exclu
     hits = deploy.collisions(ov.family, untuned_header_for(s, digest, ov.family.name), ov.shipped, ov.table)
     if hits and exclude_shipped:
         clash = {tuple(sorted(k.items())) for k, _ in hits}
-        keys = deploy.merge_key(ov.family, untuned_header_for(s, digest, ov.family.name), ov.table.header)
+        keys = deploy.collision_key(ov.family, untuned_header_for(s, digest, ov.family.name), ov.table.header)
         ov.table.rows = [r for r in ov.table.rows if tuple(sorted((k, r.get(k, "")) for k in keys)) not in clash]
     elif hits:
         key, where = hits[0]

@@ -1,0 +1,70 @@
+"""Two of AITER's quieter traps on its real tables: fmoe ignores act_type at run time, and the a8w8 and
+batched kernels come from a compiled table that pads M differently from the Python splitK lookup."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from app.domain.engagement import check
+from app.domain.families import FAMILIES
+from app.domain.tables import Table
+from tests.conftest import CONFIGS, DIGEST, capture
+from tests.integration.test_leasing_api import tune_all
+
+FMOE = FAMILIES["fmoe"]
+
+
+def test_an_fmoe_row_differing_from_a_shipped_one_only_in_act_type_is_refused_then_merged_first(client):
+    default = (CONFIGS / "tuned_fmoe.csv").read_text()
+    assert client.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"tuned_fmoe.csv": default}}).status_code == 200
+    shipped = list(csv.DictReader(io.StringIO(default)))
+    keys = {tuple(r[c] for c in FMOE.shape_columns) for r in shipped}
+
+    def silu(r):
+        return {c: r[c] for c in FMOE.shape_columns} | {"act_type": "ActivationType.Silu"}
+    # a shipped Gelu row whose Silu twin the image does not ship: the twin is what we tune
+    s0 = next(r for r in shipped if r["act_type"] == "ActivationType.Gelu"
+              and tuple(silu(r)[c] for c in FMOE.shape_columns) not in keys)
+    other_act = silu(s0)
+    cid = capture(client, [other_act], family="fmoe", gfx="gfx942", cu_num=int(shipped[0]["cu_num"])).json()
+    tune_all(client, "gfx942", int(shipped[0]["cu_num"]), kernelName1="mine1", kernelName2="mine2", err1="0.0%",
+             err2="0.0%", block_m="32", ksplit="0", us1="1", us2="1", run_1stage="0", _tag="")
+    r = client.get(f"/v1/overlays/{DIGEST}/fmoe.csv")
+    assert r.status_code == 409 and "act_type=" not in r.json()["detail"]  # the key AITER really matches on
+    assert f"token={s0['token']}" in r.json()["detail"]
+    merged = client.get(f"/v1/overlays/{DIGEST}/fmoe.csv", params={"merged": True}).text
+    rows = list(csv.DictReader(io.StringIO(merged)))
+    mine = next(i for i, x in enumerate(rows) if x["kernelName1"] == "mine1")
+    twin = next(i for i, x in enumerate(rows) if all(x[c] == s0[c] for c in FMOE.shape_columns))
+    assert mine < twin, "in the merged file the overlay's row comes first, so AITER's first-match picks it"
+    eng = client.get(f"/v1/campaigns/{cid['campaign_id']}/engagement", params={"merged": True}).json()
+    assert eng["hits"] == 1 and eng["report"][0]["kernel"] == "mine1"
+
+
+def test_fmoe_engagement_is_first_match_across_act_type():
+    row = {c: "1" for c in FMOE.tuned_header} | {"gfx": "gfx942", "cu_num": "80", "token": "32",
+                                                 "act_type": "ActivationType.Gelu", "dtype": "torch.bfloat16",
+                                                 "q_dtype_a": "torch.bfloat16", "q_dtype_w": "torch.bfloat16",
+                                                 "q_type": "QuantType.No", "kernelName1": "gelu_kernel"}
+    table = Table(FMOE.tuned_header, [row, dict(row, act_type="ActivationType.Silu", kernelName1="silu_kernel")])
+    shape = {c: row[c] for c in FMOE.shape_columns} | {"act_type": "ActivationType.Silu"}
+    (res,) = check(FMOE, FMOE.key_columns, "gfx942", 80, [shape], table)
+    assert res.hit and res.row["kernelName1"] == "gelu_kernel"  # what AITER picks for a Silu call
+
+
+def test_a8w8_python_and_compiled_lookups_must_agree():
+    """M=100 with rows at 112 and 128: Python takes splitK from 112 (gl0), C++ the kernel from 128."""
+    fam = FAMILIES["a8w8_gemm"]
+    base = {"gfx": "gfx950", "cu_num": "256", "N": "1280", "K": "8192", "q_dtype_w": "torch.int8", "kernelId": "1",
+            "splitK": "0", "us": "5", "kernelName": "k", "tflops": "1", "bw": "1", "errRatio": "0"}
+    table = Table(fam.tuned_header, [dict(base, M="112", splitK="2"), dict(base, M="128", kernelName="k128")])
+    shape = {"M": "100", "N": "1280", "K": "8192", "q_dtype_w": "torch.int8"}
+    (res,) = check(fam, fam.key_columns, "gfx950", 256, [shape], table)
+    assert not res.hit and "M=112" in res.reason and "M=128" in res.reason
+    (ok,) = check(fam, fam.key_columns, "gfx950", 256, [dict(shape, M="128")], table)
+    assert ok.hit
+    # the compiled table ignores q_dtype_w: an fp8 row after the int8 one wins the kernel for both
+    fp8 = Table(fam.tuned_header, [dict(base, M="128"), dict(base, M="128", q_dtype_w="torch.float8_e4m3fn")])
+    (clash,) = check(fam, fam.key_columns, "gfx950", 256, [dict(shape, M="128")], fp8)
+    assert not clash.hit and "q_dtype_w" in clash.reason
