@@ -41,10 +41,6 @@ class Forbidden(DomainError):
     status, title = 403, "forbidden"
 
 
-class TooLarge(DomainError):
-    status, title = 413, "payload too large"
-
-
 def _problem(status: int, title: str, detail: str, field: str | None, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"title": title, "status": status, "detail": detail, "field": field}, status_code=status,
                         headers=headers, media_type="application/problem+json")

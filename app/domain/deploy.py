@@ -12,20 +12,11 @@ from app.domain.keys import row_key
 from app.domain.tables import Table
 
 
-def merge_key(family: TableFamily, untuned_header: tuple[str, ...], header: tuple[str, ...]) -> tuple[str, ...]:
-    """AITER's dedup key for a merge: the image's untuned header + cu_num + gfx (if the table has it)."""
-    keys = list(untuned_header)
-    for extra in ("cu_num", "gfx"):
-        if extra not in keys and extra in header:
-            keys.append(extra)
-    return tuple(k for k in keys if k in header)
-
-
 def collision_key(family: TableFamily, untuned_header: tuple[str, ...], header: tuple[str, ...]
                   ) -> tuple[str, ...]:
     """The merge key, less act_type for fmoe: its lookup ignores act_type, so rows differing only there
     collide at run time (the first in file order wins, aiter-tuning.md 2.7)."""
-    keys = merge_key(family, untuned_header, header)
+    keys = family.merge_key(header, untuned_header)
     return tuple(k for k in keys if k != "act_type") if family.name == "fmoe" else keys
 
 

@@ -7,7 +7,7 @@ aiter/tuned_gemm.py, aiter/ops/gemm_op_*.py, aiter/fused_moe.py, the csrc/*/*_tu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # How a column's cells are read and written. AITER reads tables with pandas: ints stay ints, the
 # words True/False become bools, everything else is compared as an exact string (no strip).
@@ -75,25 +75,21 @@ class TableFamily:
     compiled: bool = False  # kernels picked from a table compiled into a CK JIT module
     tuner_script: str | None = None
     tuner_args: tuple[str, ...] = ()
-    name_alt: tuple[str, ...] = field(default=())  # other file stems that belong to the family
 
     @property
     def merge_name(self) -> str:
         """The substring AITER globs model_configs/ with (core.py get_config_file)."""
         return self.tuned_file.removesuffix(".csv")
 
-    @property
-    def result_columns(self) -> tuple[str, ...]:
-        return tuple(c for c in self.tuned_header if c not in self.key_columns)
-
-    @property
-    def merge_key(self) -> tuple[str, ...]:
-        """AITER's merge-time dedup key: shipped untuned header + cu_num + gfx (core.py:320-338)."""
-        keys = list(self.untuned_header)
+    def merge_key(self, header: tuple[str, ...], untuned_header: tuple[str, ...] | None = None
+                  ) -> tuple[str, ...]:
+        """AITER's merge-time dedup key for a table with this header: the image's untuned header + cu_num +
+        gfx, as far as the table has them (core.py:320-338)."""
+        keys = list(untuned_header or self.untuned_header)
         for extra in ("cu_num", "gfx"):
-            if extra not in keys and extra in self.tuned_header:
+            if extra not in keys:
                 keys.append(extra)
-        return tuple(keys)
+        return tuple(k for k in keys if k in header)
 
 
 def _h(s: str) -> tuple[str, ...]:

@@ -69,9 +69,6 @@ class Schema:
     key_columns: tuple[str, ...]  # the family's key columns present in this header, in key order
     known: bool  # header seen in a released table
 
-    def missing_from(self, other_header: tuple[str, ...]) -> list[str]:
-        return [c for c in self.header if c not in other_header]
-
     def header_problems(self, other_header: tuple[str, ...]) -> list[str]:
         """Why a table written in other_header would not load or key in this schema's AITER."""
         out = [f"lacks key column {c!r} that this image's AITER indexes on" for c in self.key_columns

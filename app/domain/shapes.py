@@ -95,10 +95,6 @@ def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape"
     return Shape(tuple(values))
 
 
-def shape_from_key(key: str) -> Shape:
-    return Shape(tuple(tuple(p.split("=", 1)) for p in key.split("|")))  # type: ignore[misc]
-
-
 def flops(family: TableFamily, shape: dict[str, str]) -> float:
     """Work of one call, to rank shapes by served time (count x flops)."""
     g = {k: int(v) for k, v in shape.items() if v.isdigit()}

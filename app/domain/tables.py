@@ -58,20 +58,11 @@ def union_header(tables: list[Table]) -> tuple[str, ...]:
     return tuple(cols)
 
 
-def duplicate_keys(key_columns: tuple[str, ...], tables: list[Table]) -> dict[tuple, list[str]]:
-    """Keys that appear more than once across the tables, with the table names holding them."""
-    seen: dict[tuple, list[str]] = {}
-    for t in tables:
-        for r in t.rows:
-            seen.setdefault(row_key(key_columns, r), []).append(t.name)
-    return {k: v for k, v in seen.items() if len(v) > 1}
-
-
 def merge(family: TableFamily, tables: list[Table]) -> Table:
     """One table with unique merge keys. AITER's rule: lowest us wins, ties to the earlier file; rows keep
     the position of the first row of their key."""
     header = union_header(tables)
-    keys = tuple(c for c in family.merge_key if c in header)
+    keys = family.merge_key(header)
     best: dict[tuple, tuple[int, dict[str, str]]] = {}
     order = 0
     for t in tables:
