@@ -75,6 +75,8 @@ class TableFamily:
     compiled: bool = False  # kernels picked from a table compiled into a CK JIT module
     tuner_script: str | None = None
     tuner_args: tuple[str, ...] = ()
+    # the matrix-core precision the kernels run at: picks the peak FLOP/s and operand bytes in roofline.py
+    math: str = "bf16"
 
     @property
     def merge_name(self) -> str:
@@ -118,20 +120,20 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True,
-        tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
+        math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
         tuned_file="a8w8_bpreshuffle_tuned_gemm.csv", untuned_file="a8w8_bpreshuffle_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True,
-        tuner_script="csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle_tune.py"),
+        math="fp8", tuner_script="csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle_tune.py"),
     TableFamily(
         name="a8w8_blockscale_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
         tuned_file="a8w8_blockscale_tuned_gemm.csv", untuned_file="a8w8_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
-        tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
+        math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
     TableFamily(
         name="a8w8_blockscale_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",
         tuned_file="a8w8_blockscale_bpreshuffle_tuned_gemm.csv",
@@ -139,19 +141,21 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
         # --preshuffle swaps the output default inside run(): always pass -o (aiter-tuning.md 5.1)
-        tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py", tuner_args=("--preshuffle",)),
+        math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py",
+        tuner_args=("--preshuffle",)),
     TableFamily(
         name="a4w4_blockscale_gemm", env_var="AITER_CONFIG_GEMM_A4W4",
         tuned_file="a4w4_blockscale_tuned_gemm.csv", untuned_file="a4w4_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
-        tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py"),
+        math="fp4", tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py"),
     TableFamily(
         name="a8w8_batched_gemm", env_var="AITER_CONFIG_A8W8_BATCHED_GEMM",
         tuned_file="a8w8_tuned_batched_gemm.csv", untuned_file="a8w8_untuned_batched_gemm.csv",
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
-        padding="exact", compiled=True, tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
+        padding="exact", compiled=True, math="fp8",
+        tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
     TableFamily(
         name="bf16_batched_gemm", env_var="AITER_CONFIG_BF16_BATCHED_GEMM",
         tuned_file="bf16_tuned_batched_gemm.csv", untuned_file="bf16_untuned_batched_gemm.csv",
@@ -165,7 +169,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         untuned_file="batched_gemm_a8w8_blockscale_mxscale_untuned.csv",
         tuned_header=_h("gfx,b,m,n,k,libtype," + _CK_RESULT), untuned_header=_h("b,m,n,k"),
         key_columns=_h("gfx,b,m,n,k"), shape_columns=_h("b,m,n,k"), m_column="m", compiled=True,
-        tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py"),
+        math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py"),
     TableFamily(
         name="fmoe", env_var="AITER_CONFIG_FMOE",
         tuned_file="tuned_fmoe.csv", untuned_file="untuned_fmoe.csv",
