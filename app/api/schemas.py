@@ -42,6 +42,12 @@ class CaptureIn(Identity):
     shapes: list[dict[str, Any]] | None = None
     untuned_csv: str | None = None
     log: str | None = None
+    # the sender's id for this capture; a repeat is acknowledged (duplicate) without counting twice
+    capture_uid: str | None = Field(None, min_length=8, max_length=128, pattern=r"^[\w.:-]+$")
+    # engine steps per tokens-per-step bucket since the sender's last capture, keyed by the bucket's upper
+    # bound ("1", "8", ..., "+Inf"; not cumulative): vLLM's vllm:iteration_tokens_total. With it, `shapes` may
+    # be empty (a metrics-only update).
+    step_buckets: dict[str, int] | None = Field(None, max_length=64)
 
 
 class CaptureOut(BaseModel):
@@ -52,6 +58,8 @@ class CaptureOut(BaseModel):
     shapes_new: int
     calls_added: int
     notes: list[str] = []
+    duplicate: bool = False  # this capture_uid was already counted; nothing was added
+    priority_rule: str = ""  # what orders the campaign's queue now (app/domain/served.py)
 
 
 class LeaseIn(Identity):

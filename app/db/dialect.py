@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Select
+from sqlalchemy import Select, func
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -19,7 +19,8 @@ def add_shape_calls(s: Session, rows: list[dict]) -> None:
     stmt = stmt.on_conflict_do_update(
         index_elements=[t.c.campaign_id, t.c.shape_key],
         set_={"calls": t.c.calls + stmt.excluded.calls,
-              "priority": (t.c.calls + stmt.excluded.calls) * t.c.flops})
+              # served.priority in SQL: (steps, else calls) x the default's time
+              "priority": func.coalesce(t.c.steps, t.c.calls + stmt.excluded.calls) * t.c.default_us})
     s.execute(stmt)
 
 

@@ -71,6 +71,9 @@ class Campaign(Base):
     gfx: Mapped[str] = mapped_column(String(32))
     cu_num: Mapped[int] = mapped_column(Integer)
     family: Mapped[str] = mapped_column(String(64))
+    # steps per tokens-per-step bucket ({"1": n, "8": n, ..., "+Inf": n}) summed over the captures that sent
+    # them; when present, shapes are weighted by served steps instead of calls (app/domain/served.py)
+    step_hist: Mapped[dict | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     shapes: Mapped[list[CampaignShape]] = relationship(back_populates="campaign", lazy="raise")
 
@@ -78,6 +81,8 @@ class Campaign(Base):
 class Capture(Base):
     __tablename__ = "captures"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # the sender's id for this capture: a repeat is acknowledged without counting twice
+    capture_uid: Mapped[str | None] = mapped_column(String(128), unique=True)
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
     host: Mapped[str | None] = mapped_column(String(255))
     source_format: Mapped[str] = mapped_column(String(16))
@@ -86,6 +91,7 @@ class Capture(Base):
     env: Mapped[dict] = mapped_column(JSON, default=dict)
     shapes: Mapped[int] = mapped_column(Integer)
     calls: Mapped[int] = mapped_column(Integer)
+    step_hist: Mapped[dict | None] = mapped_column(JSON)  # the step-count deltas it carried
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -100,7 +106,12 @@ class CampaignShape(Base):
     shape: Mapped[dict] = mapped_column(JSON)
     calls: Mapped[int] = mapped_column(Integer, default=0)
     flops: Mapped[float] = mapped_column(Float)
-    priority: Mapped[float] = mapped_column(Float, index=True)  # estimated served time: calls x flops
+    # the default path's time per call: the gfx's roofline estimate until a result measures it
+    default_us: Mapped[float] = mapped_column(Float)
+    default_measured: Mapped[bool] = mapped_column(Boolean, default=False)
+    steps: Mapped[float | None] = mapped_column(Float)  # served steps, when the campaign has a step histogram
+    # served time: (steps, else calls) x default_us (app/domain/served.py)
+    priority: Mapped[float] = mapped_column(Float, index=True)
     state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_id: Mapped[str | None] = mapped_column(ForeignKey("leases.id"), index=True)

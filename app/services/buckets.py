@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 from app.db.models import CampaignShape
 from app.domain import buckets
 from app.domain.families import get_family
+from app.domain.roofline import estimate_us
 from app.domain.shapes import flops, make_shape
 from app.services.engagement import campaign_or_404
 
@@ -42,7 +43,8 @@ def apply(s: Session, campaign_id: int) -> dict:
         if target is None:
             shape = make_shape(fam, r.shape(fam.m_column))
             target = CampaignShape(campaign_id=camp.id, shape_key=shape.key, shape=shape.as_dict(), calls=0,
-                                   flops=flops(fam, shape.as_dict()), priority=r.served, state="queued")
+                                   flops=flops(fam, shape.as_dict()), priority=r.served, state="queued",
+                                   default_us=estimate_us(fam, shape.as_dict(), camp.gfx, camp.cu_num))
             s.add(target)
             added += 1
         else:

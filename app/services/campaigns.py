@@ -6,6 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Campaign, CampaignShape, Image, Lease, Result, Worker, utcnow
+from app.domain.served import rule as priority_rule
 from app.services.leasing import est_shape_cost
 
 STATES = ("queued", "leased", "tuned", "failed", "covered")  # covered: served by a bucket row
@@ -42,7 +43,9 @@ def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -
                     "progress": (c["tuned"] + c["failed"] + c["covered"]) / total if total else 0.0,
                     "served_time_covered": tot[1] / tot[0] if tot[0] else 0.0,
                     "gpu_s_spent": float(spent.get(camp.id) or 0.0),
-                    "gpu_s_left_est": (c["queued"] + c["leased"]) * cost, "est_shape_cost_s": cost})
+                    "gpu_s_left_est": (c["queued"] + c["leased"]) * cost, "est_shape_cost_s": cost,
+                    "priority_rule": priority_rule(camp.step_hist),
+                    "steps_seen": sum((camp.step_hist or {}).values())})
     return out
 
 
@@ -70,6 +73,7 @@ def shapes(s: Session, campaign_id: int) -> list[dict]:
     for x in rows:
         r = best.get(x.id)
         out.append({"shape_id": x.id, "shape": x.shape, "calls": x.calls, "flops": x.flops,
+                    "steps": x.steps, "default_us_est": None if x.default_measured else x.default_us,
                     "served": x.priority, "state": x.state, "attempts": x.attempts, "last_error": x.last_error,
                     "kernel": r.kernel_name if r else None, "us": r.us if r else None,
                     "default_us": r.default_us if r else None, "backend": r.backend if r else None,

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.api.schemas import CaptureIn, CaptureOut
 from app.db.dialect import add_shape_calls
 from app.db.models import Campaign, CampaignShape, Capture, Image, utcnow
-from app.domain import capture_parsing
+from app.domain import capture_parsing, served
 from app.domain.families import TableFamily, UnknownFamily, get_family
+from app.domain.roofline import estimate_us
 from app.domain.shapes import ShapeError, flops
 from app.errors import Invalid
 
@@ -30,7 +31,9 @@ def parse(body: CaptureIn) -> tuple[TableFamily, str, capture_parsing.ParsedCapt
         raise Invalid("shapes: give exactly one of shapes (JSON), untuned_csv or log", "shapes")
     fmt = given[0]
     try:
-        if fmt == "shapes":
+        if fmt == "shapes" and not body.shapes and body.step_buckets:
+            parsed = capture_parsing.ParsedCapture()  # a metrics-only update
+        elif fmt == "shapes":
             parsed = capture_parsing.from_json(fam, body.shapes or [])
         elif fmt == "untuned_csv":
             parsed = capture_parsing.from_untuned_csv(fam, body.untuned_csv or "")
@@ -73,28 +76,75 @@ def _insert_or_get(s: Session, obj, fetch):  # type: ignore[no-untyped-def]
         return fetch()
 
 
+def _step_delta(body: CaptureIn) -> dict[str, float] | None:
+    if not body.step_buckets:
+        return None
+    try:
+        return served.merge(None, body.step_buckets)
+    except served.HistogramError as e:
+        raise Invalid(f"step_buckets: {e}", "step_buckets") from None
+
+
+def _already(s: Session, uid: str | None, fam: TableFamily) -> CaptureOut | None:
+    prior = s.scalars(select(Capture).where(Capture.capture_uid == uid)).first() if uid else None
+    if prior is None:
+        return None
+    camp = s.get(Campaign, prior.campaign_id)
+    return CaptureOut(capture_id=prior.id, campaign_id=prior.campaign_id, family=fam.name,
+                      shapes_received=prior.shapes, shapes_new=0, calls_added=0, duplicate=True,
+                      notes=["capture_uid already counted; nothing added"],
+                      priority_rule=served.rule(camp.step_hist if camp else None))
+
+
+def reweigh(s: Session, camp: Campaign, fam: TableFamily) -> None:
+    """Served steps and priority of every shape of the campaign, from its step histogram."""
+    rows = s.execute(select(CampaignShape.id, CampaignShape.shape, CampaignShape.default_us)
+                     .where(CampaignShape.campaign_id == camp.id)).all()
+    weights = served.step_weights(fam, [r.shape for r in rows], camp.step_hist or {})
+    s.execute(update(CampaignShape), [{"id": r.id, "steps": w, "priority": served.priority(0, w, r.default_us)}
+                                      for r, w in zip(rows, weights)])
+
+
 def ingest(s: Session, body: CaptureIn) -> CaptureOut:
     fam, fmt, parsed = parse(body)  # raises before anything is written
+    delta = _step_delta(body)
+    done = _already(s, body.capture_uid, fam)
+    if done is not None:
+        return done
     ensure_image(s, body.image_digest, body.aiter_version, body.aiter_commit)
     camp = ensure_campaign(s, body.image_digest, body.gfx, body.cu_num, fam.name)
+    cap = Capture(campaign_id=camp.id, host=body.host, source_format=fmt, aiter_version=body.aiter_version,
+                  aiter_commit=body.aiter_commit, env=body.env, shapes=len(parsed.shapes),
+                  calls=sum(c for _, c in parsed.shapes.values()), capture_uid=body.capture_uid, step_hist=delta)
+    try:
+        with s.begin_nested():  # a concurrent repeat of this capture_uid: theirs counted, ours is a duplicate
+            s.add(cap)
+            s.flush()
+    except IntegrityError:
+        done = _already(s, body.capture_uid, fam)
+        if done is None:
+            raise
+        return done
     keys = list(parsed.shapes)
     known = set()
     for i in range(0, len(keys), 500):
         known |= set(s.scalars(select(CampaignShape.shape_key).where(
             CampaignShape.campaign_id == camp.id, CampaignShape.shape_key.in_(keys[i:i + 500]))))
-    rows, calls = [], 0
+    rows = []
     for key, (shape, count) in parsed.shapes.items():
-        f = flops(fam, shape.as_dict())
-        rows.append({"campaign_id": camp.id, "shape_key": key, "shape": shape.as_dict(), "calls": count,
-                     "flops": f, "priority": count * f, "state": "queued", "attempts": 0,
+        d = shape.as_dict()
+        est = estimate_us(fam, d, body.gfx, body.cu_num)
+        rows.append({"campaign_id": camp.id, "shape_key": key, "shape": d, "calls": count,
+                     "flops": flops(fam, d), "default_us": est, "default_measured": False, "steps": None,
+                     "priority": served.priority(count, None, est), "state": "queued", "attempts": 0,
                      "updated_at": utcnow()})
-        calls += count
     for i in range(0, len(rows), 500):
         add_shape_calls(s, rows[i:i + 500])
     new = len(keys) - len(known)
-    cap = Capture(campaign_id=camp.id, host=body.host, source_format=fmt, aiter_version=body.aiter_version,
-                  aiter_commit=body.aiter_commit, env=body.env, shapes=len(parsed.shapes), calls=calls)
-    s.add(cap)
-    s.flush()
+    if delta:
+        camp.step_hist = served.merge(camp.step_hist, delta)
+    if camp.step_hist and (delta or rows):
+        reweigh(s, camp, fam)
     return CaptureOut(capture_id=cap.id, campaign_id=camp.id, family=fam.name, shapes_received=len(parsed.shapes),
-                      shapes_new=new, calls_added=calls, notes=parsed.notes)
+                      shapes_new=new, calls_added=cap.calls, notes=parsed.notes,
+                      priority_rule=served.rule(camp.step_hist))

@@ -14,6 +14,7 @@ from app.api.schemas import LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.config import Settings
 from app.db.dialect import lock_for_lease
 from app.db.models import Campaign, CampaignShape, Lease, Result, Worker, utcnow
+from app.domain import served
 from app.domain.families import get_family
 from app.domain.keys import runtime_value
 from app.errors import Conflict, Forbidden, Invalid, NotFound
@@ -194,6 +195,10 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
                  error=body.error, elapsed_s=body.elapsed_s, started_at=body.started_at,
                  finished_at=body.finished_at or utcnow())
     s.add(res)
+    if body.status == "ok" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
+        # the default path measured on this identity replaces the roofline estimate in the served time
+        shape.default_us, shape.default_measured = body.default_us, True
+        shape.priority = served.priority(shape.calls, shape.steps, body.default_us)
     if verified:
         shape.state, shape.lease_id, shape.last_error = "tuned", None, None
     else:
