@@ -15,12 +15,73 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TUNER_SHARED_DIR", ROOT.parent / "shared"))
-CONFIGS = SHARED / "aiter-configs"
+# AITER's shipped tables (ROCm/aiter e4048607a5, MIT: tests/fixtures/aiter/LICENSE), big ones cut to their first
+# rows (tests/fixtures/aiter/SOURCES.csv); TUNER_AITER_CONFIGS=<an aiter/configs folder> runs against full tables.
+CONFIGS = Path(os.environ.get("TUNER_AITER_CONFIGS", ROOT / "tests" / "fixtures" / "aiter" / "configs"))
+AITER_COMMIT = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"  # the commit the fixtures and ../shared/aiter-src are from
 DIGEST = "sha256:" + "ab" * 32
 OTHER_DIGEST = "sha256:" + "cd" * 32
 PG_URL = os.environ.get("TUNER_TEST_PG_URL")
 ADMIN = "atk_test-admin-token"  # TUNER_ADMIN_TOKEN of the servers the tests start  # a PostgreSQL server to test against as well
+
+
+def configs_dir() -> Path:
+    """AITER's aiter/configs folder the tests read (fixtures unless TUNER_AITER_CONFIGS says otherwise)."""
+    return CONFIGS
+
+
+_AITER_SRC_MISSING: list[str] = []  # why AITER's sources are absent, for the loud line in the terminal summary
+
+
+def _download_aiter_src(dest: Path) -> None:
+    """ROCm/aiter at AITER_COMMIT from GitHub, only its aiter/ and csrc/ folders (the paths ../shared/aiter-src has)."""
+    import io
+    import tarfile
+    url = f"https://codeload.github.com/ROCm/aiter/tar.gz/{AITER_COMMIT}"
+    data = httpx.get(url, timeout=httpx.Timeout(120, connect=10), follow_redirects=True).raise_for_status().content
+    tmp = dest.with_name(dest.name + ".part")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar.getmembers():
+            rel = m.name.split("/", 1)[-1]
+            if (m.isfile() or m.isdir()) and rel.split("/", 1)[0] in ("aiter", "csrc", "LICENSE"):
+                m.name = rel
+                tar.extract(m, tmp, filter="data")
+    tmp.rename(dest)
+
+
+def aiter_src() -> Path:
+    """AITER's own sources for differential tests, from one setting: TUNER_AITER_SRC, else ../shared/aiter-src
+    beside the checkout, else a download of ROCm/aiter at AITER_COMMIT cached in .cache/. Skips the calling test
+    (and says so in the terminal summary) when none of these is there."""
+    if os.environ.get("TUNER_AITER_SRC"):
+        return Path(os.environ["TUNER_AITER_SRC"])
+    shared = ROOT.parent / "shared" / "aiter-src"
+    if shared.is_dir():
+        return shared
+    cached = ROOT / ".cache" / f"aiter-src-{AITER_COMMIT[:10]}"
+    if not cached.is_dir() and not _AITER_SRC_MISSING:
+        try:
+            _download_aiter_src(cached)
+        except Exception as e:  # noqa: BLE001 - any failure means: no sources, skip loudly
+            _AITER_SRC_MISSING.append(f"{type(e).__name__}: {e}")
+    if not cached.is_dir():
+        pytest.skip(f"AITER's sources not found (TUNER_AITER_SRC, ../shared/aiter-src, download: "
+                    f"{_AITER_SRC_MISSING[0]})")
+    return cached
+
+
+@pytest.fixture(scope="session")
+def aiter_src_dir() -> Path:
+    return aiter_src()
+
+
+def pytest_terminal_summary(terminalreporter):
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "AITER's sources not found" in str(r.longrepr)]
+    if skipped:
+        terminalreporter.write_line(
+            f"!!!!! {len(skipped)} tests SKIPPED: AITER's sources not found: {_AITER_SRC_MISSING[:1]}. "
+            f"Set TUNER_AITER_SRC=<a ROCm/aiter checkout at {AITER_COMMIT[:10]}> or put it at ../shared/aiter-src.",
+            red=True, bold=True)
 
 
 def engines() -> list[str]:

@@ -1,4 +1,4 @@
-"""Two AITER releases: the current tables (shared/aiter-configs) and the published amd-aiter 0.1.7 wheel.
+"""Two AITER releases: the current tables (tests/fixtures/aiter) and the published amd-aiter 0.1.7 wheel.
 Each image's overlay is written in its own header, and a table in the wrong release's header is flagged."""
 
 from __future__ import annotations
