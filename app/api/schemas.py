@@ -121,6 +121,10 @@ class ResultIn(BaseModel):
     aiter_commit: str | None = None
 
 
+class ReleaseIn(BaseModel):
+    started: list[int] = Field(default_factory=list, max_length=10_000)  # shapes being worked on: they count a try
+
+
 class ResultOut(BaseModel):
     result_id: int
     shape_state: str

@@ -113,7 +113,8 @@ class CampaignShape(Base):
     # served time: (steps, else calls) x default_us (app/domain/served.py)
     priority: Mapped[float] = mapped_column(Float, index=True)
     state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # counted tries, ever (app/domain/lease_states.py)
+    attempts_base: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # attempts at last requeue
     lease_id: Mapped[str | None] = mapped_column(ForeignKey("leases.id"), index=True)
     last_error: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

@@ -6,11 +6,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import CampaignShape
-from app.domain import buckets
+from app.domain import buckets, lease_states
 from app.domain.families import get_family
 from app.domain.roofline import estimate_us
 from app.domain.shapes import flops, make_shape
 from app.services.engagement import campaign_or_404
+from app.services.leasing import set_shape, shape_facts
 
 
 def _plan(s: Session, campaign_id: int, states: tuple[str, ...]) -> tuple:
@@ -52,6 +53,6 @@ def apply(s: Session, campaign_id: int) -> dict:
         for m in r.covers:
             x = by_m.get((r.rest, m))
             if x is not None and x is not target:
-                x.state, x.last_error = "covered", f"served by the row at {fam.m_column}={r.m}"
+                set_shape(x, lease_states.cover(shape_facts(x), f"served by the row at {fam.m_column}={r.m}"))
                 covered += 1
     return {"added": added, "covered": covered, "rows_to_tune": len(rows)}

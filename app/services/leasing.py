@@ -5,16 +5,18 @@ from __future__ import annotations
 import math
 import statistics
 import uuid
-from datetime import datetime, timedelta
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.config import Settings
 from app.db.dialect import lock_for_lease
 from app.db.models import Campaign, CampaignShape, Lease, Result, Worker, utcnow
-from app.domain import served
+from app.domain import lease_states as ls, served
 from app.domain.families import get_family
 from app.domain.keys import runtime_value
 from app.errors import Conflict, Forbidden, Invalid, NotFound
@@ -25,22 +27,33 @@ ERR_MAX = {"fmoe": 0.1, "fhmoe": 0.1, "grouped_fmoe": 0.1}
 ERR_MAX_DEFAULT = 0.05
 
 
-def _park_or_requeue(shape: CampaignShape, error: str, max_attempts: int) -> None:
-    shape.lease_id = None
-    shape.last_error = error
-    shape.state = "failed" if shape.attempts >= max_attempts else "queued"
+def shape_facts(sh: CampaignShape) -> ls.ShapeFacts:
+    return ls.ShapeFacts(ls.ShapeState(sh.state), sh.attempts, sh.attempts_base or 0, sh.lease_id, sh.last_error)
+
+
+def set_shape(sh: CampaignShape, f: ls.ShapeFacts) -> None:
+    sh.state, sh.attempts, sh.attempts_base = f.state.value, f.attempts, f.attempts_base
+    sh.lease_id, sh.last_error = f.lease_id, f.last_error
+
+
+def _lease_facts(lease: Lease) -> ls.LeaseFacts:
+    return ls.LeaseFacts(ls.LeaseState(lease.state), lease.expires_at, lease.hard_deadline)
+
+
+def _held(s: Session, lease_id: str) -> list[CampaignShape]:
+    return list(s.scalars(select(CampaignShape).where(CampaignShape.lease_id == lease_id,
+                                                      CampaignShape.state == ls.ShapeState.LEASED.value)))
 
 
 def sweep_expired(s: Session, settings: Settings, now: datetime | None = None) -> int:
-    """Leases past their expiry give their unfinished shapes back (or park them after N attempts)."""
+    """The one sweeper: leases past their expiry end, their held shapes each count a try."""
     now = now or utcnow()
-    dead = list(s.scalars(select(Lease).where(Lease.state == "active", Lease.expires_at < now)))
+    dead = list(s.scalars(select(Lease).where(Lease.state == ls.LeaseState.ACTIVE.value, Lease.expires_at < now)))
     for lease in dead:
-        lease.state = "expired"
-        for shape in s.scalars(select(CampaignShape).where(CampaignShape.lease_id == lease.id,
-                                                           CampaignShape.state == "leased")):
-            _park_or_requeue(shape, f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)",
-                             settings.max_attempts)
+        lease.state = ls.end_lease(_lease_facts(lease), ls.LeaseState.EXPIRED).state.value
+        why = f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)"
+        for sh in _held(s, lease.id):
+            set_shape(sh, ls.expire(shape_facts(sh), lease.id, why, settings.max_attempts))
     return len(dead)
 
 
@@ -68,7 +81,7 @@ def _pick_campaign(s: Session, body: LeaseIn) -> Campaign | None:
     q = (select(Campaign, func.max(CampaignShape.priority).label("top"))
          .join(CampaignShape, CampaignShape.campaign_id == Campaign.id)
          .where(Campaign.image_digest == body.image_digest, Campaign.gfx == body.gfx,
-                Campaign.cu_num == body.cu_num, CampaignShape.state == "queued")
+                Campaign.cu_num == body.cu_num, CampaignShape.state == ls.ShapeState.QUEUED.value)
          .group_by(Campaign.id).order_by(func.max(CampaignShape.priority).desc()))
     if body.families is not None:
         q = q.where(Campaign.family.in_(body.families))
@@ -89,26 +102,28 @@ def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | N
     if body.max_shapes:
         n = min(n, body.max_shapes)
     pick = lock_for_lease(select(CampaignShape).where(CampaignShape.campaign_id == camp.id,
-                                                      CampaignShape.state == "queued")
+                                                      CampaignShape.state == ls.ShapeState.QUEUED.value)
                           .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(n))
     shapes = list(s.scalars(pick))
     if not shapes:
         return None
-    hard = now + timedelta(seconds=body.budget_s + settings.lease_grace_s)
+    lf = ls.open_lease(now, body.budget_s, settings.lease_ttl_s, settings.lease_grace_s)
     lease = Lease(id=str(uuid.uuid4()), worker_id=body.worker_id, campaign_id=camp.id, backend=backend, token_id=token_id,
-                  budget_s=body.budget_s, created_at=now, heartbeat_at=now, hard_deadline=hard,
-                  expires_at=min(now + timedelta(seconds=settings.lease_ttl_s), hard))
+                  budget_s=body.budget_s, created_at=now, heartbeat_at=now, hard_deadline=lf.hard_deadline,
+                  expires_at=lf.expires_at, state=lf.state.value)
     s.add(lease)
     s.flush()
     for sh in shapes:
-        sh.state, sh.lease_id, sh.attempts = "leased", lease.id, sh.attempts + 1
+        set_shape(sh, ls.lease(shape_facts(sh), lease.id))
+    hard = lf.hard_deadline
     return LeaseOut(lease_id=lease.id, campaign_id=camp.id, family=camp.family, image_digest=camp.image_digest,
                     gfx=camp.gfx, cu_num=camp.cu_num, backend=backend, budget_s=body.budget_s,
                     expires_at=lease.expires_at, hard_deadline=hard, heartbeat_every_s=settings.lease_ttl_s / 3,
                     est_shape_cost_s=cost,
                     tuned_header=list(table_schemas.schema_for(s, camp.image_digest, camp.family).header),
                     untuned_header=list(table_schemas.untuned_header_for(s, camp.image_digest, camp.family)),
-                    shapes=[LeasedShape(shape_id=x.id, shape=x.shape, calls=x.calls, attempts=x.attempts)
+                    shapes=[LeasedShape(shape_id=x.id, shape=x.shape, calls=x.calls,
+                                        attempts=x.attempts - (x.attempts_base or 0) + 1)
                             for x in shapes])
 
 
@@ -124,9 +139,10 @@ def _owned_lease(s: Session, lease_id: str, owner: int | None) -> Lease:
 
 def _live_lease(s: Session, lease_id: str, settings: Settings, owner: int | None = None) -> Lease:
     lease = _owned_lease(s, lease_id, owner)
-    if lease.state == "active" and lease.expires_at < utcnow():
-        sweep_expired(s, settings)
-    if lease.state != "active":
+    now = utcnow()
+    if ls.is_expired(_lease_facts(lease), now):
+        sweep_expired(s, settings, now)
+    if not ls.is_live(_lease_facts(lease), now):
         raise Conflict(f"lease_id: lease {lease_id} is {lease.state}; lease again", "lease_id")
     return lease
 
@@ -135,21 +151,21 @@ def heartbeat(s: Session, lease_id: str, settings: Settings, owner: int | None =
     lease = _live_lease(s, lease_id, settings, owner)
     now = utcnow()
     lease.heartbeat_at = now
-    lease.expires_at = min(now + timedelta(seconds=settings.lease_ttl_s), lease.hard_deadline)
+    lease.expires_at = ls.heartbeat(_lease_facts(lease), now, settings.lease_ttl_s).expires_at
     w = s.get(Worker, lease.worker_id)
     if w is not None:
         w.last_seen_at = now
     return lease
 
 
-def release(s: Session, lease_id: str, settings: Settings, owner: int | None = None) -> int:
-    """A clean stop: unfinished shapes go back to the queue, and the attempt does not count."""
+def release(s: Session, lease_id: str, settings: Settings, owner: int | None = None,
+            started: Collection[int] = ()) -> int:
+    """A clean stop: untouched shapes go back to the queue uncounted; `started` ones count a try."""
     lease = _live_lease(s, lease_id, settings, owner)
-    lease.state = "released"
-    back = list(s.scalars(select(CampaignShape).where(CampaignShape.lease_id == lease.id,
-                                                      CampaignShape.state == "leased")))
+    lease.state = ls.end_lease(_lease_facts(lease), ls.LeaseState.RELEASED).state.value
+    back = _held(s, lease.id)
     for sh in back:
-        sh.state, sh.lease_id, sh.attempts = "queued", None, max(0, sh.attempts - 1)
+        set_shape(sh, ls.release(shape_facts(sh), lease.id, sh.id in started, settings.max_attempts))
     return len(back)
 
 
@@ -170,8 +186,23 @@ def _check_row(s: Session, camp: Campaign, shape: CampaignShape, row: dict) -> d
     return {c: cells[c] for c in schema.header}
 
 
+@dataclass
+class Refused:
+    """A result the service refused: the shape's try is counted (and committed); the route answers the error."""
+    error: Invalid
+    shape_state: str
+
+
+def _kind(body: ResultIn, row: dict | None, err_max: float) -> ls.ResultKind:
+    if body.status != "ok":
+        return ls.ResultKind.FAILED
+    ok = (row is not None and body.us is not None and math.isfinite(body.us) and body.us > 0
+          and body.err_ratio is not None and 0 <= body.err_ratio <= err_max)
+    return ls.ResultKind.VERIFIED if ok else ls.ResultKind.UNVERIFIED
+
+
 def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
-                ) -> ResultOut:
+                ) -> ResultOut | Refused:
     _owned_lease(s, lease_id, owner)
     dup = s.scalars(select(Result).where(Result.lease_id == lease_id, Result.shape_id == body.shape_id)).first()
     if dup is not None:  # a retried POST: same answer, nothing stored twice
@@ -180,14 +211,19 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
                          duplicate=True)
     lease = _live_lease(s, lease_id, settings, owner)
     shape = s.get(CampaignShape, body.shape_id)
-    if shape is None or shape.lease_id != lease.id or shape.state != "leased":
+    if shape is None or not shape_facts(shape).held_by(lease.id):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
     camp = s.get(Campaign, lease.campaign_id)
     assert camp is not None
-    row = _check_row(s, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
+    try:
+        row = _check_row(s, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
+    except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
+        set_shape(shape, ls.result_refused(shape_facts(shape), lease.id, e.detail, settings.max_attempts))
+        _finish_if_empty(s, lease)
+        return Refused(e, shape.state)
     err_max = ERR_MAX.get(camp.family, ERR_MAX_DEFAULT)
-    verified = (body.status == "ok" and row is not None and body.us is not None and math.isfinite(body.us)
-                and body.us > 0 and body.err_ratio is not None and 0 <= body.err_ratio <= err_max)
+    kind = _kind(body, row, err_max)
+    verified = kind is ls.ResultKind.VERIFIED
     res = Result(shape_id=shape.id, lease_id=lease.id, worker_id=lease.worker_id, backend=body.backend,
                  image_digest=camp.image_digest, aiter_commit=body.aiter_commit, status=body.status, us=body.us,
                  err_ratio=body.err_ratio, verified=verified, kernel_name=body.kernel_name,
@@ -199,21 +235,23 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
         # the default path measured on this identity replaces the roofline estimate in the served time
         shape.default_us, shape.default_measured = body.default_us, True
         shape.priority = served.priority(shape.calls, shape.steps, body.default_us)
-    if verified:
-        shape.state, shape.lease_id, shape.last_error = "tuned", None, None
-    else:
-        why = body.error or (f"no verified winner (err_ratio {body.err_ratio} > {err_max} or bad us {body.us})")
-        _park_or_requeue(shape, why, settings.max_attempts)
+    why = body.error or f"no verified winner (err_ratio {body.err_ratio} > {err_max} or bad us {body.us})"
+    set_shape(shape, ls.result(shape_facts(shape), lease.id, kind, None if verified else why, settings.max_attempts))
     s.flush()
-    left = s.scalar(select(func.count()).select_from(CampaignShape).where(CampaignShape.lease_id == lease.id))
-    if not left:
-        lease.state = "done"
+    _finish_if_empty(s, lease)
     return ResultOut(result_id=res.id, shape_state=shape.state, verified=verified)
 
 
+def _finish_if_empty(s: Session, lease: Lease) -> None:
+    s.flush()
+    if not _held(s, lease.id):
+        lease.state = ls.end_lease(_lease_facts(lease), ls.LeaseState.DONE).state.value
+
+
 def requeue_campaign_failures(s: Session, campaign_id: int) -> int:
-    """Admin: give parked shapes another round of attempts."""
-    r = s.execute(update(CampaignShape).where(CampaignShape.campaign_id == campaign_id,
-                                              CampaignShape.state == "failed")
-                  .values(state="queued", attempts=0))
-    return r.rowcount or 0
+    """Admin: give parked shapes another round of attempts (their attempt counts stay)."""
+    parked = list(s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == campaign_id,
+                                                        CampaignShape.state == ls.ShapeState.FAILED.value)))
+    for sh in parked:
+        set_shape(sh, ls.requeue(shape_facts(sh)))
+    return len(parked)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 from tests.conftest import DIGEST, OTHER_DIGEST, capture
 
@@ -75,18 +76,35 @@ def test_results_are_idempotent_and_only_for_the_lease(client):
     assert client.post("/v1/leases/nope/results", json=ok_row(a, item)).status_code == 404
 
 
-def test_a_row_that_does_not_key_the_shape_is_refused(client):
+def test_a_refused_result_names_the_field_counts_a_try_and_parks_the_shape(client, settings):
     capture(client, shapes(1))
     body = lease(client).json()
     item = body["shapes"][0]
     r = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, cu_num=80))
     assert r.status_code == 422 and r.json()["field"] == "row.cu_num"
-    bad = ok_row(body, item)
+    again = lease(client).json()  # the refused try counted (no give-back loop), so it is attempt 2
+    (item,) = again["shapes"]
+    assert item["attempts"] == 2
+    bad = ok_row(again, item)
     del bad["row"]["kernelName"]
-    r = client.post(f"/v1/leases/{body['lease_id']}/results", json=bad)
+    r = client.post(f"/v1/leases/{again['lease_id']}/results", json=bad)
     assert r.status_code == 422 and r.json()["field"] == "row.kernelName"
+    assert lease(client).status_code == 204  # parked after max_attempts (2 here)
     detail = client.get(f"/v1/campaigns/{body['campaign_id']}").json()
-    assert detail["leased"] == 1 and detail["tuned"] == 0
+    assert (detail["failed"], detail["tuned"]) == (1, 0)
+    assert "row.kernelName" in detail["shape_list"][0]["last_error"]
+
+
+def test_release_counts_a_try_for_a_shape_being_worked_on(client, settings):
+    capture(client, shapes(2))
+    for _ in range(settings.max_attempts):
+        body = lease(client, budget_s=1000).json()
+        top = body["shapes"][0]["shape_id"]
+        r = client.post(f"/v1/leases/{body['lease_id']}/release", json={"started": [top]})
+        assert r.json()["requeued"] == 2
+    final = lease(client, budget_s=1000).json()
+    assert [x["shape_id"] for x in final["shapes"]] != [top] and top not in [x["shape_id"] for x in final["shapes"]]
+    assert final["shapes"][0]["attempts"] == 1  # the untouched one was given back uncounted each time
 
 
 def test_failures_park_a_shape_after_max_attempts(client, settings):
@@ -143,14 +161,19 @@ def test_expired_lease_gives_its_shapes_back(client, settings):
 
 
 def test_heartbeat_extends_but_never_past_budget_and_grace(client, settings):
-    settings.lease_ttl_s = 1.0
+    settings.lease_ttl_s, settings.lease_grace_s = 1.0, 0.5
     capture(client, shapes(1))
-    body = lease(client, budget_s=0.5).json()
-    for _ in range(4):
-        time.sleep(0.4)
-        r = client.post(f"/v1/leases/{body['lease_id']}/heartbeat")
-        assert r.status_code == 200
-    assert r.json()["expires_at"] <= r.json()["hard_deadline"]
+    body = lease(client, budget_s=1.0).json()  # hard deadline: lease + 1.5 s
+    hard, first = datetime.fromisoformat(body["hard_deadline"]), datetime.fromisoformat(body["expires_at"])
+    assert first < hard
+    time.sleep(0.3)
+    r = client.post(f"/v1/leases/{body['lease_id']}/heartbeat")
+    assert r.status_code == 200 and datetime.fromisoformat(r.json()["expires_at"]) > first  # extended
+    time.sleep(0.5)  # now + ttl is past the hard deadline: the heartbeat is capped at it
+    r = client.post(f"/v1/leases/{body['lease_id']}/heartbeat")
+    assert r.status_code == 200 and datetime.fromisoformat(r.json()["expires_at"]) == hard
+    time.sleep(max(0.0, (hard - datetime.now(timezone.utc)).total_seconds()) + 0.2)
+    assert client.post(f"/v1/leases/{body['lease_id']}/heartbeat").status_code == 409
 
 
 def test_workers_list_shows_identity_and_lease(client):

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from app.api.deps import DbDep, SettingsDep
 from app.auth import Principal, WorkerAuth
-from app.api.schemas import LeaseIn, LeaseOut, ResultIn, ResultOut
+from app.api.schemas import LeaseIn, LeaseOut, ReleaseIn, ResultIn, ResultOut
 from app.services import leasing
 
 router = APIRouter(tags=["leases"])
@@ -33,15 +33,20 @@ def post_result(lease_id: str, body: ResultIn, request: Request, db: DbDep, sett
                 who: WorkerAuth) -> ResultOut:
     with db.session() as s:
         out = leasing.post_result(s, lease_id, body, settings, _owner(who))
+    if isinstance(out, leasing.Refused):  # committed: the refused try counts
+        request.app.state.metrics.results.labels(body.backend, "refused", "false").inc()
+        raise out.error
     if not out.duplicate:
         request.app.state.metrics.results.labels(body.backend, body.status, str(out.verified).lower()).inc()
     return out
 
 
 @router.post("/v1/leases/{lease_id}/release")
-def release(lease_id: str, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> dict:
+def release(lease_id: str, db: DbDep, settings: SettingsDep, who: WorkerAuth,
+            body: ReleaseIn | None = None) -> dict:
+    started = body.started if body is not None else []
     with db.session() as s:
-        return {"lease_id": lease_id, "requeued": leasing.release(s, lease_id, settings, _owner(who))}
+        return {"lease_id": lease_id, "requeued": leasing.release(s, lease_id, settings, _owner(who), started)}
 
 
 def _owner(who: Principal) -> int | None:
