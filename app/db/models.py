@@ -97,11 +97,10 @@ class Capture(Base):
 
 class CampaignShape(Base):
     __tablename__ = "shapes"
-    # the queue order a lease takes: one index walk instead of a sort per lease
-    __table_args__ = (UniqueConstraint("campaign_id", "shape_key"),
-                      Index("ix_shapes_queue", "campaign_id", "state", "priority", "id"))
+    # (campaign_id, shape_key) also serves every campaign_id look-up; ix_shapes_queue (below) the rest
+    __table_args__ = (UniqueConstraint("campaign_id", "shape_key"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"))
     shape_key: Mapped[str] = mapped_column(String(1000))
     shape: Mapped[dict] = mapped_column(JSON)
     calls: Mapped[int] = mapped_column(Integer, default=0)
@@ -111,14 +110,20 @@ class CampaignShape(Base):
     default_measured: Mapped[bool] = mapped_column(Boolean, default=False)
     steps: Mapped[float | None] = mapped_column(Float)  # served steps, when the campaign has a step histogram
     # served time: (steps, else calls) x default_us (app/domain/served.py)
-    priority: Mapped[float] = mapped_column(Float, index=True)
-    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    priority: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # counted tries, ever (app/domain/lease_states.py)
     attempts_base: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # attempts at last requeue
     lease_id: Mapped[str | None] = mapped_column(ForeignKey("leases.id"), index=True)
     last_error: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     campaign: Mapped[Campaign] = relationship(back_populates="shapes", lazy="raise")
+
+
+# The queue in the order a lease takes it (priority DESC, id): a campaign's top shape, and the next n, are one
+# index seek whatever the queue's size; counts by state per campaign read the index alone.
+Index("ix_shapes_queue", CampaignShape.campaign_id, CampaignShape.state, CampaignShape.priority.desc(),
+      CampaignShape.id)
 
 
 class Worker(Base):

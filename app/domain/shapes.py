@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 from app.domain.families import (BOOL, BOOL01, DTYPE, DTYPES, ENUM, ENUM_VALUES, INT, TableFamily, column_kind,
                                  enum_prefix)
@@ -24,15 +25,19 @@ class ShapeError(ValueError):
 class Shape:
     values: tuple[tuple[str, str], ...]  # (column, cell) in the family's shape-column order
 
-    @property
+    @cached_property
     def key(self) -> str:
-        return "|".join(f"{c}={v}" for c, v in self.values)
+        return "|".join(map("=".join, self.values))  # col=cell|col=cell...
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.values)
 
 
-def _truthy(field: str, raw: object) -> bool:
+class _Bad(ValueError):
+    """A cell's problem, before the field it sits in is known (so the answer can be cached per value)."""
+
+
+def _truthy(raw: object) -> bool:
     if isinstance(raw, bool):
         return raw
     s = str(raw).strip()
@@ -40,63 +45,84 @@ def _truthy(field: str, raw: object) -> bool:
         return True
     if s in ("False", "false", "0"):
         return False
-    raise ShapeError(field, f"expected True/False, got {raw!r}")
+    raise _Bad(f"expected True/False, got {raw!r}")
 
 
 def cell(col: str, raw: object, field: str) -> str:
     """One cell in AITER's spelling, or ShapeError naming the field."""
+    try:
+        return _cell(col, raw)
+    except _Bad as e:
+        raise ShapeError(field, str(e)) from None
+    except TypeError:  # unhashable (a list or object where a cell belongs): no cache, same rules
+        try:
+            return _cell.__wrapped__(col, raw)
+        except _Bad as e:
+            raise ShapeError(field, str(e)) from None
+
+
+@lru_cache(maxsize=1 << 16, typed=True)  # a capture repeats few distinct cells: most rows cost dict look-ups
+def _cell(col: str, raw: object) -> str:
     kind = column_kind(col)
     if kind == INT:
         if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-            raise ShapeError(field, f"expected a non-negative integer, got {raw!r}")
+            raise _Bad(f"expected a non-negative integer, got {raw!r}")
         try:
             v = int(str(raw).strip()) if not isinstance(raw, float) else int(raw)
         except ValueError:
-            raise ShapeError(field, f"expected a non-negative integer, got {raw!r}") from None
+            raise _Bad(f"expected a non-negative integer, got {raw!r}") from None
         if v < 0 or v > MAX_DIM:
-            raise ShapeError(field, f"expected an integer in [0, {MAX_DIM}], got {v}")
+            raise _Bad(f"expected an integer in [0, {MAX_DIM}], got {v}")
         return str(v)
     if kind == BOOL:
-        return "True" if _truthy(field, raw) else "False"
+        return "True" if _truthy(raw) else "False"
     if kind == BOOL01:
-        return "1" if _truthy(field, raw) else "0"
+        return "1" if _truthy(raw) else "0"
     s = str(raw).strip()
     if kind == DTYPE:
         s = s if s.startswith("torch.") else f"torch.{s}"
         if s not in DTYPES:
-            raise ShapeError(field, f"unknown dtype {raw!r}; expected one of {sorted(DTYPES)}")
+            raise _Bad(f"unknown dtype {raw!r}; expected one of {sorted(DTYPES)}")
         return s
     if kind == ENUM:
         prefix = enum_prefix(col)
         name = s.split(".", 1)[1] if s.startswith(prefix + ".") else s
         if name not in ENUM_VALUES[prefix]:
-            raise ShapeError(field, f"unknown {prefix} {raw!r}; expected one of {sorted(ENUM_VALUES[prefix])}")
+            raise _Bad(f"unknown {prefix} {raw!r}; expected one of {sorted(ENUM_VALUES[prefix])}")
         return f"{prefix}.{name}"
     if not s or any(ch.isspace() for ch in s) or "," in s:
-        raise ShapeError(field, f"expected a non-empty value without spaces or commas, got {raw!r}")
+        raise _Bad(f"expected a non-empty value without spaces or commas, got {raw!r}")
     return s
 
 
 def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape") -> Shape:
-    extra = [k for k in raw if k not in family.shape_columns]
-    if extra:
-        raise ShapeError(f"{where}.{extra[0]}", f"not a {family.name} shape column; "
-                                                f"expected {','.join(family.shape_columns)}")
-    filled = dict(raw)
-    if family.name == "bf16_gemm":
+    cols = family.shape_columns
+    for k in raw:
+        if k not in cols:
+            raise ShapeError(f"{where}.{k}", f"not a {family.name} shape column; expected {','.join(cols)}")
+    filled = raw
+    if family.name == "bf16_gemm" and len(raw) < len(cols):
+        filled = dict(raw)
         for col, default in _BF16_DEFAULTS.items():
             filled.setdefault(col, default)
         filled.setdefault("outdtype", filled["dtype"])
     values = []
-    for col in family.shape_columns:
-        if col not in filled or filled[col] is None or filled[col] == "":
+    for col in cols:
+        v = filled.get(col)
+        if v is None or v == "":
             raise ShapeError(f"{where}.{col}", "missing")
-        values.append((col, cell(col, filled[col], f"{where}.{col}")))
+        try:
+            values.append((col, _cell(col, v)))
+        except (_Bad, TypeError):  # again through cell(): the same rules, raising with the field's name
+            values.append((col, cell(col, v, f"{where}.{col}")))
     return Shape(tuple(values))
 
 
 def flops(family: TableFamily, shape: dict[str, str]) -> float:
     """Work of one call, to rank shapes by served time (count x flops)."""
+    m, n, k, b = shape.get("M"), shape.get("N"), shape.get("K"), shape.get("B", "1")
+    if m and n and k and m.isdigit() and n.isdigit() and k.isdigit():  # the GEMMs, without a dict per shape
+        return 2.0 * (int(b) if b.isdigit() else 1) * int(m) * int(n) * int(k)
     g = {k: int(v) for k, v in shape.items() if v.isdigit()}
     if "M" in g and "N" in g and "K" in g:
         return 2.0 * g.get("B", 1) * g["M"] * g["N"] * g["K"]

@@ -125,22 +125,12 @@ def ingest(s: Session, body: CaptureIn) -> CaptureOut:
         if done is None:
             raise
         return done
-    keys = list(parsed.shapes)
-    known = set()
-    for i in range(0, len(keys), 500):
-        known |= set(s.scalars(select(CampaignShape.shape_key).where(
-            CampaignShape.campaign_id == camp.id, CampaignShape.shape_key.in_(keys[i:i + 500]))))
     rows = []
     for key, (shape, count) in parsed.shapes.items():
         d = shape.as_dict()
         est = estimate_us(fam, d, body.gfx, body.cu_num)
-        rows.append({"campaign_id": camp.id, "shape_key": key, "shape": d, "calls": count,
-                     "flops": flops(fam, d), "default_us": est, "default_measured": False, "steps": None,
-                     "priority": served.priority(count, None, est), "state": "queued", "attempts": 0,
-                     "updated_at": utcnow()})
-    for i in range(0, len(rows), 500):
-        add_shape_calls(s, rows[i:i + 500])
-    new = len(keys) - len(known)
+        rows.append((key, d, count, flops(fam, d), est, served.priority(count, None, est)))
+    new = add_shape_calls(s, camp.id, rows, utcnow())
     if delta:
         camp.step_hist = served.merge(camp.step_hist, delta)
     if camp.step_hist and (delta or rows):

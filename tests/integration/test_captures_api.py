@@ -31,6 +31,7 @@ def test_same_shape_twice_adds_counts(client):
     assert c["shapes"] == 2
     shapes = client.get(f"/v1/campaigns/{c['campaign_id']}").json()["shape_list"]
     assert {s["shape"]["M"]: s["calls"] for s in shapes} == {"8": 7, "9": 1}
+    assert all(s["served"] == pytest.approx(s["calls"] * s["default_us_est"]) for s in shapes)  # follows calls
 
 
 def test_untuned_csv_body_and_raw_text_body(client):
