@@ -1,4 +1,6 @@
-"""aiter-tuner: serve the service, or post the tiny example capture the README shows."""
+"""aiter-tuner: serve the service, capture from a running server, post the README's example capture, manage
+tokens. Module level imports stay light (argparse, json, sys): `capture` runs in serving images without the
+service's dependencies, so each command imports what it needs when it runs."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ EXAMPLE_SHAPES = [{"M": 1, "N": 1280, "K": 8192, "count": 900}, {"M": 32, "N": 8
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
+    except ImportError:  # the base install is the light capture agent
+        print("aiter-tuner serve needs the server extra: pip install 'aiter-tuner[server]'", file=sys.stderr)
+        return 2
 
     from app.config import Settings
     from app.main import create_app
@@ -76,6 +82,11 @@ def token_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def capture(args: argparse.Namespace) -> int:
+    from app.capture.agent import run  # light: httpx and pydantic only, for serving images
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="aiter-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -88,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--service", default="http://127.0.0.1:8000")
     e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
     e.set_defaults(fn=example)
+    from app.capture.agent import add_arguments
+    cap = sub.add_parser("capture", help="follow a server's log (and vLLM metrics) and post AITER's lookups")
+    add_arguments(cap)
+    cap.set_defaults(fn=capture)
     t = sub.add_parser("token", help="create, list or revoke API tokens (in the database at DATABASE_URL)")
     tsub = t.add_subparsers(dest="action", required=True)
     c = tsub.add_parser("create")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from app.domain.families import TableFamily
 from app.domain.headers import parse_header_line, untuned_header_ok
-from app.domain.log_lines import parse_log
+from app.domain.log_lines import LogEvent, parse_log
 from app.domain.shapes import Shape, ShapeError, make_shape
 
 MAX_SHAPES = 100_000
@@ -72,11 +72,12 @@ def from_untuned_csv(family: TableFamily, text: str) -> ParsedCapture:
     return out
 
 
-def from_log(family: TableFamily, text: str, gfx: str, cu_num: int) -> ParsedCapture:
-    parsed = parse_log(text)
+def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: int) -> ParsedCapture:
+    """The family's shapes among parsed lookup lines, one call per line; lines naming another identity skipped.
+    The service (a posted log) and the capture agent (a followed log) both count lines this way."""
     out = ParsedCapture()
     other = mismatched = 0
-    for ev in parsed.events:
+    for ev in events:
         if ev.family != family.name:
             other += 1
             continue
@@ -88,6 +89,11 @@ def from_log(family: TableFamily, text: str, gfx: str, cu_num: int) -> ParsedCap
         out.notes.append(f"{other} AITER lookup line(s) of other families skipped")
     if mismatched:
         out.notes.append(f"{mismatched} line(s) name another gfx/cu_num than the capture and were skipped")
+    return out
+
+
+def from_log(family: TableFamily, text: str, gfx: str, cu_num: int) -> ParsedCapture:
+    out = from_events(family, parse_log(text).events, gfx, cu_num)
     if not out.shapes:
         raise ShapeError("log", f"no AITER {family.name} lookup lines ('not found tuned config' or "
                                 f"'is tuned on cu_num') found in {len(text.splitlines())} line(s)")

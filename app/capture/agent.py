@@ -1,0 +1,219 @@
+"""`aiter-tuner capture`: follow a server's log (and its step histogram), post AITER's lookup lines as captures.
+
+One cycle: read the complete lines appended since the spool's position, count each family's shapes with the
+service's own grammar (app.domain.log_lines, app.domain.capture_parsing.from_events), read the step histogram's
+change, and commit the new captures and the new position to the spool in one write; then post what the spool
+holds, oldest first, until the service acknowledges each (201, also for a capture_uid it had already counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from app.api.schemas import CaptureIn
+from app.capture import identity, metrics
+from app.capture.spool import Spool
+from app.capture.tail import FileFollower, Position, StdinFollower
+from app.domain.capture_parsing import from_events
+from app.domain.families import FAMILIES
+from app.domain.log_lines import parse_log
+
+log = logging.getLogger("aiter-tuner.capture")
+MAX_SHAPES_PER_CAPTURE = 1000
+RETRY = {401, 403, 404, 408, 409, 429}  # fixable outside the capture (token, service, load): try again later
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--service", default=env("TUNER_SERVICE_URL"), help="service URL (TUNER_SERVICE_URL)")
+    p.add_argument("--image-digest", default=env("TUNER_IMAGE_DIGEST"),
+                   help="the served image's digest, from the pod spec or `docker inspect` (TUNER_IMAGE_DIGEST)")
+    p.add_argument("--gfx", default=env("TUNER_GFX"), help="default: GPU_ARCHS, else rocminfo (as AITER reads it)")
+    p.add_argument("--cu-num", type=int, default=int(env("TUNER_CU_NUM", "0")) or None,
+                   help="default: CU_NUM, else rocminfo (as AITER reads it)")
+    p.add_argument("--log", default=env("TUNER_LOG"), help="the server's log file, or - for standard input")
+    p.add_argument("--metrics-url", default=env("TUNER_METRICS_URL"),
+                   help="vLLM's Prometheus endpoint (http://localhost:8000/metrics): weights shapes by served steps")
+    p.add_argument("--spool", default=env("TUNER_SPOOL", "./aiter-capture-spool"),
+                   help="state kept across restarts and outages (log position, unsent captures)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="read what is there, post, exit (1: left in the spool)")
+    mode.add_argument("--follow", action="store_true", help="keep following (the default)")
+    p.add_argument("--interval-s", type=float, default=float(env("TUNER_CAPTURE_INTERVAL_S", "10")))
+    p.add_argument("--retry-s", type=float, default=30.0, help="--once: how long to retry an unreachable service")
+    p.add_argument("--host", default=env("TUNER_HOST", socket.gethostname()))
+    p.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN)")
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace, gfx: str, cu_num: int, spool: Spool):
+        self.args, self.gfx, self.cu_num, self.spool = args, gfx, cu_num, spool
+        tok = args.token or os.environ.get("TUNER_TOKEN")
+        self.http = httpx.Client(base_url=args.service.rstrip("/"), timeout=30,
+                                 headers={"Authorization": f"Bearer {tok}"} if tok else {})
+        self.version = identity.aiter_version()
+        if args.log == "-":
+            self.reader: Any = StdinFollower()
+        else:
+            saved = spool.state["log"]
+            pos = (Position(saved["inode"], saved["offset"], saved.get("head", "")) if saved and
+                   saved.get("path") == args.log else None)
+            self.reader = FileFollower(args.log, pos)
+        self.rejected = 0
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def _lines(self, drain: bool) -> list[str]:
+        if isinstance(self.reader, StdinFollower):
+            return self.reader.read(wait_eof=drain)
+        return self.reader.read()
+
+    def _steps(self) -> tuple[dict[str, int], dict[str, float] | None]:
+        if not self.args.metrics_url:
+            return {}, None
+        try:
+            r = httpx.get(self.args.metrics_url, timeout=10)
+            r.raise_for_status()
+            cur = metrics.cumulative(r.text)
+        except (httpx.HTTPError, ValueError) as e:
+            log.warning("metrics: %s unreadable (%s); step counts wait for the next reading", self.args.metrics_url, e)
+            return {}, None
+        if not cur:
+            log.warning("metrics: no %s histogram at %s", metrics.HISTOGRAM, self.args.metrics_url)
+            return {}, None
+        return metrics.delta(cur, self.spool.state["metrics"]), cur
+
+    def collect(self, drain: bool = False, with_metrics: bool = True) -> int:
+        """Read new lines and metrics; commit the captures they make and the new position in one spool write.
+        Returns the lines read. Without with_metrics (the service is down) step counts stay on the server's
+        counter and come in one later delta instead of one spooled capture per cycle."""
+        lines = self._lines(drain)
+        for note in self.reader.notes:
+            log.info("log: %s", note)
+        self.reader.notes.clear()
+        events = parse_log("\n".join(lines)).events
+        steps, cur = self._steps() if with_metrics else ({}, None)
+        st = self.spool.state
+        made = 0
+        for name in sorted({e.family for e in events} | (set(st["families"]) if steps else set())):
+            parsed = from_events(FAMILIES[name], events, self.gfx, self.cu_num)
+            for note in parsed.notes:
+                if "another gfx/cu_num" in note:
+                    log.warning("%s: %s (agent says %s/%s)", name, note, self.gfx, self.cu_num)
+            shapes = [dict(sh.as_dict(), count=n) for sh, n in parsed.shapes.values()]
+            if not shapes and not steps:
+                continue
+            for part, i in enumerate(range(0, max(len(shapes), 1), MAX_SHAPES_PER_CAPTURE)):
+                body = CaptureIn(image_digest=self.args.image_digest, gfx=self.gfx, cu_num=self.cu_num,
+                                 family=name, aiter_version=self.version, host=self.args.host,
+                                 shapes=shapes[i:i + MAX_SHAPES_PER_CAPTURE],
+                                 capture_uid=self.spool.next_uid(name, part),
+                                 step_buckets=(steps or None) if part == 0 else None)
+                st["pending"].append(body.model_dump(mode="json", exclude_none=True))
+                made += 1
+            if name not in st["families"]:
+                st["families"].append(name)
+        if cur is not None and (made or not steps):
+            st["metrics"] = cur  # a change with no family to carry it yet waits in the next reading's delta
+        if isinstance(self.reader, FileFollower):
+            p = self.reader.pos
+            st["log"] = {"path": self.args.log, "inode": p.inode, "offset": p.offset, "head": p.head}
+        st["seq"] += 1
+        self.spool.save()
+        if made:
+            log.info("spooled %d capture(s) from %d line(s)%s", made, len(lines),
+                     f", {sum(steps.values())} step(s)" if steps else "")
+        return len(lines)
+
+    # -- delivering ----------------------------------------------------------------------------------------
+    def deliver(self) -> bool:
+        """Post the spool oldest first; True when it is empty. Stops at the first failure worth retrying."""
+        while self.spool.pending:
+            body = self.spool.pending[0]
+            try:
+                r = self.http.post("/v1/captures", json=body)
+            except httpx.HTTPError as e:
+                log.warning("service unreachable (%s); %d capture(s) kept in the spool", e, len(self.spool.pending))
+                return False
+            if r.status_code >= 500 or r.status_code in RETRY:
+                log.warning("service said %s (%s); %d capture(s) kept in the spool", r.status_code, r.text[:200],
+                            len(self.spool.pending))
+                return False
+            if r.status_code >= 400:
+                where = self.spool.reject(body, f"{r.status_code} {r.text[:2000]}")
+                self.rejected += 1
+                log.error("capture refused for good (%s %s); set aside in %s", r.status_code, r.text[:300], where)
+            else:
+                out = r.json()
+                log.info("delivered %s: %s shapes, %s calls%s", body["capture_uid"], out.get("shapes_received"),
+                         out.get("calls_added"), " (already counted)" if out.get("duplicate") else "")
+            self.spool.pending.pop(0)
+            self.spool.save()
+        return True
+
+    def close(self) -> None:
+        self.http.close()
+        self.reader.close()
+
+
+def _identity(args: argparse.Namespace) -> tuple[str, int] | str:
+    missing = [f for f, v in (("--service", args.service), ("--image-digest", args.image_digest),
+                              ("--log", args.log)) if not v]
+    if missing:
+        return f"missing {', '.join(missing)} (or their TUNER_* environment variables)"
+    gfx, cu_num = identity.detect(args.gfx, args.cu_num)
+    if not gfx or not cu_num:
+        return "could not detect gfx/cu_num (no GPU_ARCHS/CU_NUM and no rocminfo): pass --gfx and --cu-num"
+    return gfx, cu_num
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s capture %(levelname)s %(message)s")
+    ident = _identity(args)
+    if isinstance(ident, str):
+        print(f"aiter-tuner capture: {ident}", file=sys.stderr)
+        return 2
+    spool = Spool(args.spool)
+    agent = Agent(args, *ident, spool)
+    try:
+        return _once(agent) if args.once else _follow(agent)
+    finally:
+        agent.close()
+        spool.close()
+
+
+def _once(agent: Agent) -> int:
+    while agent.collect(drain=True):  # a big log takes several reads (each one bounded in bytes)
+        pass
+    give_up, delay = time.monotonic() + agent.args.retry_s, 0.5
+    while not agent.deliver():
+        if time.monotonic() + delay > give_up:
+            log.error("%d capture(s) not delivered; they stay in %s", len(agent.spool.pending), agent.spool.dir)
+            return 1
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+    return 1 if agent.rejected else 0
+
+
+def _follow(agent: Agent) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    backoff, up = agent.args.interval_s, True
+    while not stop.is_set():
+        agent.collect(with_metrics=up)
+        up = agent.deliver()
+        backoff = agent.args.interval_s if up else min(max(backoff * 2, 1.0), 300.0)
+        stop.wait(backoff)
+    agent.collect()
+    agent.deliver()
+    return 0

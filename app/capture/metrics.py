@@ -1,0 +1,64 @@
+"""vLLM's tokens-per-step histogram (`vllm:iteration_tokens_total`) from its Prometheus endpoint, as step counts
+per bucket since the last reading. prometheus_client's parser where it is installed (vLLM images have it),
+else a small one for the lines needed."""
+
+from __future__ import annotations
+
+import math
+import re
+
+HISTOGRAM = "vllm:iteration_tokens_total"
+_BUCKET = re.compile(r"^" + re.escape(HISTOGRAM) + r"_bucket\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
+_LE = re.compile(r'(?:^|,)\s*le="(?P<le>[^"]+)"')
+
+
+def _le_key(le: str) -> str:
+    v = float(le)
+    return "+Inf" if math.isinf(v) else (str(int(v)) if v.is_integer() else repr(v))
+
+
+def _samples_small(text: str) -> list[tuple[str, float]]:
+    out = []
+    for line in text.splitlines():
+        m = _BUCKET.match(line)
+        if m:
+            le = _LE.search(m.group("labels"))
+            if le:
+                out.append((le.group("le"), float(m.group("value"))))
+    return out
+
+
+def _samples_prometheus(text: str) -> list[tuple[str, float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+    return [(s.labels["le"], float(s.value)) for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == HISTOGRAM + "_bucket" and "le" in s.labels]
+
+
+def cumulative(text: str) -> dict[str, float]:
+    """Steps at or under each bucket bound, summed over engines and models (label sets)."""
+    try:
+        samples = _samples_prometheus(text)
+    except ImportError:
+        samples = _samples_small(text)
+    out: dict[str, float] = {}
+    for le, v in samples:
+        key = _le_key(le)
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def _order(cum: dict[str, float]) -> list[str]:
+    return sorted(cum, key=lambda k: float(k))
+
+
+def delta(cur: dict[str, float], prev: dict[str, float] | None) -> dict[str, int]:
+    """Steps per bucket (not cumulative) since prev; a server restart (counts went down) counts from zero."""
+    prev = prev or {}
+    if any(cur.get(k, 0.0) < v for k, v in prev.items()):
+        prev = {}
+    out, below = {}, 0.0
+    for k in _order(cur):
+        d = cur[k] - prev.get(k, 0.0)
+        out[k] = int(round(d - below))
+        below = d
+    return {k: v for k, v in out.items() if v > 0}
