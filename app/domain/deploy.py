@@ -1,51 +1,119 @@
-"""How to deploy an overlay so AITER really loads it (aiter-tuning.md section 9, aiter/jit/core.py:266-431).
+"""How to deploy an overlay so AITER really loads it, and the table AITER builds from each way of deploying
+(aiter-tuning.md section 9, aiter/jit/core.py:266-431 of each release).
 
-Setting AITER_CONFIG_X replaces the shipped table (the default and model_configs/ are no longer read), so
-the value must list them, joined by ':'; a key that appears twice in that list makes AITER rewrite the
-shipped CSVs in place and raise, so an overlay layered that way must not repeat a shipped key.
+Setting AITER_CONFIG_X replaces the shipped table (the default and model_configs/ are no longer read), so a
+layered value must list them, joined by ':'. A key that appears twice in a merge makes the current release
+rewrite the shipped CSVs in place and raise; 0.1.7 silently keeps the lowest us per key without cu_num.
+Each form is judged on the table AITER would build from it; a form that raises or rewrites is not offered.
 """
 
 from __future__ import annotations
 
-from app.domain.families import TableFamily
+from dataclasses import dataclass, field
+
+from app.domain import engagement as eng
+from app.domain.families import AiterRelease, TableFamily
 from app.domain.keys import row_key
-from app.domain.tables import Table
+from app.domain.tables import Table, aiter_merge, filled_rows, merge, union_header
+
+FORMS = ("layer", "merged", "model_configs_dropin")
 
 
-def collision_key(family: TableFamily, untuned_header: tuple[str, ...], header: tuple[str, ...]
-                  ) -> tuple[str, ...]:
-    """The merge key, less act_type for fmoe: its lookup ignores act_type, so rows differing only there
-    collide at run time (the first in file order wins, aiter-tuning.md 2.7)."""
-    keys = family.merge_key(header, untuned_header)
-    return tuple(k for k in keys if k != "act_type") if family.name == "fmoe" else keys
+@dataclass
+class Shipped:
+    """The image's tables for a family, as its worker read them (paths relative to aiter/configs/)."""
+    default: Table | None  # the release's env-unset default, when the image has it
+    model_configs: list[Table]  # in the order the image listed them (AITER globs in filesystem order)
+    untuned_header: tuple[str, ...] | None  # aiter/configs/<untuned>.csv's header (the merge's dedup key)
+    known: bool  # the worker reported the image's tables
 
 
-def collisions(family: TableFamily, untuned_header: tuple[str, ...], shipped: list[Table], overlay: Table
-               ) -> list[tuple[dict[str, str], str]]:
-    """Overlay rows whose merge key a shipped table of the family already has: (key cells, shipped file)."""
-    out = []
-    for t in shipped:
-        keys = collision_key(family, untuned_header, t.header)
-        have = {row_key(keys, r) for r in t.rows}
-        for r in overlay.rows:
-            if row_key(keys, r) in have:
-                out.append(({k: r.get(k, "") for k in keys}, t.name))
+@dataclass
+class Artifact:
+    form: str
+    files: list[str]  # what AITER reads, in order (names relative to configs/, the overlay by its own name)
+    table: Table | None  # the table AITER's lookup reads
+    refused: str | None = None  # why this form is not offered (AITER would raise or rewrite files)
+    rewritten: list[str] = field(default_factory=list)
+
+
+def resolve(release: AiterRelease, family: TableFamily, files: list[Table | None], names: list[str],
+            untuned_header: tuple[str, ...] | None, live_gfx: str) -> tuple[Table | None, str | None, list[str]]:
+    """update_config_files over a path list: one path is read as is; more are merged (missing ones skipped,
+    except a missing first path in 0.1.7)."""
+    if len(files) <= 1:
+        return (files[0] if files and files[0] is not None else Table(()), None, [])
+    if release.merge_first_must_exist and files[0] is None:
+        return None, f"FileNotFoundError: {names[0]} does not exist in this image", []
+    present = [t for t in files if t is not None]
+    if not present:
+        return None, "FileNotFoundError: no existing config files", []
+    res = aiter_merge(release, family, untuned_header, present, live_gfx)
+    return res.table, res.error, res.rewritten
+
+
+def merged_file(release: AiterRelease, family: TableFamily, shipped: Shipped, overlay: Table, live_gfx: str
+                ) -> Table:
+    """The one-file form: the shipped tables and the overlay, unique merge keys, lowest us winning; for
+    first-match families the overlay's rows go first so its row is the one found."""
+    tables = [t for t in [shipped.default, *shipped.model_configs] if t is not None]
+    if not tables:
+        return overlay
+    order = [overlay, *tables] if family.overlay_first else [*tables, overlay]
+    t = merge(release, family, shipped.untuned_header or family.untuned_header, order, live_gfx)
+    t.name = f"merged_{overlay.name}"
+    return t
+
+
+def build(release: AiterRelease, family: TableFamily, form: str, shipped: Shipped, overlay: Table,
+          live_gfx: str) -> Artifact:
+    default_name = release.default_file(family)
+    mc_names = [t.name for t in shipped.model_configs]
+    if form == "merged":
+        t = merged_file(release, family, shipped, overlay, live_gfx)
+        bad = [(i, c) for i, r in enumerate(t.rows) for c in family.unfilled(r)]
+        if bad:
+            i, c = bad[0]
+            return Artifact(form, [t.name], t, f"row {i + 2} has an empty {c}; AITER would read it as NaN")
+        return Artifact(form, [t.name], t)
+    if form == "layer":
+        files = ([shipped.default] if shipped.default is not None else []) + list(shipped.model_configs) + [overlay]
+        names = ([default_name] if shipped.default is not None else []) + mc_names + [overlay.name]
+    else:  # model_configs drop-in, env var unset: the default, every model_configs file, then ours
+        if not shipped.known:
+            return Artifact(form, [], None, "the image's tables are unknown (its worker has not reported them): "
+                                            "a drop-in merges with files nobody has checked")
+        files = [shipped.default, *shipped.model_configs, overlay]
+        names = [default_name, *mc_names, f"model_configs/{overlay.name}"]
+    table, err, rewritten = resolve(release, family, files, names, shipped.untuned_header, live_gfx)
+    if err is not None:
+        return Artifact(form, names, None, f"AITER {release.name} raises at start: {err}", rewritten)
+    return Artifact(form, names, table)
+
+
+def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, overlay: Table, live_gfx: str,
+              key_columns: tuple[str, ...]) -> dict[str, Artifact]:
+    """Every form, each refused where AITER's merge or its loader would raise on what it builds."""
+    out = {}
+    for form in FORMS:
+        a = build(release, family, form, shipped, overlay, live_gfx)
+        if a.table is not None and a.refused is None:
+            try:
+                eng.lookup_index(family, tuple(c for c in key_columns if c not in family.lookup_ignores),
+                                 eng.loaded_rows(family, a.table, live_gfx))
+            except eng.LookupRaises as e:
+                a.refused = f"AITER's loader raises on the table it builds: {e}"
+        out[form] = a
     return out
 
 
-REQUIRED_FILLED = ("kernelName", "libtype", "kernelName1", "kernelName2")
-
-
-def unfilled(table: Table) -> list[tuple[int, str]]:
-    """(row index, column) of cells AITER would read as 0 or NaN where a kernel is named (core.py:289-308)."""
-    return [(i, c) for i, r in enumerate(table.rows) for c in REQUIRED_FILLED if c in table.header and not r.get(c)]
-
-
-def plan(family: TableFamily, configs_dir: str | None, shipped_paths: list[str], overlay_name: str,
+def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
          mount: str = "/overlays") -> dict:
     base = configs_dir or "<aiter package>/aiter/configs"
-    listed = [f"{base}/{p}" for p in shipped_paths]
-    layer = ":".join(listed + [f"{mount}/{overlay_name}"])
+
+    def path(name: str) -> str:
+        return f"{mount}/{name}" if name == overlay_name or name.startswith("merged_") else f"{base}/{name}"
+    layer = arts["layer"]
     notes = [
         f"Setting {family.env_var} replaces the shipped table: the 'layer' value lists the image's default and "
         "model_configs tables first, joined by ':' (a comma is not a separator).",
@@ -53,27 +121,42 @@ def plan(family: TableFamily, configs_dir: str | None, shipped_paths: list[str],
         f"is merged into /tmp/aiter_configs/{family.merge_name}.csv, shared by every process on the host.",
         "Set AITER_LOG_TUNED_CONFIG=1 before import to log tuned hits, then POST the log to /v1/engagement/logs "
         "to count hits and misses per shape.",
+        *family.deploy_notes,
     ]
     if family.compiled:
         notes.append(f"{family.name} kernels come from a table compiled into AITER's CK JIT module: deploy with "
                      f"AITER_REBUILD=1 in this image, with {family.env_var} already set so the overlay is visible at "
                      "build time (without a rebuild splitK and kernel mismatch, or a name-keyed kernel is missing).")
-    if family.name == "fmoe":
-        notes.append("fused_moe_dp_shared_expert.py reads aiter/configs/tuned_fmoe.csv directly and ignores the "
-                     "env var; fmoe rows that differ from a shipped row only in act_type are matched first-wins.")
-    if family.name == "grouped_fmoe":
-        notes.append("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us wins.")
-    if family.name == "fhmoe":
-        notes.append("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.")
+    offered = [f for f in FORMS if arts[f].refused is None]
+    for f in FORMS:
+        if arts[f].refused:
+            notes.append(f"not offered: {f}: {arts[f].refused}")
+    merged_name = arts["merged"].files[0] if arts["merged"].files else f"merged_{overlay_name}"
     return {
-        "family": family.name, "env_var": family.env_var,
-        "layer": {"env": f"{family.env_var}={layer}", "files": listed + [f"{mount}/{overlay_name}"],
-                  "overlay": f"{mount}/{overlay_name}"},
-        "merged": {"env": f"{family.env_var}={mount}/merged_{overlay_name}", "file": f"{mount}/merged_{overlay_name}"},
+        "family": family.name, "env_var": family.env_var, "offered": offered,
+        "layer": {"env": f"{family.env_var}={':'.join(path(n) for n in layer.files)}",
+                  "files": [path(n) for n in layer.files], "overlay": f"{mount}/{overlay_name}",
+                  "offered": layer.refused is None, "why_not": layer.refused},
+        "merged": {"env": f"{family.env_var}={mount}/{merged_name}", "file": f"{mount}/{merged_name}",
+                   "offered": arts["merged"].refused is None, "why_not": arts["merged"].refused},
         "model_configs_dropin": {"copy_to": f"{base}/model_configs/{overlay_name}",
                                  "why": "merged with no env var set: the name contains "
-                                        f"'{family.merge_name}' and not 'untuned'"},
+                                        f"'{family.merge_name}' and not 'untuned'",
+                                 "offered": arts["model_configs_dropin"].refused is None,
+                                 "why_not": arts["model_configs_dropin"].refused},
         "rebuild": "AITER_REBUILD=1" if family.compiled else None,
         "log_hits": "AITER_LOG_TUNED_CONFIG=1",
         "notes": notes,
     }
+
+
+def without_shipped_keys(release: AiterRelease, family: TableFamily, shipped: Shipped, overlay: Table,
+                         live_gfx: str) -> list[dict[str, str]]:
+    """The overlay's rows whose merge key (cells filled as AITER fills them) no shipped table has."""
+    tables = [t for t in [shipped.default, *shipped.model_configs] if t is not None]
+    if not tables:
+        return list(overlay.rows)
+    header = union_header([*tables, overlay])
+    keys = release.merge_key(shipped.untuned_header or family.untuned_header, header)
+    have = {row_key(keys, r) for t in tables for r in filled_rows(t, header, live_gfx)}
+    return [r for r, f in zip(overlay.rows, filled_rows(overlay, header, live_gfx)) if row_key(keys, f) not in have]

@@ -1,11 +1,12 @@
-"""Will AITER use the overlay? Rebuild the run-time key for each captured shape and look it up."""
+"""Will AITER use the table? Rebuild the run-time key for each captured shape and look it up the way the
+image's AITER release loads and reads the table it builds from what is deployed (see deploy.build)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.domain.families import TableFamily
-from app.domain.keys import CPP_PADDED, cpp_m_candidates, lookup_keys, row_key
+from app.domain.families import TableFamily, gfx_from_cu_num
+from app.domain.keys import cpp_m_candidates, lookup_keys, row_key
 from app.domain.tables import Table
 
 
@@ -19,9 +20,13 @@ class ShapeEngagement:
     reason: str = ""
 
 
+class LookupRaises(Exception):
+    """AITER's loader raises on this table (a repeated key where the lookup needs a unique index)."""
+
+
 def _miss_reason(family: TableFamily, keys: tuple[str, ...], want: tuple, tried: list, index: dict) -> str:
     if not index:
-        return "the overlay has no rows"
+        return "the table has no rows"
     mcol = family.m_column
     mi = keys.index(mcol) if mcol in keys else None
     if mi is not None:
@@ -36,79 +41,127 @@ def _miss_reason(family: TableFamily, keys: tuple[str, ...], want: tuple, tried:
         if best_diff is None or len(diff) < len(best_diff):
             best, best_diff = k, diff
     assert best is not None and best_diff is not None
-    parts = [f"{keys[i]}: overlay has {best[i]!r}, runtime uses {want[i]!r}" for i in best_diff]
+    parts = [f"{keys[i]}: table has {best[i]!r}, runtime uses {want[i]!r}" for i in best_diff]
     return "closest row differs in " + "; ".join(parts) if parts else "no row at any M tried"
 
 
+def loaded_rows(family: TableFamily, table: Table, live_gfx: str) -> list[dict[str, str]]:
+    """The rows as the family's loader keeps them: dropped tags out, gfx backfilled from cu_num."""
+    rows = [r for r in table.rows if not any(str(r.get(c, "")) == v for c, v in family.dropped_rows)]
+    if family.backfill_gfx:  # fused_moe.py _ensure_gfx_column: missing, 0, '' or nan
+        rows = [r if str(r.get("gfx", "")) not in ("", "0", "nan", "None") else
+                dict(r, gfx=gfx_from_cu_num(r.get("cu_num", ""), live_gfx)) for r in rows]
+    return rows
+
+
+def lookup_index(family: TableFamily, key_columns: tuple[str, ...], rows: list[dict[str, str]]) -> dict:
+    index: dict[tuple, dict[str, str]] = {}
+    if family.duplicate_keys == "raise":
+        # drop_duplicates() removes only rows identical in every cell, then set_index().to_dict('index')
+        # raises on a repeated key (tuned_gemm.py:87-101, gemm_op_a8w8.py:509-525)
+        seen: set[tuple] = set()
+        for r in rows:
+            whole = tuple(sorted(r.items()))
+            if whole in seen:
+                continue
+            seen.add(whole)
+            k = row_key(key_columns, r)
+            if k in index:
+                raise LookupRaises(f"ValueError: DataFrame index must be unique (key {k} repeats)")
+            index[k] = r
+        return index
+    for r in rows:
+        index.setdefault(row_key(key_columns, r), r)
+    return index
+
+
 def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int,
-          shapes: list[dict[str, str]], table: Table) -> list[ShapeEngagement]:
-    missing = [c for c in key_columns if c not in table.header]
-    if missing:  # AITER's set_index raises, or (fmoe, CK) keys on something else: nothing in it engages
+          shapes: list[dict[str, str]], table: Table, flydsl: bool = True) -> list[ShapeEngagement]:
+    """Per captured shape, whether AITER's lookup finds a row it uses. Raises LookupRaises where the loader
+    itself would raise on the table."""
+    missing = [c for c in key_columns if c not in table.header and not (c == "gfx" and family.backfill_gfx)]
+    if missing:  # AITER's set_index raises, or keys on something else: nothing in it engages
         why = (f"the table's header lacks key column(s) {', '.join(missing)} that this image's AITER indexes on; "
                f"header is {','.join(table.header)}")
         return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, key_columns, gfx, cu_num, shape)],
                                 reason=why) for shape in shapes]
-    if family.name == "fmoe":
-        # the fmoe lookup keys on a pybind enum that never equals the CSV string, so every hit comes from the
-        # act_type-wildcarded fallback: the first row in file order wins (aiter-tuning.md 2.7)
-        key_columns = tuple(c for c in key_columns if c != "act_type")
-    index: dict[tuple, dict[str, str]] = {}
-    for r in table.rows:
-        index.setdefault(row_key(key_columns, r), r)
-    cpp = _cpp_index(family, key_columns, table)
+    key_columns = tuple(c for c in key_columns if c not in family.lookup_ignores)
+    rows = loaded_rows(family, table, gfx)
+    index = lookup_index(family, key_columns, rows)
+    cpp = _cpp_index(family, gfx, cu_num, rows)
     out = []
-    for shape in shapes:
+    for raw in shapes:
+        shape = family.remap(raw)
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
         tried = [m for m, _ in cands]
+        res = None
+        skipped = []
         for m, k in cands:
-            if k in index:
-                res = ShapeEngagement(shape, True, tried, m, index[k])
-                if cpp is not None:
-                    _check_cpp(family, cpp, gfx, cu_num, res)
-                out.append(res)
+            row = index.get(k)
+            if row is None:
+                continue
+            if is_flydsl_row(row) and not flydsl:
+                if family.flydsl_miss == "skip":  # tuned_gemm.py:163-177: next padded-M candidate
+                    skipped.append(m)
+                    continue
+                res = ShapeEngagement(raw, False, tried, m, row, reason=(
+                    "FlyDSL row, but flydsl is not importable in the serving image: AITER has no fallback and "
+                    "raises in the MoE stage"))
                 break
-        else:
-            out.append(ShapeEngagement(shape, False, tried,
-                                       reason=_miss_reason(family, key_columns, cands[0][1], tried, index)))
+            res = ShapeEngagement(raw, True, tried, m, row)
+            if cpp is not None:
+                _check_cpp(family, cpp, gfx, cu_num, res)
+            break
+        if res is None:
+            reason = _miss_reason(family, key_columns, cands[0][1], tried, index)
+            if skipped:
+                reason = (f"FlyDSL rows at {family.m_column}={skipped} are skipped (flydsl is not importable in the "
+                          f"serving image); " + reason)
+            res = ShapeEngagement(raw, False, tried, reason=reason)
+        out.append(res)
     return out
 
 
-def _cpp_index(family: TableFamily, key_columns: tuple[str, ...], table: Table) -> tuple | None:
-    if family.name not in CPP_PADDED:
+def _cpp_index(family: TableFamily, gfx: str, cu_num: int, rows: list[dict[str, str]]) -> dict | None:
+    """build_tune_dict: rows of the build target only, a plain dict, so the last row of a key wins."""
+    if family.cpp_key is None:
         return None
-    keys = tuple(c for c in key_columns if c != "q_dtype_w")
-    index = {row_key(keys, r): r for r in table.rows}  # build_tune_dict: plain dict, the last row wins
-    return keys, index
+    cols = ("gfx", "cu_num") if "gfx" in family.cpp_key else ("cu_num",)  # the build target's rows only
+    target = row_key(cols, {"gfx": gfx, "cu_num": str(cu_num)})
+    index = {}
+    for r in rows:
+        if row_key(cols, r) != target:
+            continue
+        index[row_key(family.cpp_key, r)] = r
+    return index
 
 
-def _check_cpp(family: TableFamily, cpp: tuple, gfx: str, cu_num: int, res: ShapeEngagement) -> None:
-    """Python takes splitK from its row; the compiled C++ table must resolve to that same row."""
-    keys, index = cpp
+def _check_cpp(family: TableFamily, cpp: dict, gfx: str, cu_num: int, res: ShapeEngagement) -> None:
+    """Python takes splitK from its row; the kernel the compiled C++ table runs must be that row's."""
+    assert family.cpp_key is not None
     mcol = family.m_column or "M"
     raw = int(res.shape[mcol])
+    row = None
     for m in cpp_m_candidates(raw):
-        row = index.get(row_key(keys, dict(res.shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
+        row = cpp.get(row_key(family.cpp_key, dict(res.shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
         if row is not None:
             break
-    if row is res.row:
+    assert res.row is not None
+    if row is not None and row.get("kernelId") == res.row.get("kernelId"):
         return
     res.hit = False
-    where = f"the row at {mcol}={row[mcol]}" if row is not None else "no row (its heuristic kernel)"
-    res.reason = (f"Python takes splitK from the row at {mcol}={res.matched_m}, but the compiled C++ table "
-                  f"(padding {cpp_m_candidates(raw)}, no q_dtype_w) picks the kernel from {where}: a mismatched "
-                  f"pair; tune the row at the M both sides look up")
+    if row is not None:
+        differs = [f"{c}={row.get(c)}" for c in res.row if c not in family.cpp_key and c in family.shape_columns
+                   and row.get(c) != res.row.get(c)]
+        where = (f"the row at {mcol}={row[mcol]} (kernelId {row.get('kernelId')}"
+                 + (f"; its key has no {', '.join(differs)}" if differs else "") + ")")
+    else:
+        where = "no row (its heuristic kernel)"
+    res.reason = (f"Python takes splitK from the row at {mcol}={res.matched_m} (kernelId {res.row.get('kernelId')}), "
+                  f"but the compiled C++ table (padding {cpp_m_candidates(raw)}, key {','.join(family.cpp_key)}) "
+                  f"runs the kernel of {where}: a mismatched pair; tune the row at the M both sides look up")
 
 
 def is_flydsl_row(row: dict[str, str]) -> bool:
     return row.get("libtype") == "flydsl" or any(str(row.get(c, "")).startswith("flydsl_")
                                                  for c in ("kernelName", "kernelName1", "kernelName2"))
-
-
-def drop_flydsl_hits(family: TableFamily, checks: list[ShapeEngagement]) -> None:
-    """Where flydsl is not importable a FlyDSL row does not engage: GEMM lookups skip it, MoE has no
-    fallback and fails in the asm/CK stage (aiter-tuning.md section 6)."""
-    for c in checks:
-        if c.hit and c.row is not None and is_flydsl_row(c.row):
-            c.hit = False
-            c.reason = ("FlyDSL row, but flydsl is not importable in the serving image: "
-                        + ("AITER raises in the MoE stage" if family.m_column == "token" else "AITER skips it"))

@@ -7,7 +7,7 @@ aiter/tuned_gemm.py, aiter/ops/gemm_op_*.py, aiter/fused_moe.py, the csrc/*/*_tu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 # How a column's cells are read and written. AITER reads tables with pandas: ints stay ints, the
 # words True/False become bools, everything else is compared as an exact string (no strip).
@@ -77,21 +77,40 @@ class TableFamily:
     tuner_args: tuple[str, ...] = ()
     # the matrix-core precision the kernels run at: picks the peak FLOP/s and operand bytes in roofline.py
     math: str = "bf16"
+    # --- how the run-time lookup treats the table (aiter-tuning.md 1.4, 2.x, 6)
+    gfx_source: str = "runtime"  # "get_gfx": honours GPU_ARCHS, last entry (tuned_gemm.py:28)
+    lookup_ignores: tuple[str, ...] = ()  # key columns the lookup effectively wildcards
+    duplicate_keys: str = "raise"  # a repeated lookup key: "raise" (set_index().to_dict) or "first" (first row)
+    backfill_gfx: bool = False  # a missing/0/empty gfx cell is taken from cu_num at load (fused_moe.py:2158)
+    dropped_rows: tuple[tuple[str, str], ...] = ()  # (column, value) rows the loader drops
+    flydsl_miss: str = "skip"  # FlyDSL row where flydsl is absent: "skip" to the next M, or "fails" (no fallback)
+    # cells that must be filled in a deployed row, and (column, value) rows that are exempt from a column
+    filled: tuple[str, ...] = ("kernelName", "libtype")
+    filled_unless: tuple[tuple[str, str, str], ...] = ()  # (column, exempt if this column, equals this)
+    # captured values AITER rewrites before the lookup (and its tuner writes): (column, captured, looked up)
+    remaps: tuple[tuple[str, str, str], ...] = ()
+    overlay_first: bool = False  # in a merged file the overlay's rows go first (first-match lookups)
+    # the kernel comes from a C++ table compiled from the CSV, keyed on these columns with its own M padding
+    # (keys.cpp_m_candidates), the last row of a key winning (chip_info.py build_tune_dict); None: Python only
+    cpp_key: tuple[str, ...] | None = None
+    deploy_notes: tuple[str, ...] = ()
+
+    def remap(self, shape: dict[str, str]) -> dict[str, str]:
+        """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
+        out = dict(shape)
+        for col, captured, used in self.remaps:
+            if out.get(col) == captured:
+                out[col] = used
+        return out
+
+    def unfilled(self, row: dict[str, str]) -> list[str]:
+        exempt = {c for c, when, val in self.filled_unless if str(row.get(when, "")).strip() == val}
+        return [c for c in self.filled if c not in exempt and c in row and not str(row.get(c, "")).strip()]
 
     @property
     def merge_name(self) -> str:
         """The substring AITER globs model_configs/ with (core.py get_config_file)."""
         return self.tuned_file.removesuffix(".csv")
-
-    def merge_key(self, header: tuple[str, ...], untuned_header: tuple[str, ...] | None = None
-                  ) -> tuple[str, ...]:
-        """AITER's merge-time dedup key for a table with this header: the image's untuned header + cu_num +
-        gfx, as far as the table has them (core.py:320-338)."""
-        keys = list(untuned_header or self.untuned_header)
-        for extra in ("cu_num", "gfx"):
-            if extra not in keys:
-                keys.append(extra)
-        return tuple(k for k in keys if k in header)
 
 
 def _h(s: str) -> tuple[str, ...]:
@@ -113,13 +132,16 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         untuned_header=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         key_columns=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
-        err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py"),
+        err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
+        gfx_source="get_gfx"),
     TableFamily(
         name="a8w8_gemm", env_var="AITER_CONFIG_GEMM_A8W8",
         tuned_file="a8w8_tuned_gemm.csv", untuned_file="a8w8_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
-        shape_columns=_h("M,N,K,q_dtype_w"), compiled=True,
+        shape_columns=_h("M,N,K,q_dtype_w"), compiled=True, filled=("kernelName",),
+        # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
+        cpp_key=_GEMM_KEY,
         math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
@@ -154,14 +176,15 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_file="a8w8_tuned_batched_gemm.csv", untuned_file="a8w8_untuned_batched_gemm.csv",
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
-        padding="exact", compiled=True, math="fp8",
+        padding="exact", compiled=True, math="fp8", filled=("kernelName",), cpp_key=_h("gfx,cu_num,B,M,N,K"),
         tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
     TableFamily(
         name="bf16_batched_gemm", env_var="AITER_CONFIG_BF16_BATCHED_GEMM",
         tuned_file="bf16_tuned_batched_gemm.csv", untuned_file="bf16_untuned_batched_gemm.csv",
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
-        padding="exact", compiled=True, tuner_script="csrc/ck_batched_gemm_bf16/batched_gemm_bf16_tune.py"),
+        padding="exact", compiled=True, filled=("kernelName",), cpp_key=_h("gfx,cu_num,B,M,N,K"),
+        tuner_script="csrc/ck_batched_gemm_bf16/batched_gemm_bf16_tune.py"),
     TableFamily(
         # fp8 e8m0 mxscale BMM: lowercase columns, no cu_num, no shipped default or untuned file
         name="a8w8_blockscale_mxscale_batched_gemm", env_var="AITER_CONFIG_BATCHED_GEMM_A8W8_BLOCKSCALE_MXSCALE",
@@ -178,6 +201,14 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                                     "xbf16,flat,tflops,bw"),
         untuned_header=_FMOE_SHAPE, key_columns=_FMOE_KEY, shape_columns=_FMOE_SHAPE,
         m_column="token", padding="moe", err_columns=("err1", "err2"),
+        # the lookup keys on the pybind enum, which never equals the CSV string: every hit comes from the
+        # act_type-wildcarded fallback, first row in file order (fused_moe.py:2290-2297, aiter-tuning.md 2.7)
+        lookup_ignores=("act_type",), duplicate_keys="first", backfill_gfx=True,
+        dropped_rows=(("_tag", "flydsl_fallback"),), flydsl_miss="fails", overlay_first=True,
+        filled=("kernelName1", "kernelName2"), filled_unless=(("kernelName2", "run_1stage", "1"),),
+        remaps=(("q_type", "QuantType.per_128x128", "QuantType.per_1x128"),),
+        deploy_notes=("fused_moe_dp_shared_expert.py reads aiter/configs/tuned_fmoe.csv directly and ignores the "
+                      "env var; rows that differ from a shipped row only in act_type are matched first-wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py"),
     TableFamily(
         name="fhmoe", env_var="AITER_CONFIG_FHMOE",
@@ -188,7 +219,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         untuned_header=("gfx", "cu_num") + _FMOE_SHAPE,
         key_columns=_FMOE_KEY + _h("shared_expert_id,hidden_pad,intermediate_pad,gate_mode"),
         shape_columns=_FMOE_SHAPE + _h("shared_expert_id,hidden_pad,intermediate_pad,gate_mode"),
-        m_column="token", padding="moe_exact", time_column=None, err_columns=()),  # no us, no tuner
+        m_column="token", padding="moe_exact", time_column=None, err_columns=(),  # no us, no tuner
+        duplicate_keys="raise", backfill_gfx=True, filled=("kernelName1", "kernelName2"),
+        deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
         name="grouped_fmoe", env_var="AITER_CONFIG_GROUPED_FMOE",
         tuned_file="tuned_grouped_fmoe.csv", untuned_file="untuned_grouped_fmoe.csv",
@@ -202,6 +235,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,"
                        "q_type"),
         shape_columns=_FMOE_SHAPE + ("gate_mode",), m_column="token", padding="moe", err_columns=(),
+        gfx_source="get_gfx", duplicate_keys="first", filled=("kernelName1", "kernelName2"),
+        deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "
+                      "wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py", tuner_args=("--grouped-gemm",)),
     TableFamily(
         name="gdn_k5_opt", env_var="AITER_CONFIG_GDN_K5_OPT",
@@ -215,6 +251,81 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         shape_columns=_h("H,Hg,V,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,total_chunks,max_seq_chunks"),
         m_column=None, padding="exact", err_columns=(), tuner_script="csrc/gdn_k5/chunk_gdn_h_opt_tune.py"),
 ]}
+
+
+@dataclass(frozen=True)
+class AiterRelease:
+    """One AITER release's table machinery: its ':'-merge (aiter/jit/core.py update_config_files), the file it
+    reads when the env var is unset, and the family rules that differ from the current release's."""
+    name: str
+    version_prefixes: tuple[str, ...]
+    # merge: union of columns with fills (current core.py:289-308) or identical columns asserted (0.1.7 :87-89)
+    merge_union_columns: bool = True
+    merge_dedup_extra: tuple[str, ...] = ("cu_num", "gfx")  # added to the untuned header (current :320-338)
+    merge_dedup_tag: bool = True  # _tag joins the dedup key when present
+    merge_on_duplicate: str = "raise_rewrite"  # or "lowest_us": silently keep the lowest us (0.1.7 :105-109)
+    merge_first_must_exist: bool = False  # 0.1.7 reads the first path without an existence check (:82)
+    merge_sorted_by_us: bool = False  # 0.1.7's merged file comes out sorted by us
+    model_configs_suffix: str = ".csv"  # the model_configs glob: *<merge name>*<suffix>
+    default_files: tuple[tuple[str, str], ...] = ()  # (family, default file name) when not family.tuned_file
+    no_untuned_file: tuple[str, ...] = ("a8w8_blockscale_mxscale_batched_gemm",)  # merged without any dedup
+    overrides: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = field(default=())
+
+    def family(self, name: str) -> TableFamily:
+        fam = get_family(name)
+        return replace(fam, **dict(dict(self.overrides).get(name, ())))
+
+    def merge_key(self, untuned_header: tuple[str, ...], header: tuple[str, ...]) -> tuple[str, ...]:
+        """The merge's dedup key for a merged header: the image's untuned header (+ cu_num, gfx and _tag in the
+        current release), as far as the merged table has them (core.py:320-338)."""
+        keys = list(untuned_header)
+        for extra in self.merge_dedup_extra + (("_tag",) if self.merge_dedup_tag else ()):
+            if extra not in keys:
+                keys.append(extra)
+        return tuple(k for k in keys if k in header)
+
+    def default_file(self, family: TableFamily) -> str:
+        return dict(self.default_files).get(family.name, family.tuned_file)
+
+
+CURRENT = AiterRelease(name="current", version_prefixes=())
+# amd-aiter 0.1.7.post2 (Nov 2025): jit/core.py, tuned_gemm.py, ops/gemm_op_a8w8.py, fused_moe.py of that wheel
+RELEASE_0_1_7 = AiterRelease(
+    name="0.1.7", version_prefixes=("0.1.7",), merge_union_columns=False, merge_dedup_extra=(),
+    merge_dedup_tag=False, merge_on_duplicate="lowest_us", merge_first_must_exist=True, merge_sorted_by_us=True,
+    model_configs_suffix="",
+    # core.py:183-186: the bf16 default is aiter/configs/tuned_gemm.csv, a file the wheel does not ship
+    default_files=(("bf16_gemm", "tuned_gemm.csv"),),
+    overrides=(
+        ("bf16_gemm", (("gfx_source", "runtime"),)),
+        # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}
+        ("a8w8_gemm", (("cpp_key", ("M", "N", "K")),)),
+        # fused_moe.py:505-580: str(activation) in the key, no dedup (set_index().to_dict raises on a repeat),
+        # no gfx, tokens padded 16 / nextPow2 / 1024 (get_padded_M :484-492)
+        ("fmoe", (("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),
+                  ("dropped_rows", ()), ("padding", "moe_0_1_7"), ("overlay_first", False))),
+    ),
+)
+RELEASES = (RELEASE_0_1_7, CURRENT)
+
+
+def release_for(aiter_version: str | None) -> AiterRelease:
+    """The release an image's AITER version belongs to; unknown versions are taken as current."""
+    for r in RELEASES:
+        if aiter_version and any(aiter_version.startswith(p) for p in r.version_prefixes):
+            return r
+    return CURRENT
+
+
+# gfx_from_cu_num (chip_info.py:96-119): legacy cu_num -> gfx; any other value is the live GPU's arch
+LEGACY_CU_NUM_TO_GFX = {256: "gfx950", 80: "gfx942", 304: "gfx942"}
+
+
+def gfx_from_cu_num(cu_num: object, live_gfx: str) -> str:
+    try:
+        return LEGACY_CU_NUM_TO_GFX.get(int(str(cu_num).strip()), live_gfx)
+    except ValueError:
+        return live_gfx
 
 
 class UnknownFamily(LookupError):

@@ -41,6 +41,8 @@ def m_candidates(family: TableFamily, shape: dict[str, str]) -> list[int]:
         out = [t, 32768] if t == 131072 else [t]
     elif family.padding == "moe_exact":
         out = [moe_token(m)]
+    elif family.padding == "moe_0_1_7":  # amd-aiter 0.1.7 fused_moe.py get_padded_M
+        out = [16 if 1 <= m <= 16 else next_pow2(m) if m < 1024 else 1024]
     else:
         out = [m]
     return list(dict.fromkeys(out))
@@ -78,18 +80,15 @@ def lookup_keys(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_
     return out
 
 
-# Families whose kernel comes from a C++ table compiled from the CSV with its own padding and a key without
-# q_dtype_w (csrc/ck_gemm_a8w8/gemm_a8w8.cu:94-136, csrc/ck_batched_gemm_*/batched_gemm_*.cu:102-116),
-# while Python supplies only splitK from its own lookup.
-CPP_PADDED = ("a8w8_gemm", "a8w8_batched_gemm", "bf16_batched_gemm")
-
-
 def cpp_m_candidates(m: int) -> list[int]:
-    out = [m]
+    """The compiled CK table's M tries: exact, then 16 / nextPow2<=16384 / 20480 (csrc/ck_gemm_a8w8/gemm_a8w8.cu
+    rowwise_dispatch, csrc/ck_batched_gemm_*/batched_gemm_*.cu:102-116); families say so with cpp_key."""
     if 1 < m <= 16:
-        out.append(16)
-    elif 16 < m <= 16384:
-        out.append(next_pow2(m))
-    elif 16384 < m <= 20480:
-        out.append(20480)
-    return list(dict.fromkeys(out))
+        padded = 16
+    elif m <= 16384:
+        padded = next_pow2(m)
+    elif m <= 20480:
+        padded = 20480
+    else:
+        padded = m
+    return list(dict.fromkeys([m, padded]))

@@ -6,7 +6,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 
-from app.domain.families import TableFamily
+from app.domain.families import AiterRelease, TableFamily, gfx_from_cu_num
 from app.domain.headers import parse_header_line
 from app.domain.keys import row_key
 
@@ -49,26 +49,95 @@ def _us(row: dict[str, str]) -> float:
 
 
 def union_header(tables: list[Table]) -> tuple[str, ...]:
-    """First table's order; a column only later tables have goes before tflops (core.py:289-308)."""
+    """First table's order; a column only later tables have goes before tflops, else before the last column
+    (core.py:289-296)."""
     cols = list(tables[0].header)
     for t in tables[1:]:
         for c in t.header:
             if c not in cols:
-                cols.insert(cols.index("tflops") if "tflops" in cols else len(cols), c)
+                cols.insert(cols.index("tflops") if "tflops" in cols else len(cols) - 1, c)
     return tuple(cols)
 
 
-def merge(family: TableFamily, tables: list[Table]) -> Table:
-    """One table with unique merge keys. AITER's rule: lowest us wins, ties to the earlier file; rows keep
-    the position of the first row of their key."""
+_FILL = {"xbf16": "0", "run_1stage": "0", "ksplit": "0"}
+
+
+def filled_rows(t: Table, header: tuple[str, ...], live_gfx: str) -> list[dict[str, str]]:
+    """A table's rows in the merged header, cells it lacks filled as AITER fills them: gfx from cu_num
+    (gfx_from_cu_num), every other column 0 (core.py:297-308); _tag NaN reads as '' (:315-317)."""
+    out = []
+    for r in t.rows:
+        row = {}
+        for c in header:
+            if c in t.header:
+                row[c] = r.get(c, "")
+            elif c == "gfx" and "cu_num" in t.header:
+                row[c] = gfx_from_cu_num(r.get("cu_num", ""), live_gfx)
+            else:
+                row[c] = _FILL.get(c, "0")
+        out.append(row)
+    return out
+
+
+@dataclass
+class MergeResult:
+    table: Table | None
+    error: str | None = None  # what AITER raises
+    rewritten: list[str] = field(default_factory=list)  # files AITER rewrites in place before raising
+
+
+def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str, ...] | None,
+                tables: list[Table], live_gfx: str) -> MergeResult:
+    """What the release's update_config_files makes of these existing files, in path order."""
+    if release.merge_union_columns:
+        header = union_header(tables)
+    else:
+        header = tables[0].header
+        for t in tables[1:]:
+            if t.header != header:
+                return MergeResult(None, f"AssertionError: Column mismatch between {tables[0].name} and {t.name}")
+    rows = [(t.name, r) for t in tables for r in filled_rows(t, header, live_gfx)]
+    if untuned_header is None:  # no untuned sibling: AITER logs a warning and dedups nothing
+        return MergeResult(Table(header, [r for _, r in rows], "merged"))
+    keys = release.merge_key(untuned_header, header)
+    if release.merge_on_duplicate == "lowest_us":
+        best: dict[tuple, dict[str, str]] = {}
+        for _, r in sorted(rows, key=lambda x: _us(x[1])):
+            best.setdefault(row_key(keys, r), r)
+        return MergeResult(Table(header, list(best.values()), "merged"))
+    seen: dict[tuple, int] = {}
+    for _, r in rows:
+        k = row_key(keys, r)
+        seen[k] = seen.get(k, 0) + 1
+    dups = [(name, r) for name, r in rows if seen[row_key(keys, r)] > 1]
+    if not dups:
+        return MergeResult(Table(header, [r for _, r in rows], "merged"))
+    if "us" not in header:
+        return MergeResult(None, f"RuntimeError: Found {len(dups)} duplicate shape entries during merge of "
+                                 f"'{family.merge_name}'. No 'us' column")
+    best_of: dict[tuple, int] = {}
+    for i, (_, r) in sorted(enumerate(rows), key=lambda x: _us(x[1][1])):
+        best_of.setdefault(row_key(keys, r), i)
+    winners = set(best_of.values())
+    losers = sorted({rows[i][0] for i in range(len(rows)) if i not in winners})
+    first = row_key(keys, dups[0][1])
+    where = sorted({name for name, r in dups if row_key(keys, r) == first})
+    return MergeResult(None, f"RuntimeError: Found {len(dups)} duplicate shape entries during merge of "
+                             f"'{family.merge_name}', first {','.join(f'{k}={dups[0][1][k]}' for k in keys)} in "
+                             f"{' and '.join(where)}; AITER rewrote {', '.join(losers)} in place first", losers)
+
+
+def merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str, ...], tables: list[Table],
+          live_gfx: str) -> Table:
+    """One table with unique merge keys, filled as AITER fills a merge. AITER's rule: lowest us wins, ties to
+    the earlier file; rows keep the position of the first row of their key."""
     header = union_header(tables)
-    keys = family.merge_key(header)
+    keys = release.merge_key(untuned_header, header)
     best: dict[tuple, tuple[int, dict[str, str]]] = {}
     order = 0
     for t in tables:
-        for r in t.rows:
-            k = row_key(keys, r)
-            full = {c: r.get(c, "") for c in header}
+        for full in filled_rows(t, header, live_gfx):
+            k = row_key(keys, full)
             old = best.get(k)
             if old is None:
                 best[k] = (order, full)

@@ -10,7 +10,8 @@ from app.domain.families import get_family
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
-from app.domain.tables import read_table
+from app.domain.deploy import FORMS
+from app.domain.tables import Table, read_table
 from app.errors import Invalid, NotFound
 from app.services import overlays
 from app.services.captures import family_or_422
@@ -23,30 +24,49 @@ def campaign_or_404(s: Session, campaign_id: int) -> Campaign:
     return camp
 
 
-def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None) -> dict:
-    """table_csv: check a table as written (e.g. a hand-made or older overlay) instead of ours."""
+def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
+               form: str | None = None) -> dict:
+    """The verdict per captured shape on the table AITER builds from a deploy form (the plan's first offered
+    one unless asked); table_csv: check a table as written (a hand-made or older overlay) instead."""
     camp = campaign_or_404(s, campaign_id)
-    ov = overlays.build(s, camp.image_digest, camp.family, merged=merged)
+    ident = runtime_identity(s, camp)
+    ov = overlays.build(s, camp.image_digest, camp.family, gfx=ident["gpu_gfx"])
     warnings: list[str] = []
+    refused = None
+    if form is None:
+        form = "merged" if merged else None
+    if form is not None and form not in FORMS:
+        raise Invalid(f"form: one of {', '.join(FORMS)}", "form")
     if table_csv is not None:
         try:
-            ov.table = read_table(table_csv, "supplied")
+            table = read_table(table_csv, "supplied")
         except ValueError as e:
             raise Invalid(f"body: {e}", "body") from None
-        warnings = ov.schema.header_problems(ov.table.header)
+        warnings = ov.schema.header_problems(table.header)
+        used = "supplied"
+    else:
+        arts = ov.artifacts()
+        form = form or next((f for f in FORMS if arts[f].refused is None), "layer")
+        art = arts[form]
+        refused = art.refused
+        table = art.table if art.table is not None else Table(ov.table.header)
+        used = form
     shapes = list(s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == camp.id)
                             .order_by(CampaignShape.priority.desc(), CampaignShape.id)))
-    ident = runtime_identity(s, camp)
-    checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
-                       [x.shape for x in shapes], ov.table)
-    if not ident["flydsl"]:
-        eng.drop_flydsl_hits(ov.family, checks)
+    try:
+        checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
+                           [x.shape for x in shapes], table, flydsl=ident["flydsl"])
+    except eng.LookupRaises as e:
+        refused = f"AITER's loader raises on this table: {e}"
+        checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
+    if refused is not None:  # AITER raises at start: nothing engages
+        checks = [eng.ShapeEngagement(c.shape, False, c.tried_m, reason=refused) for c in checks]
     total = sum(x.priority for x in shapes) or 1.0
     covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
-        "cu_num": camp.cu_num, "env_var": ov.family.env_var,
-        "table": "supplied" if table_csv is not None else ("merged" if merged else "overlay"),
+        "cu_num": camp.cu_num, "env_var": ov.family.env_var, "release": ov.release.name,
+        "table": used, "form": used, "refused": refused,
         "warnings": warnings + ident["mismatches"], "identity": ident,
         "header": list(ov.schema.header), "shapes": len(shapes), "hits": sum(c.hit for c in checks),
         "misses": sum(not c.hit for c in checks), "served_time_covered": covered / total,
@@ -57,9 +77,6 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
     }
 
 
-GPU_ARCHS_FAMILIES = ("bf16_gemm", "grouped_fmoe")  # looked up with get_gfx(), which honours GPU_ARCHS
-
-
 def runtime_identity(s: Session, camp: Campaign) -> dict:
     """gfx and cu_num the way the server's AITER will see them, from the environment its last capture sent:
     get_gfx() takes GPU_ARCHS' last entry (bf16, grouped fmoe); Python lookups honour CU_NUM, C++ does not."""
@@ -67,7 +84,7 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
     env = dict(cap.env) if cap and cap.env else {}
     gfx, cu, notes = camp.gfx, camp.cu_num, []
     archs = [a.strip() for a in env.get("GPU_ARCHS", "").split(";") if a.strip()]
-    if archs and camp.family in GPU_ARCHS_FAMILIES and archs[-1] != camp.gfx:
+    if archs and get_family(camp.family).gfx_source == "get_gfx" and archs[-1] != camp.gfx:
         gfx = archs[-1]
         notes.append(f"GPU_ARCHS={env['GPU_ARCHS']}: AITER looks up gfx={gfx} (its last entry), not the GPU's "
                      f"{camp.gfx}; unset GPU_ARCHS in the serving environment or every row misses")

@@ -9,24 +9,31 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Campaign, CampaignShape, Result
 from app.domain import deploy
-from app.domain.families import TableFamily
+from app.domain.deploy import Shipped
+from app.domain.families import AiterRelease, TableFamily
 from app.domain.headers import Schema
 from app.domain.keys import row_key
-from app.domain.tables import Table, merge, render_csv
-from app.services.captures import family_or_422
+from app.domain.tables import Table, render_csv
 from app.errors import Conflict
-from app.services.schemas import schema_for, shipped_tables, untuned_header_for
+from app.services.captures import family_or_422
+from app.services.schemas import release_of, schema_for, shipped_for
 
 
 @dataclass
 class Overlay:
-    family: TableFamily
+    family: TableFamily  # the family as the image's AITER release reads it
+    release: AiterRelease
     schema: Schema
     table: Table
-    shipped: list[Table]
+    shipped: Shipped
+    live_gfx: str
 
     def csv(self) -> str:
         return render_csv(self.table.header, self.table.rows)
+
+    def artifacts(self) -> dict[str, deploy.Artifact]:
+        return deploy.artifacts(self.release, self.family, self.shipped, self.table, self.live_gfx,
+                                self.schema.key_columns)
 
 
 def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
@@ -46,53 +53,54 @@ def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict
     return rows
 
 
-def build(s: Session, digest: str, family: str, merged: bool = False) -> Overlay:
-    """The overlay, unchecked; merged: one file over the image's shipped tables, unique keys, lowest us wins
-    (AITER's own rule), so the env var can name that file alone."""
+def live_gfx(s: Session, digest: str, family: str) -> str:
+    """The serving GPU's arch, for cells AITER fills from the live GPU (gfx_from_cu_num of an unknown cu_num)."""
+    camp = s.scalars(select(Campaign).where(Campaign.image_digest == digest, Campaign.family == family)
+                     .order_by(Campaign.id)).first()
+    return camp.gfx if camp else ""
+
+
+def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overlay:
+    """The overlay, unchecked, with what the image ships and the release that will read it."""
     fam = family_or_422(family)
+    release = release_of(s, digest)
     schema = schema_for(s, digest, fam.name)
-    table = Table(schema.header, best_rows(s, digest, fam.name, schema), f"overlay_{fam.tuned_file}")
-    shipped = shipped_tables(s, digest, fam.name)
-    if merged and shipped:
-        # fmoe hits are first-in-file-order across act_type, so the overlay's rows go first there
-        table = merge(fam, [table] + shipped if fam.name == "fmoe" else shipped + [table])
-    return Overlay(fam, schema, table, shipped)
+    table = Table(schema.header, best_rows(s, digest, fam.name, schema), overlay_filename(fam, digest))
+    return Overlay(release.family(fam.name), release, schema, table, shipped_for(s, digest, fam.name, release),
+                   gfx or live_gfx(s, digest, fam.name))
 
 
 def deployable(s: Session, digest: str, family: str, merged: bool = False, exclude_shipped: bool = False
                ) -> Overlay:
-    """An overlay AITER can load: a layer never repeats a key of the image's shipped tables (AITER would
-    rewrite them in place and raise); a merged file has unique keys and every kernel column filled."""
-    ov = build(s, digest, family, merged)
+    """An overlay AITER can load: as a layer it must not make AITER's merge raise (a repeated key makes it
+    rewrite the shipped CSVs in place); the merged file must load (unique keys, kernels named)."""
+    ov = build(s, digest, family)
     if merged:
-        bad = deploy.unfilled(ov.table)
-        if bad:
-            i, col = bad[0]
-            raise Conflict(f"merged: row {i + 2} has an empty {col}; AITER would read it as 0", col)
+        art = deploy.artifacts(ov.release, ov.family, ov.shipped, ov.table, ov.live_gfx,
+                               ov.schema.key_columns)["merged"]
+        if art.refused:
+            raise Conflict(f"merged: {art.refused}", "merged")
+        assert art.table is not None
+        ov.table = art.table
         return ov
-    hits = deploy.collisions(ov.family, untuned_header_for(s, digest, ov.family.name), ov.shipped, ov.table)
-    if hits and exclude_shipped:
-        clash = {tuple(sorted(k.items())) for k, _ in hits}
-        keys = deploy.collision_key(ov.family, untuned_header_for(s, digest, ov.family.name), ov.table.header)
-        ov.table.rows = [r for r in ov.table.rows if tuple(sorted((k, r.get(k, "")) for k in keys)) not in clash]
-    elif hits:
-        key, where = hits[0]
-        raise Conflict(f"overlay: {len(hits)} row(s) repeat a key the image already ships, first "
-                       f"{','.join(f'{k}={v}' for k, v in key.items())} in {where}; a ':'-joined {ov.family.env_var} "
-                       f"with it makes AITER rewrite the shipped CSVs and raise. Ask for merged=true (one file, "
-                       f"lowest us wins) or exclude_shipped=true (the shipped row stays).", "overlay")
-    return ov
+    layer = deploy.build(ov.release, ov.family, "layer", ov.shipped, ov.table, ov.live_gfx)
+    if layer.refused is None:
+        return ov
+    if exclude_shipped:
+        ov.table.rows = deploy.without_shipped_keys(ov.release, ov.family, ov.shipped, ov.table, ov.live_gfx)
+        return ov
+    raise Conflict(f"overlay: as a ':'-joined {ov.family.env_var} layer: {layer.refused}. Ask for merged=true (one "
+                   f"file, lowest us wins) or exclude_shipped=true (the shipped row stays).", "overlay")
 
 
 def deploy_plan(s: Session, digest: str, family: str) -> dict:
     from app.db.models import Image
     ov = build(s, digest, family)
     img = s.get(Image, digest)
-    name = overlay_filename(ov.family, digest)
-    paths = [t.name for t in ov.shipped]
-    out = deploy.plan(ov.family, img.configs_dir if img else None, paths, name)
-    out["shipped_tables_known"] = bool(paths)
-    if not paths:
+    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name)
+    out["release"] = ov.release.name
+    out["shipped_tables_known"] = ov.shipped.known
+    if not ov.shipped.known:
         out["notes"].insert(0, "no shipped tables reported for this image yet (a worker reports them at start): "
                                "the layer value lists only the overlay, which would REPLACE the shipped table")
     return out

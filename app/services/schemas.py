@@ -6,10 +6,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import ImageTablesIn
-from app.db.models import ImageTable
-from app.domain.families import get_family, family_for_file
+from app.db.models import Image, ImageTable
+from app.domain.deploy import Shipped
+from app.domain.families import AiterRelease, family_for_file, get_family, release_for
 from app.domain.headers import HeaderError, Schema, current_schema, parse_header_line, tuned_schema
-from app.domain.tables import Table, read_table
+from app.domain.tables import read_table
 from app.errors import Invalid
 
 
@@ -48,14 +49,37 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
 
 def image_tables(s: Session, digest: str, family: str, kinds: tuple[str, ...] = ("default", "model_config")
                  ) -> list[ImageTable]:
+    # report order within a kind: the worker lists model_configs in AITER's own glob order
     q = (select(ImageTable).where(ImageTable.image_digest == digest, ImageTable.family == family,
-                                  ImageTable.kind.in_(kinds)).order_by(ImageTable.kind, ImageTable.path))
+                                  ImageTable.kind.in_(kinds)).order_by(ImageTable.kind, ImageTable.id))
     return list(s.scalars(q))
 
 
-def shipped_tables(s: Session, digest: str, family: str) -> list[Table]:
-    """The image's default table first, then its model_configs files, as AITER merges them."""
-    return [read_table(t.content, t.path) for t in image_tables(s, digest, family)]
+def release_of(s: Session, digest: str) -> AiterRelease:
+    img = s.get(Image, digest)
+    return release_for(img.aiter_version if img else None)
+
+
+def shipped_for(s: Session, digest: str, family: str, release: AiterRelease | None = None) -> Shipped:
+    """What the image's AITER reads for the family with its env var unset: the release's default file and every
+    model_configs file its glob matches, in the order the worker listed them (AITER's glob order), plus the
+    untuned header its merge dedups on."""
+    fam = get_family(family)
+    release = release or release_of(s, digest)
+    tables = image_tables(s, digest, family, ("default", "model_config", "untuned"))
+    default_name = release.default_file(fam)
+    default = next((read_table(t.content, t.path) for t in tables if t.path == default_name), None)
+    mcs = []
+    for t in tables:
+        name = t.path.rsplit("/", 1)[-1]
+        if (t.path.startswith("model_configs/") and fam.merge_name in name and "untuned" not in name
+                and name.endswith(release.model_configs_suffix)):
+            mcs.append(read_table(t.content, t.path))
+    # a family without a shipped untuned file (mxscale BMM) is merged without dedup; one not reported is
+    # taken to have the family's header, so a repeated key is still refused
+    untuned = next((parse_header_line(t.header) for t in tables if t.path == fam.untuned_file),
+                   None if fam.name in release.no_untuned_file else fam.untuned_header)
+    return Shipped(default, mcs, untuned, bool(tables))
 
 
 def schema_for(s: Session, digest: str, family: str) -> Schema:

@@ -26,9 +26,12 @@ def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAu
 
 
 @router.get("/v1/campaigns/{campaign_id}/engagement")
-def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False) -> dict:
+def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False, form: str | None = None
+                   ) -> dict:
+    """The verdict per captured shape on the table AITER builds from a deploy form (layer, merged,
+    model_configs_dropin; default: the deploy plan's first offered form)."""
     with db.session(write=False) as s:
-        return engagement.pre_deploy(s, campaign_id, merged=merged)
+        return engagement.pre_deploy(s, campaign_id, merged=merged, form=form)
 
 
 @router.post("/v1/campaigns/{campaign_id}/engagement")

@@ -1,0 +1,489 @@
+"""Run AITER's own table code on CPU: resolution and ':'-merge (aiter/jit/core.py), the bf16, a8w8 and fmoe
+lookups (tuned_gemm.py, ops/gemm_op_a8w8.py, fused_moe.py), getPaddedM (gemm_common.cu built with g++, called
+through ctypes) and ActivationType/QuantType (aiter_enum.h + the bindings in rocm_ops.hpp, built with pybind11).
+
+Only these are stubbed: the hardware queries (gfx, cu_num, FlyDSL importable, the FlyDSL kernel catalog), kernel
+launchers and everything that builds or loads GPU code. A module's top-level statements run one by one, verbatim;
+one that needs something stubbed away (a JIT decorator, a kernel module) is skipped, and every name a lookup needs
+is checked to exist. The sources are the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import ctypes
+import fcntl
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "aiter-exec"
+
+
+class Dummy:
+    """Whatever a stubbed module hands out: callable, attribute-able, usable as a decorator."""
+
+    def __call__(self, *a, **k):
+        return Dummy()
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return Dummy()
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+
+class StubModule(types.ModuleType):
+    def __init__(self, name: str, registry: dict, **attrs):
+        super().__init__(name)
+        self.__dict__["_registry"] = registry
+        self.__dict__["__path__"] = []
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        sub = self.__dict__["_registry"].get(f"{self.__name__}.{name}")
+        return sub if sub is not None else Dummy()
+
+
+# ------------------------------------------------------------------ native pieces (built once, cached)
+
+def _build(src_text: str, name: str, compile_args: list[str]) -> Path:
+    digest = hashlib.sha256((src_text + " ".join(compile_args)).encode()).hexdigest()[:16]
+    out = CACHE / f"{name}-{digest}.so"
+    if out.exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    src = CACHE / f"{name}-{digest}.cpp"
+    src.write_text(src_text)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-std=c++17", str(src), "-o", str(tmp), *compile_args],
+                   check=True, capture_output=True, text=True)
+    os.replace(tmp, out)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def padded_m_lib(csrc: str) -> ctypes.CDLL:
+    """csrc/py_itfs_cu/gemm_common.cu, compiled as it is (plain C++)."""
+    text = (Path(csrc) / "py_itfs_cu" / "gemm_common.cu").read_text()
+    lib = ctypes.CDLL(str(_build(text, "gemm_common", [])))
+    lib.getPaddedM.argtypes = [ctypes.c_int] * 4
+    lib.getPaddedM.restype = ctypes.c_int
+    return lib
+
+
+def _binding(rocm_ops: str, enum: str) -> str:
+    m = re.search(rf"pybind11::enum_<{enum}>\(m, \"{enum}\"\)(.*?)\.export_values\(\);", rocm_ops, re.S)
+    if m is None:
+        raise RuntimeError(f"no {enum} binding in rocm_ops.hpp")
+    body = m.group(0).replace("\\\n", "\n")
+    return body
+
+
+@functools.lru_cache(maxsize=4)
+def enums_module(csrc: str) -> types.ModuleType:
+    """ActivationType and QuantType as AITER binds them: aiter_enum.h and the enum_/implicitly_convertible lines
+    of AITER_CORE_PYBIND (rocm_ops.hpp), compiled with pybind11."""
+    import importlib.util
+
+    import pybind11
+    inc = Path(csrc) / "include"
+    ops = (inc / "rocm_ops.hpp").read_text()
+    conv = "\n".join(f"pybind11::implicitly_convertible<int, {e}>();" for e in ("QuantType", "ActivationType")
+                     if f"implicitly_convertible<int, {e}>" in ops)
+    text = (f'#include <pybind11/pybind11.h>\n#include "aiter_enum.h"\n'
+            f"PYBIND11_MODULE(aiter_enums_diff, m) {{\n{_binding(ops, 'QuantType')}\n"
+            f"{_binding(ops, 'ActivationType')}\n{conv}\n}}\n")
+    ext = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    so = _build(text, "aiter_enums_diff", [f"-I{inc}", f"-I{pybind11.get_include()}",
+                                            f"-I{sysconfig.get_paths()['include']}"])
+    target = so.with_name("aiter_enums_diff" + ext)
+    if not target.exists() or target.stat().st_mtime < so.stat().st_mtime:
+        shutil.copy(so, target.with_suffix(".tmp"))
+        os.replace(target.with_suffix(".tmp"), target)
+    spec = importlib.util.spec_from_file_location("aiter_enums_diff", target)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ------------------------------------------------------------------ executing AITER's modules
+
+@functools.lru_cache(maxsize=64)
+def _statements(path: str) -> list[tuple[int, types.CodeType]]:
+    tree = ast.parse(Path(path).read_text(), path)
+    return [(node.lineno, compile(ast.Module([node], []), path, "exec")) for node in tree.body]
+
+
+@dataclass
+class Identity:
+    gfx: str
+    cu_num: int
+    flydsl: bool
+
+
+class LogCapture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+class Found(Exception):
+    """Raised from the fmoe 'using ... for {keys}' log line: the lookup is done, kernel set-up follows."""
+
+    def __init__(self, cfg, keys):
+        self.cfg, self.keys = cfg, keys
+
+
+class AiterProcess:
+    """One fresh 'process' of AITER: its modules executed anew, so every lru_cache and global starts empty."""
+
+    def __init__(self, src: Path, root: Path, ident: Identity, release: str, csrc: Path):
+        self.src, self.root, self.ident, self.release = src, root, ident, release
+        self.registry: dict[str, types.ModuleType] = {}
+        self.log = LogCapture()
+        self.logger = logging.getLogger(f"aiter.diff.{id(self)}")
+        self.logger.propagate = False
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.log)
+        enums = enums_module(str(csrc))
+        self.ActivationType, self.QuantType = enums.ActivationType, enums.QuantType
+        lib = padded_m_lib(str(csrc))
+        self.skipped: dict[str, list[str]] = {}
+        reg = self.registry
+        for name in ("aiter", "aiter.jit", "aiter.jit.utils", "aiter.ops", "aiter.utility", "aiter.ops.flydsl",
+                     "aiter.ops.opus", "aiter.ops.triton", "aiter.ops.triton.utils"):
+            reg[name] = StubModule(name, reg)
+        for name in ("cpp_extension", "torch_guard", "aiter.jit.utils.torch_guard", "aiter.utility.aiter_types",
+                     "aiter.jit.utils.cpp_extension"):
+            reg[name] = StubModule(name, reg, torch_compile_guard=lambda *a, **k: (lambda f: f),
+                                   aiter_dtypes={}, aiter_tensor_t=Dummy())
+        enum_mod = StubModule("aiter.ops.enum", reg, ActivationType=self.ActivationType, QuantType=self.QuantType)
+        reg["aiter.ops.enum"] = enum_mod
+        # hardware: the FlyDSL package and its kernel catalog (any flydsl_ name is taken as known)
+        reg["aiter.ops.flydsl.utils"] = StubModule("aiter.ops.flydsl.utils", reg,
+                                                   is_flydsl_available=lambda: ident.flydsl)
+        reg["aiter.ops.flydsl.gemm_kernels"] = StubModule(
+            "aiter.ops.flydsl.gemm_kernels", reg,
+            get_flydsl_splitk_hgemm_kernel_params=lambda name: {"name": name} if str(name).startswith("flydsl")
+            else None)
+        reg["aiter.ops.gemm_op_common"] = StubModule(
+            "aiter.ops.gemm_op_common", reg, get_padded_m=lambda M, N, K, gl: lib.getPaddedM(M, N, K, gl))
+        # kernel support checks of opus stage-2 kernels are a property of the built kernels: supported
+        reg["aiter.ops.opus.moe_stage2_a8w4"] = StubModule(
+            "aiter.ops.opus.moe_stage2_a8w4", reg, cfg_is_supported=lambda *a, **k: (True, ""),
+            is_opus_a8w4_stage2_kernel=lambda name: False)
+        jit = src / "aiter" / "jit"
+        utils = jit / "utils"
+        if (utils / "build_targets.py").exists():
+            self.load("build_targets", utils / "build_targets.py", "")
+            reg["aiter.jit.utils.build_targets"] = reg["build_targets"]
+        reg["file_baton"] = self.load("aiter.jit.utils.file_baton", utils / "file_baton.py", "aiter.jit.utils")
+        chip = self.load("aiter.jit.utils.chip_info", utils / "chip_info.py", "aiter.jit.utils")
+        reg["chip_info"] = chip
+        # hardware queries
+        for fn, val in (("get_gfx", ident.gfx), ("get_gfx_runtime", ident.gfx), ("get_cu_num", ident.cu_num)):
+            chip.__dict__[fn] = (lambda v: lambda *a, **k: v)(val)
+        chip.__dict__["get_gfx_list"] = lambda: [ident.gfx]
+        chip.__dict__["get_build_targets"] = lambda: [(ident.gfx, ident.cu_num)]
+        dt = self.load("aiter.utility.dtypes", src / "aiter" / "utility" / "dtypes.py", "aiter.utility")
+        top = reg["aiter"]
+        top.__dict__.update(ActivationType=self.ActivationType, QuantType=self.QuantType, dtypes=dt,
+                            logger=self.logger)
+        reg["aiter.utility"].__dict__["dtypes"] = dt
+
+    # -- importing
+    def _import(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if level:
+            pkg = (globals or {}).get("__package__") or ""
+            parts = pkg.split(".")
+            base = ".".join(parts[: len(parts) - level + 1])
+            name = f"{base}.{name}" if name else base
+        reg = self.registry
+        if name in reg or name.split(".")[0] in ("aiter",) or name in ("cpp_extension", "torch_guard"):
+            if name not in reg:
+                reg[name] = StubModule(name, reg)
+            if fromlist:
+                mod = reg[name]
+                for f in fromlist:
+                    full = f"{name}.{f}"
+                    if full in reg:
+                        mod.__dict__.setdefault(f, reg[full])
+                return mod
+            return reg[name.split(".")[0]]
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    def load(self, name: str, path: Path, package: str, upto: str | None = None) -> types.ModuleType:
+        """Execute a module's top-level statements one by one (up to the line matching `upto`)."""
+        mod = types.ModuleType(name)
+        b = dict(builtins.__dict__, __import__=self._import)
+        mod.__dict__.update(__file__=str(self.root / path.relative_to(self.src)), __name__=name,
+                            __package__=package, __builtins__=b)
+        mod.__dict__["__getattr__"] = lambda attr: Dummy()  # a name a skipped statement would have made
+        stop = None
+        if upto is not None:
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(upto, line):
+                    stop = i
+                    break
+        self.registry[name] = mod
+        for lineno, code in _statements(str(path)):
+            if stop is not None and lineno > stop:
+                break
+            try:
+                exec(code, mod.__dict__)
+            except Exception as e:  # noqa: BLE001  a statement needing what is stubbed away
+                self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
+        return mod
+
+    def need(self, mod: types.ModuleType, *names: str) -> None:
+        missing = [n for n in names if n not in mod.__dict__ or isinstance(mod.__dict__[n], Dummy)]
+        if missing:
+            raise RuntimeError(f"{mod.__name__}: {missing} not defined; skipped: {self.skipped.get(mod.__name__)}")
+
+    def core(self) -> types.ModuleType:
+        if "aiter.jit.core" not in self.registry or isinstance(self.registry["aiter.jit.core"], StubModule):
+            core = self.load("aiter.jit.core", self.src / "aiter" / "jit" / "core.py", "aiter.jit",
+                             upto=r"^# config_env end here")
+            core.__dict__["logger"] = self.logger
+        return self.registry["aiter.jit.core"]
+
+
+# ------------------------------------------------------------------ one deploy, as AITER resolves and looks up
+
+ENV_FILE_PROP = {  # family -> (env var, AITER_CONFIGS property / old module constant)
+    "bf16_gemm": ("AITER_CONFIG_GEMM_BF16", "AITER_CONFIG_GEMM_BF16_FILE"),
+    "a8w8_gemm": ("AITER_CONFIG_GEMM_A8W8", "AITER_CONFIG_GEMM_A8W8_FILE"),
+    "fmoe": ("AITER_CONFIG_FMOE", "AITER_CONFIG_FMOE_FILE"),
+}
+
+
+@dataclass
+class Outcome:
+    error: str | None = None  # what AITER raised while resolving the table
+    rewritten: list[str] = field(default_factory=list)  # shipped or overlay files AITER rewrote in place
+    resolved: str | None = None
+    verdicts: list[tuple[bool, dict | None]] = field(default_factory=list)
+    lookup_error: str | None = None
+    log: list[str] = field(default_factory=list)
+
+
+_LOCK = Path("/tmp/aiter_configs")
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str | None]):
+    old = {k: os.environ.get(k) for k in values}
+    saved_path = list(sys.path)
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        sys.path[:] = saved_path
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {str(p): hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.csv"))}
+
+
+@contextlib.contextmanager
+def _merge_lock():
+    """AITER writes merged tables to the fixed /tmp/aiter_configs/<name>.csv: one run at a time on this host."""
+    _LOCK.mkdir(parents=True, exist_ok=True)
+    with open(_LOCK / ".differential.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run(src: Path, csrc: Path, release: str, root: Path, family: str, env_value: str | None, ident: Identity,
+        shapes: list[dict]) -> Outcome:
+    """Deploy (env value, or None = unset) into the AITER tree at root (root/aiter/configs), then look up each
+    shape with AITER's own code. shapes: the caller's arguments (see call_* below)."""
+    env_name, prop = ENV_FILE_PROP[family]
+    out = Outcome()
+    before = _hashes(root)
+    extra = {"AITER_LOG_TUNED_CONFIG": "1", "GPU_ARCHS": None, "CU_NUM": None, "AITER_ONLINE_TUNE": None,
+             "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None}
+    with _merge_lock(), _env({env_name: env_value, **extra}):
+        p = AiterProcess(src, root, ident, release, csrc)
+        try:
+            core = p.core()
+            if release == "current":
+                resolved = getattr(core.AITER_CONFIGS, prop)
+            else:  # the old release resolves every table at import
+                p.need(core, prop)
+                resolved = core.__dict__[prop]
+            out.resolved = resolved
+        except Exception as e:  # noqa: BLE001  AITER raised: the deploy fails at start
+            out.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        if out.error is None and release != "current":
+            err = [s for s in p.skipped.get("aiter.jit.core", []) if f"{prop} =" in s or prop in s]
+            if err:
+                out.error = err[0]
+        out.rewritten = [k for k, v in _hashes(root).items() if before.get(k) != v]
+        if out.error is None:
+            try:
+                look = LOOKUPS[family](p)
+                out.verdicts = [look(s) for s in shapes]
+            except Exception as e:  # noqa: BLE001  the lookup raised (e.g. a non-unique index)
+                out.lookup_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        out.log = p.log.lines
+    return out
+
+
+def _bf16(p: AiterProcess):
+    mod = p.load("aiter.tuned_gemm", p.src / "aiter" / "tuned_gemm.py", "aiter")
+    p.need(mod, "get_GEMM_A16W16_config")
+    fn = mod.get_GEMM_A16W16_config
+    params = inspect.signature(fn).parameters
+
+    def look(s):
+        kw = dict(M=int(s["M"]), N=int(s["N"]), K=int(s["K"]), bias=s["bias"] == "True", dtype=s["dtype"],
+                  otype=s["outdtype"], scaleAB=s["scaleAB"] == "True")
+        if "bpreshuffle" in params:
+            kw["bpreshuffle"] = s["bpreshuffle"] == "True"
+        cfg = fn(**kw)
+        # the miss path returns a default config without a tuned row (no 'us')
+        return (cfg is not None and "us" in cfg), cfg
+    return look
+
+
+def _a8w8(p: AiterProcess):
+    import torch
+    mod = p.load("aiter.ops.gemm_op_a8w8", p.src / "aiter" / "ops" / "gemm_op_a8w8.py", "aiter.ops")
+    core = p.core()
+    if p.release == "current":
+        p.need(mod, "get_GEMM_config_with_quant_type")
+        file = core.AITER_CONFIGS.AITER_CONFIG_GEMM_A8W8_FILE
+
+        def look(s):
+            q = getattr(torch, s["q_dtype_w"].removeprefix("torch."))
+            cfg = mod.get_GEMM_config_with_quant_type(int(s["M"]), int(s["N"]), int(s["K"]), q, file)
+            return cfg is not None, cfg
+    else:
+        p.need(mod, "get_CKGEMM_config")
+        file = core.__dict__["AITER_CONFIG_GEMM_A8W8_FILE"]
+
+        def look(s):
+            cfg = mod.get_CKGEMM_config(int(s["M"]), int(s["N"]), int(s["K"]), file)
+            return cfg is not None, cfg
+    return look
+
+
+def _fmoe(p: AiterProcess):
+    import torch
+    mod = p.load("aiter.fused_moe", p.src / "aiter" / "fused_moe.py", "aiter")
+    p.need(mod, "get_2stage_cfgs", "get_padded_M", "quant_remap")
+    AT, QT = p.ActivationType, p.QuantType
+    fn = mod.get_2stage_cfgs
+    params = list(inspect.signature(fn).parameters)
+
+    def hook(msg, *a, **k):
+        if str(msg).startswith("[fused_moe] using"):
+            f = inspect.currentframe().f_back
+            raise Found(f.f_locals.get("cfg"), f.f_locals.get("keys"))
+    p.logger.info = hook  # the 'using ... for {keys}' line ends the lookup; kernel set-up follows
+    old_lookup = "cfg_2stages" in mod.__dict__ and p.release != "current"
+
+    def dt(s):
+        return getattr(torch, s.removeprefix("torch.")) if s.removeprefix("torch.") in dir(torch) else s
+
+    def look(s):
+        q_type = mod.quant_remap.get(getattr(QT, s["q_type"].split(".")[1]), getattr(QT, s["q_type"].split(".")[1]))
+        args = dict(token=mod.get_padded_M(int(s["token"])), model_dim=int(s["model_dim"]),
+                    inter_dim=int(s["inter_dim"]), expert=int(s["expert"]), topk=int(s["topk"]),
+                    dtype=dt(s["dtype"]), q_dtype_a=dt(s["q_dtype_a"]), q_dtype_w=dt(s["q_dtype_w"]),
+                    q_type=q_type, use_g1u1=bool(int(s["use_g1u1"])),
+                    activation=getattr(AT, s["act_type"].split(".")[1]),
+                    doweight_stage1=bool(int(s["doweight_stage1"])), hidden_pad=0, intermediate_pad=0)
+        if "bias1" in params:
+            args.update(bias1=None, bias2=None)
+        try:
+            fn(**args)
+        except Found as f:
+            return f.cfg is not None, f.cfg
+        raise RuntimeError("fused_moe lookup ended without its 'using' log line")
+    del old_lookup
+    return look
+
+
+LOOKUPS = {"bf16_gemm": _bf16, "a8w8_gemm": _a8w8, "fmoe": _fmoe}
+
+
+@functools.lru_cache(maxsize=4)
+def cpp_padded_m_lib(csrc: str) -> ctypes.CDLL:
+    """The compiled a8w8 table's own M padding, cut verbatim out of rowwise_dispatch (ck_gemm_a8w8/gemm_a8w8.cu):
+    nextPow2 and the `int padded_m = M; ...` block, wrapped in a C function (the rest needs CK)."""
+    text = (Path(csrc) / "ck_gemm_a8w8" / "gemm_a8w8.cu").read_text()
+    pow2 = re.search(r"static constexpr int nextPow2\(unsigned int num\)\s*\{.*?\n\}", text, re.S)
+    block = re.search(r"(int padded_m\s*=\s*M;.*?)\n\s*// Second check", text, re.S)
+    if pow2 is None or block is None:
+        raise RuntimeError("gemm_a8w8.cu: padding block not found")
+    src = ("#include <climits>\n" + pow2.group(0) + '\nextern "C" int cppPaddedM(int M) {\n'
+           + block.group(1) + "\n  return padded_m;\n}\n")
+    lib = ctypes.CDLL(str(_build(src, "gemm_a8w8_padding", [])))
+    lib.cppPaddedM.argtypes = [ctypes.c_int]
+    lib.cppPaddedM.restype = ctypes.c_int
+    return lib
+
+
+def cpp_a8w8_kernel(p: AiterProcess, csrc: Path, tuned_file: str, shape: dict) -> object:
+    """Which kernelId the compiled a8w8 table runs for a shape: AITER's build_tune_dict over the resolved CSV
+    (current release; the old one's codegen is modelled as the same plain-dict fill), then rowwise_dispatch's
+    exact-then-padded find. None: the heuristic kernel."""
+    import pandas as pd
+    cache = p.__dict__.setdefault("_cpp", {})
+    if tuned_file not in cache:
+        df = pd.read_csv(tuned_file)
+        chip = p.registry["aiter.jit.utils.chip_info"]
+
+        class Ids(dict):
+            def get(self, k, default=None):
+                return int(k)
+        if "build_tune_dict" in chip.__dict__ and not isinstance(chip.__dict__["build_tune_dict"], Dummy):
+            table = chip.build_tune_dict(df, {}, Ids())
+        else:
+            table = {}
+            for _, r in df.iterrows():
+                if int(r["cu_num"]) == p.ident.cu_num:  # 0.1.7 gen_instances.get_tune_dict
+                    table[(int(r["M"]), int(r["N"]), int(r["K"]))] = int(r["kernelId"])
+        cache[tuned_file] = table
+    table = cache[tuned_file]
+    lib = cpp_padded_m_lib(str(csrc))
+    M, N, K = int(shape["M"]), int(shape["N"]), int(shape["K"])
+    head = (p.ident.gfx, p.ident.cu_num) if p.release == "current" else ()
+    for m in (M, lib.cppPaddedM(M)):
+        if head + (m, N, K) in table:
+            return table[head + (m, N, K)]
+    return None

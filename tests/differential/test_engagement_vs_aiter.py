@@ -1,0 +1,269 @@
+"""The service's per-shape verdict against AITER's own code, on what the deploy plan deploys.
+
+For each family x identity x FlyDSL x release, an overlay is made the way the service makes one (rows in the
+image's header for a deterministic sample of AITER's own shipped shape lists plus random shapes, at both
+identities), every deploy form is built by the service (app/domain/deploy.py), and then deployed into a copy
+of that release's aiter/configs tree: the ':'-joined env value, the merged file, the model_configs drop-in.
+AITER's resolution, merge and lookups then run (tests/differential/aiter_exec.py) and must agree shape by shape:
+a form the service refuses must make AITER raise; an offered one must not, and every hit/miss and the row used
+must be the same. Shapes are sampled (seeded) to keep the run to about a minute; the counts are printed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.domain import deploy
+from app.domain import engagement as eng
+from app.domain.capture_parsing import from_untuned_csv
+from app.domain.families import CURRENT, RELEASE_0_1_7, get_family
+from app.domain.headers import parse_header_line, tuned_schema
+from app.domain.keys import m_candidates
+from app.domain.tables import Table, read_table, render_csv
+from tests.conftest import CONFIGS, ROOT
+from tests.differential import aiter_exec as ax
+from tests.differential.sources import aiter_src, old_release_tree
+
+FAMILIES = ("bf16_gemm", "a8w8_gemm", "fmoe")
+IDENTITIES = (("gfx942", 304), ("gfx950", 256))
+SHIPPED_SAMPLE, RANDOM_SAMPLE = 160, 60
+RESULTS: list[tuple] = []
+
+
+def _releases():
+    src = aiter_src()
+    out = []
+    if src is not None:
+        out.append(("current", CURRENT, src, src / "csrc", CONFIGS))
+    old = old_release_tree()
+    if old is not None:
+        out.append(("0.1.7", RELEASE_0_1_7, old, old / "aiter_meta" / "csrc", old / "aiter" / "configs"))
+    return out
+
+
+RELEASES = _releases()
+if not RELEASES:
+    pytest.skip("DIFFERENTIAL TESTS SKIPPED: no AITER sources (set TUNER_AITER_SRC or provide ../shared/aiter-src)",
+                allow_module_level=True)
+
+
+def _untuned_files(configs: Path, family) -> list[Path]:
+    stem = family.untuned_file.removesuffix(".csv")
+    out = [configs / family.untuned_file] if (configs / family.untuned_file).exists() else []
+    mc = configs / "model_configs"
+    if mc.exists():
+        out += sorted(p for p in mc.glob("*.csv") if "untuned" in p.name and
+                      (stem in p.name or family.merge_name.replace("tuned", "untuned") in p.name
+                       or (family.name == "bf16_gemm" and "untuned_gemm_bf16" in p.name)))
+    return out
+
+
+def shipped_shapes(configs: Path, family) -> list[dict[str, str]]:
+    shapes: dict[str, dict[str, str]] = {}
+    for p in _untuned_files(configs, family):
+        text = p.read_text()
+        header = parse_header_line(text.splitlines()[0])
+        if family.m_column not in header:
+            continue
+        rows = [{k.strip(): (v or "").strip() for k, v in r.items() if k} for r in csv.DictReader(io.StringIO(text))]
+        keep = [c for c in family.shape_columns if c in header]
+        body = render_csv(tuple(keep), rows)
+        for s, _n in from_untuned_csv(family, body).shapes.values():
+            shapes.setdefault(s.key, s.as_dict())
+    return list(shapes.values())
+
+
+def random_shapes(family, base: list[dict[str, str]], rng: random.Random, gfx: str) -> list[dict[str, str]]:
+    fp8 = "torch.float8_e4m3fnuz" if gfx == "gfx942" else "torch.float8_e4m3fn"
+    out = []
+    for _ in range(RANDOM_SAMPLE):
+        s = dict(rng.choice(base))
+        s[family.m_column] = str(rng.choice([rng.randint(1, 300), rng.randint(1, 20000)]))
+        if family.name == "bf16_gemm":
+            s["bias"] = rng.choice(["True", "False"])
+        if family.name == "a8w8_gemm":
+            s["q_dtype_w"] = rng.choice(["torch.int8", fp8])
+        out.append(s)
+    return out
+
+
+def result_cells(family, rng: random.Random, i: int) -> dict[str, str]:
+    us = f"{rng.uniform(1, 50):.4f}"
+    if family.name == "bf16_gemm":
+        fly = rng.random() < 0.3
+        return {"libtype": "flydsl" if fly else "asm", "solidx": "0", "splitK": str(rng.randint(0, 4)), "us": us,
+                "kernelName": f"flydsl_gemm2_svc{i}" if fly else f"_ZN5aiter_svc{i}E", "err_ratio": "0.0",
+                "tflops": "1.0", "bw": "1.0"}
+    if family.name == "a8w8_gemm":
+        return {"kernelId": str(rng.randint(0, 60)), "splitK": str(rng.randint(0, 3)), "us": us,
+                "kernelName": f"a8w8_svc{i}", "tflops": "1.0", "bw": "1.0", "errRatio": "0.0"}
+    one = rng.random() < 0.2
+    fly = rng.random() < 0.2
+    return {"block_m": "32", "ksplit": "0", "us1": us, "kernelName1": (f"flydsl_moe1_svc{i}" if fly else f"svc1_{i}"),
+            "err1": "0.0%", "us2": us, "kernelName2": "" if one else f"svc2_{i}", "err2": "0.0%", "us": us,
+            "run_1stage": "1" if one else "0", "xbf16": "0", "flat": "0", "tflops": "1.0", "bw": "1.0", "_tag": ""}
+
+
+def overlay_for(family, header: tuple[str, ...], shapes: list[dict[str, str]], rng: random.Random) -> Table:
+    """Rows the service would emit: captured values remapped, at the raw M or one AITER pads to, at both
+    identities (one overlay per image digest carries every identity it was tuned on)."""
+    rows, seen = [], set()
+    for i, s in enumerate(shapes):
+        if rng.random() < 0.35:
+            continue
+        for gfx, cu in IDENTITIES:
+            if rng.random() < 0.3:
+                continue
+            cells = dict(family.remap(s), gfx=gfx, cu_num=str(cu), **result_cells(family, rng, i))
+            cands = m_candidates(family, s)
+            cells[family.m_column] = str(rng.choice(cands))
+            if family.name == "a8w8_gemm" and gfx == "gfx950" and "fnuz" in cells["q_dtype_w"]:
+                cells["q_dtype_w"] = "torch.float8_e4m3fn"
+            key = tuple(cells.get(c, "") for c in family.key_columns)
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append({c: cells.get(c, "") for c in header})
+    return Table(header, rows, "svc_0123456789ab_" + family.tuned_file)
+
+
+def sandbox(tmp: Path, configs: Path, family, release) -> Path:
+    root = tmp / "tree"
+    if root.exists():
+        shutil.rmtree(root)
+    dst = root / "aiter" / "configs"
+    (dst / "model_configs").mkdir(parents=True)
+    for p in configs.glob("*.csv"):
+        shutil.copy(p, dst / p.name)
+    for p in (configs / "model_configs").glob("*.csv"):
+        if family.merge_name in p.name or "untuned" in p.name:
+            shutil.copy(p, dst / "model_configs" / p.name)
+    return root
+
+
+def shipped_of(root: Path, family, release) -> deploy.Shipped:
+    """What a worker in this image reports: the default, model_configs in AITER's glob order, the untuned header."""
+    cfg = root / "aiter" / "configs"
+    d = cfg / release.default_file(family)
+    default = read_table(d.read_text(), d.name) if d.exists() else None
+    mcs = [read_table(p.read_text(), f"model_configs/{p.name}")
+           for p in (cfg / "model_configs").glob(f"*{family.merge_name}*{release.model_configs_suffix}")
+           if p.is_file() and "untuned" not in p.name]
+    u = cfg / family.untuned_file
+    return deploy.Shipped(default, mcs, parse_header_line(u.read_text().splitlines()[0]) if u.exists() else None,
+                          True)
+
+
+def aiter_verdicts(out: ax.Outcome, family, ident: ax.Identity, p_cpp) -> list[tuple[bool, dict | None]]:
+    res = []
+    for hit, cfg in out.verdicts:
+        if hit and not ident.flydsl and family.name == "fmoe" and any(
+                str(cfg.get(c, "")).startswith("flydsl_") for c in ("kernelName1", "kernelName2")):
+            hit = False  # the stage launcher has no FlyDSL: AITER raises (asm 'not find kernel')
+        res.append((hit, cfg))
+    return res
+
+
+def same_row(family, cfg: dict, row: dict) -> bool:
+    cols = {"bf16_gemm": ("kernelName", "us"), "a8w8_gemm": ("kernelId", "splitK", "us"),
+            "fmoe": ("kernelName1", "kernelName2", "us")}[family.name]
+    def norm(v):
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return "" if v is None or v != v else str(v)
+    return all(norm(cfg.get(c)) == norm(row.get(c)) for c in cols)
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("family_name", FAMILIES)
+@pytest.mark.parametrize("rel", RELEASES, ids=[r[0] for r in RELEASES])
+def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl, tmp_path):
+    rel_name, release, src, csrc, configs = rel
+    if not (configs / get_family(family_name).tuned_file).exists():
+        pytest.skip(f"{rel_name} ships no {family_name} table")
+    family = release.family(family_name)
+    gfx, cu = ident
+    rng = random.Random(f"{rel_name}-{family_name}")  # the same overlay for every identity and FlyDSL setting
+    shipped_all = shipped_shapes(configs, family) or shipped_shapes(CONFIGS, family)
+    shapes = sorted(shipped_all, key=lambda s: str(sorted(s.items())))
+    shapes = random.Random(1).sample(shapes, min(SHIPPED_SAMPLE, len(shapes)))
+    shapes += random_shapes(family, shapes, random.Random(2), gfx)
+    if family_name == "a8w8_gemm" and rel_name != "current":
+        shapes = [{k: v for k, v in s.items() if k != "q_dtype_w"} | {"q_dtype_w": "torch.int8"} for s in shapes]
+    header = parse_header_line((configs / family.tuned_file).read_text().splitlines()[0])
+    schema = tuned_schema(get_family(family_name), header)
+    overlay = overlay_for(family, header, shapes, rng)
+    ident_x = ax.Identity(gfx, cu, flydsl)
+    forms = {}
+    root = sandbox(tmp_path, configs, family, release)
+    shipped = shipped_of(root, family, release)
+    arts = deploy.artifacts(release, family, shipped, overlay, gfx, schema.key_columns)
+    # the layer the plan offers when the plain one is refused: the overlay without the shipped keys
+    if arts["layer"].refused:
+        slim = Table(overlay.header, deploy.without_shipped_keys(release, family, shipped, overlay, gfx),
+                     overlay.name)
+        forms["layer_exclude_shipped"] = (deploy.build(release, family, "layer", shipped, slim, gfx), slim)
+    forms.update({f: (a, overlay) for f, a in arts.items()})
+    disagreements = []
+    for form, (art, ov) in forms.items():
+        root = sandbox(tmp_path, configs, family, release)
+        cfg = root / "aiter" / "configs"
+        ovdir = root / "overlays"
+        ovdir.mkdir()
+        if form == "merged":
+            if art.table is None:
+                continue
+            (ovdir / art.files[0]).write_text(render_csv(art.table.header, art.table.rows))
+            env = str(ovdir / art.files[0])
+        elif form == "model_configs_dropin":
+            (cfg / "model_configs" / ov.name).write_text(render_csv(ov.header, ov.rows))
+            env = None
+        else:
+            (ovdir / ov.name).write_text(render_csv(ov.header, ov.rows))
+            paths = [str(ovdir / n) if n == ov.name else str(cfg / n) for n in art.files]
+            env = ":".join(paths)
+        out = ax.run(src, csrc, rel_name, root, family_name, env, ident_x, shapes)
+        aiter_fails = out.error or out.lookup_error
+        if art.refused is not None or aiter_fails:
+            RESULTS.append((family_name, form, f"{gfx}/{cu}", flydsl, rel_name, len(shapes),
+                            "refused" if art.refused else "offered", "raises" if aiter_fails else "loads"))
+            if bool(art.refused) != bool(aiter_fails):
+                disagreements.append(f"{form}: service refused={art.refused!r}, AITER error={aiter_fails!r}, "
+                                     f"rewrote={out.rewritten}")
+            if art.refused and form == "layer" and release.merge_on_duplicate == "raise_rewrite" \
+                    and "duplicate" in art.refused:
+                assert out.rewritten, "AITER rewrites the shipped files before raising"
+            continue
+        assert not out.rewritten, (form, out.rewritten)
+        mine = eng.check(family, schema.key_columns, gfx, cu, shapes, art.table, flydsl=flydsl)
+        theirs = aiter_verdicts(out, family, ident_x, None)
+        if family.cpp_key is not None:
+            p = ax.AiterProcess(src, root, ident_x, rel_name, csrc)
+            theirs = [(h and ax.cpp_a8w8_kernel(p, csrc, out.resolved, s) == int(c["kernelId"]), c)
+                      for s, (h, c) in zip(shapes, theirs)]
+        bad = 0
+        for s, m, (h, c) in zip(shapes, mine, theirs):
+            if m.hit != h or (h and not same_row(family, c, m.row or {})):
+                bad += 1
+                if len(disagreements) < 8:
+                    disagreements.append(f"{form} {s}: service hit={m.hit} ({m.reason or (m.row or {}).get('us')}) "
+                                         f"AITER hit={h} row={None if c is None else {k: c.get(k) for k in ('us', 'kernelName', 'kernelName1', 'kernelId')}}")
+        RESULTS.append((family_name, form, f"{gfx}/{cu}", flydsl, rel_name, len(shapes),
+                        f"hits {sum(x.hit for x in mine)}", f"disagree {bad}"))
+    assert not disagreements, "\n".join(disagreements)
+
+
+def teardown_module(module):
+    if RESULTS:
+        print("\nfamily x form x identity x flydsl x release -> shapes -> outcome")
+        for r in RESULTS:
+            print("  " + " | ".join(str(x) for x in r))
