@@ -100,7 +100,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             row = index.get(k)
             if row is None:
                 continue
-            if is_flydsl_row(row) and not flydsl:
+            if is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored":
                 if family.flydsl_miss == "skip":  # tuned_gemm.py:163-177: next padded-M candidate
                     skipped.append(m)
                     continue

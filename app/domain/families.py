@@ -83,7 +83,8 @@ class TableFamily:
     duplicate_keys: str = "raise"  # a repeated lookup key: "raise" (set_index().to_dict) or "first" (first row)
     backfill_gfx: bool = False  # a missing/0/empty gfx cell is taken from cu_num at load (fused_moe.py:2158)
     dropped_rows: tuple[tuple[str, str], ...] = ()  # (column, value) rows the loader drops
-    flydsl_miss: str = "skip"  # FlyDSL row where flydsl is absent: "skip" to the next M, or "fails" (no fallback)
+    # a FlyDSL row where flydsl is absent: "skip" to the next M, "fails" (no fallback), "ignored" (not checked)
+    flydsl_miss: str = "skip"
     # cells that must be filled in a deployed row, and (column, value) rows that are exempt from a column
     filled: tuple[str, ...] = ("kernelName", "libtype")
     filled_unless: tuple[tuple[str, str, str], ...] = ()  # (column, exempt if this column, equals this)
@@ -297,7 +298,7 @@ RELEASE_0_1_7 = AiterRelease(
     # core.py:183-186: the bf16 default is aiter/configs/tuned_gemm.csv, a file the wheel does not ship
     default_files=(("bf16_gemm", "tuned_gemm.csv"),),
     overrides=(
-        ("bf16_gemm", (("gfx_source", "runtime"),)),
+        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"))),  # no FlyDSL check in its lookup
         # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}
         ("a8w8_gemm", (("cpp_key", ("M", "N", "K")),)),
         # fused_moe.py:505-580: str(activation) in the key, no dedup (set_index().to_dict raises on a repeat),

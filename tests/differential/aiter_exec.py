@@ -81,7 +81,9 @@ def _build(src_text: str, name: str, compile_args: list[str]) -> Path:
 @functools.lru_cache(maxsize=4)
 def padded_m_lib(csrc: str) -> ctypes.CDLL:
     """csrc/py_itfs_cu/gemm_common.cu, compiled as it is (plain C++)."""
-    text = (Path(csrc) / "py_itfs_cu" / "gemm_common.cu").read_text()
+    # the body is AITER's; its header is replaced by a C declaration (0.1.7's pulls in torch/extension.h)
+    text = (Path(csrc) / "py_itfs_cu" / "gemm_common.cu").read_text().replace('#include "gemm_common.h"', "")
+    text = '#include <climits>\nextern "C" int getPaddedM(int M, int N, int K, int gl);\n' + text
     lib = ctypes.CDLL(str(_build(text, "gemm_common", [])))
     lib.getPaddedM.argtypes = [ctypes.c_int] * 4
     lib.getPaddedM.restype = ctypes.c_int

@@ -26,6 +26,7 @@ from app.domain.capture_parsing import from_untuned_csv
 from app.domain.families import CURRENT, RELEASE_0_1_7, get_family
 from app.domain.headers import parse_header_line, tuned_schema
 from app.domain.keys import m_candidates
+from app.domain.shapes import ShapeError
 from app.domain.tables import Table, read_table, render_csv
 from tests.conftest import CONFIGS, ROOT
 from tests.differential import aiter_exec as ax
@@ -175,10 +176,12 @@ def same_row(family, cfg: dict, row: dict) -> bool:
     cols = {"bf16_gemm": ("kernelName", "us"), "a8w8_gemm": ("kernelId", "splitK", "us"),
             "fmoe": ("kernelName1", "kernelName2", "us")}[family.name]
     def norm(v):
+        if v is None or v != v or v == "":  # pandas reads an empty cell as NaN
+            return ""
         try:
             return float(v)
         except (TypeError, ValueError):
-            return "" if v is None or v != v else str(v)
+            return str(v)
     return all(norm(cfg.get(c)) == norm(row.get(c)) for c in cols)
 
 
@@ -193,7 +196,11 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
     family = release.family(family_name)
     gfx, cu = ident
     rng = random.Random(f"{rel_name}-{family_name}")  # the same overlay for every identity and FlyDSL setting
-    shipped_all = shipped_shapes(configs, family) or shipped_shapes(CONFIGS, family)
+    try:
+        shipped_all = shipped_shapes(configs, family)
+    except ShapeError:  # 0.1.7's a8w8 list has no q_dtype_w: take the current list's shapes
+        shipped_all = []
+    shipped_all = shipped_all or shipped_shapes(CONFIGS, family)
     shapes = sorted(shipped_all, key=lambda s: str(sorted(s.items())))
     shapes = random.Random(1).sample(shapes, min(SHIPPED_SAMPLE, len(shapes)))
     shapes += random_shapes(family, shapes, random.Random(2), gfx)
