@@ -109,17 +109,21 @@ def enums_module(csrc: str) -> types.ModuleType:
     ops = (inc / "rocm_ops.hpp").read_text()
     conv = "\n".join(f"pybind11::implicitly_convertible<int, {e}>();" for e in ("QuantType", "ActivationType")
                      if f"implicitly_convertible<int, {e}>" in ops)
-    text = (f'#include <pybind11/pybind11.h>\n#include "aiter_enum.h"\n'
-            f"PYBIND11_MODULE(aiter_enums_diff, m) {{\n{_binding(ops, 'QuantType')}\n"
+    # one module name per source, so two releases' enums can live in one process
+    src = ops + (inc / "aiter_enum.h").read_text() + "namespaced"
+    name = "aiter_enums_" + hashlib.sha256(src.encode()).hexdigest()[:12]
+    # the header inside a namespace of its own: pybind11 registers a C++ type once per process
+    text = (f'#include <pybind11/pybind11.h>\n#include <string>\n#include <cstddef>\n#include <cstdint>\n'
+            f'namespace {name} {{\n#include "aiter_enum.h"\n}}\nusing namespace {name};\n'
+            f"PYBIND11_MODULE({name}, m) {{\n{_binding(ops, 'QuantType')}\n"
             f"{_binding(ops, 'ActivationType')}\n{conv}\n}}\n")
     ext = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    so = _build(text, "aiter_enums_diff", [f"-I{inc}", f"-I{pybind11.get_include()}",
-                                            f"-I{sysconfig.get_paths()['include']}"])
-    target = so.with_name("aiter_enums_diff" + ext)
-    if not target.exists() or target.stat().st_mtime < so.stat().st_mtime:
+    so = _build(text, name, [f"-I{inc}", f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"])
+    target = so.with_name(name + ext)
+    if not target.exists():
         shutil.copy(so, target.with_suffix(".tmp"))
         os.replace(target.with_suffix(".tmp"), target)
-    spec = importlib.util.spec_from_file_location("aiter_enums_diff", target)
+    spec = importlib.util.spec_from_file_location(name, target)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
