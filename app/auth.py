@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 
 from app.errors import Forbidden, Unauthorized
 from app.services import tokens
+from app.ttl_cache import TTLCache
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,16 @@ def _principal(request: Request) -> Principal | None:
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise Unauthorized("authorization: expected 'Bearer <token>'", "authorization")
-    with request.app.state.db.session(write=False) as s:
-        tok = tokens.find(s, secret.strip())
-        if tok is None:
-            raise Unauthorized("authorization: unknown or revoked token", "authorization")
-        return Principal(tok.id, tok.role, tok.name, tuple(tok.digests) if tok.digests else None)
+    key = tokens.digest_of(secret.strip())
+    cache: TTLCache = request.app.state.token_cache  # known tokens only: a new token works at once
+    p = cache.get(key)
+    if p is None:
+        with request.app.state.db.session(write=False) as s:
+            tok = tokens.find_digest(s, key)
+            if tok is None:
+                raise Unauthorized("authorization: unknown or revoked token", "authorization")
+            p = cache.put(key, Principal(tok.id, tok.role, tok.name, tuple(tok.digests) if tok.digests else None))
+    return p
 
 
 def require(*roles: str, read: bool = False):  # type: ignore[no-untyped-def]

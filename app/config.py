@@ -20,6 +20,7 @@ class Settings(BaseSettings):
     retry_after_s: int = 1
     stale_worker_s: float = 120.0
     auth: bool = True  # bearer tokens with roles; off only for local experiments
+    token_cache_s: float = 5.0  # a resolved token is trusted this long: a revocation takes up to this to bite
     read_open: bool = True  # overlays, reports and the dashboard need no token
     admin_token: str | None = None  # TUNER_ADMIN_TOKEN: the first admin token, instead of a generated one
     admin_token_file: str = "./data/admin_token"  # where a generated first admin token is written (0600)

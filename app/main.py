@@ -20,6 +20,7 @@ from app.limits import BodyLimit
 from app.metrics import LatencyMiddleware, Metrics
 from app.web import routes as web
 from app.services import leasing, tokens
+from app.ttl_cache import TTLCache
 
 
 async def _sweep_forever(db: Database, settings: Settings) -> None:
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
 
     app = FastAPI(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.db = settings, db
+    app.state.token_cache = TTLCache(settings.token_cache_s)
     errors.install(app, settings.retry_after_s)
     for r in (health.router, captures.router, leases.router, campaigns.router, overlays.router, web.router):
         app.include_router(r)

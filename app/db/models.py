@@ -141,15 +141,17 @@ class Worker(Base):
 
 class Lease(Base):
     __tablename__ = "leases"
+    # the sweeper's question (active and past expiry) is one seek, however many ended leases pile up
+    __table_args__ = (Index("ix_leases_live", "state", "expires_at"),)
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id"), index=True)
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
     backend: Mapped[str] = mapped_column(String(32))
     budget_s: Mapped[float] = mapped_column(Float)
-    state: Mapped[str] = mapped_column(String(16), default="active", index=True)  # active|released|expired|done
+    state: Mapped[str] = mapped_column(String(16), default="active")  # active|released|expired|done
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     hard_deadline: Mapped[datetime] = mapped_column(UTCDateTime)  # created + budget + grace: no extension past it
     token_id: Mapped[int | None] = mapped_column(ForeignKey("tokens.id"))  # only this token may post to it
 

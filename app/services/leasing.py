@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from app.domain.families import get_family
 from app.domain.keys import runtime_value
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
+from app.ttl_cache import TTLCache
 
 # An error ratio above this is not a valid winner (AITER's --errRatio defaults: GEMM 0.05, MoE cosine 0.1).
 ERR_MAX = {"fmoe": 0.1, "fhmoe": 0.1, "grouped_fmoe": 0.1}
@@ -68,30 +70,53 @@ def _touch_worker(s: Session, body: LeaseIn, now: datetime) -> None:
         w.backends, w.aiter_commit, w.last_seen_at = body.backends, body.aiter_commit, now
 
 
+# Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
+# results show within the TTL.
+_COSTS = TTLCache(10.0)
+_LAST_SWEEP: dict[object, float] = {}  # per database: when a lease request last swept
+
+
+def _sweep_due(s: Session, settings: Settings) -> bool:
+    """A lease request sweeps at most every TTL/10 (1 s at most) per database; the background sweeper covers
+    an idle queue, so a busy one does not pay a sweep per lease."""
+    key, t = s.get_bind(), time.monotonic()
+    if t - _LAST_SWEEP.get(key, -math.inf) < min(1.0, settings.lease_ttl_s / 10):
+        return False
+    _LAST_SWEEP[key] = t
+    return True
+
+
 def est_shape_cost(s: Session, campaign_id: int, backend: str, default: float) -> float:
     """Median measured seconds per shape in this campaign for this backend; the default until measured."""
-    q = (select(Result.elapsed_s).join(CampaignShape, CampaignShape.id == Result.shape_id)
-         .where(CampaignShape.campaign_id == campaign_id, Result.backend == backend, Result.elapsed_s.is_not(None))
-         .order_by(Result.id.desc()).limit(200))
-    costs = [c for c in s.scalars(q) if c is not None]
-    return statistics.median(costs) if costs else default
+    key = (s.get_bind(), campaign_id, backend)
+    hit = _COSTS.get(key)
+    if hit is None:
+        q = (select(Result.elapsed_s).join(CampaignShape, CampaignShape.id == Result.shape_id)
+             .where(CampaignShape.campaign_id == campaign_id, Result.backend == backend,
+                    Result.elapsed_s.is_not(None))
+             .order_by(Result.id.desc()).limit(200))
+        hit = _COSTS.put(key, [c for c in s.scalars(q) if c is not None])
+    return statistics.median(hit) if hit else default
 
 
 def _pick_campaign(s: Session, body: LeaseIn) -> Campaign | None:
-    q = (select(Campaign, func.max(CampaignShape.priority).label("top"))
-         .join(CampaignShape, CampaignShape.campaign_id == Campaign.id)
-         .where(Campaign.image_digest == body.image_digest, Campaign.gfx == body.gfx,
-                Campaign.cu_num == body.cu_num, CampaignShape.state == ls.ShapeState.QUEUED.value)
-         .group_by(Campaign.id).order_by(func.max(CampaignShape.priority).desc()))
+    """The identity's campaign whose top queued shape has the most served time: one ix_shapes_queue seek per
+    campaign (an identity has a handful), never a scan of the queue."""
+    top = (select(CampaignShape.priority)
+           .where(CampaignShape.campaign_id == Campaign.id, CampaignShape.state == ls.ShapeState.QUEUED.value)
+           .order_by(CampaignShape.priority.desc()).limit(1).correlate(Campaign).scalar_subquery())
+    q = select(Campaign, top).where(Campaign.image_digest == body.image_digest, Campaign.gfx == body.gfx,
+                                    Campaign.cu_num == body.cu_num)
     if body.families is not None:
         q = q.where(Campaign.family.in_(body.families))
-    row = s.execute(q.limit(1)).first()
-    return row[0] if row else None
+    best = max(((c, p) for c, p in s.execute(q) if p is not None), key=lambda cp: cp[1], default=None)
+    return best[0] if best else None
 
 
 def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | None = None) -> LeaseOut | None:
     now = utcnow()
-    sweep_expired(s, settings, now)
+    if _sweep_due(s, settings):
+        sweep_expired(s, settings, now)
     _touch_worker(s, body, now)
     camp = _pick_campaign(s, body)
     if camp is None:
@@ -231,6 +256,7 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
                  error=body.error, elapsed_s=body.elapsed_s, started_at=body.started_at,
                  finished_at=body.finished_at or utcnow())
     s.add(res)
+    _COSTS.pop((s.get_bind(), camp.id, body.backend))
     if body.status == "ok" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
         # the default path measured on this identity replaces the roofline estimate in the served time
         shape.default_us, shape.default_measured = body.default_us, True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import ImageTablesIn
@@ -12,6 +12,7 @@ from app.domain.families import AiterRelease, family_for_file, get_family, relea
 from app.domain.headers import HeaderError, Schema, current_schema, parse_header_line, tuned_schema
 from app.domain.tables import read_table
 from app.errors import Invalid
+from app.ttl_cache import TTLCache
 
 
 def _kind(path: str, default_file: str) -> str:
@@ -44,6 +45,8 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
         else:
             old.header, old.content, old.kind, old.family = ",".join(header), text, kind, fam.name
         stored[fam.name] = stored.get(fam.name, 0) + 1
+    _HEADERS.clear()
+    event.listen(s, "after_commit", lambda _s: _HEADERS.clear(), once=True)  # and once others can read them
     return stored
 
 
@@ -82,20 +85,37 @@ def shipped_for(s: Session, digest: str, family: str, release: AiterRelease | No
     return Shipped(default, mcs, untuned, bool(tables))
 
 
+# Headers every lease and result reads: kept per (database, image, family, kind); a PUT of the image's tables
+# clears it here, and another process's PUT shows within the TTL.
+_HEADERS = TTLCache(30.0)
+
+
+def _headers(s: Session, digest: str, family: str, kind: str) -> list[tuple[str, str]]:
+    """(path, header line) of the image's tables of one kind, without their contents."""
+    key = (s.get_bind(), digest, family, kind)
+    hit = _HEADERS.get(key)
+    if hit is None:
+        q = (select(ImageTable.path, ImageTable.header).where(
+            ImageTable.image_digest == digest, ImageTable.family == family, ImageTable.kind == kind)
+             .order_by(ImageTable.path))
+        hit = _HEADERS.put(key, [tuple(r) for r in s.execute(q)])
+    return hit
+
+
 def schema_for(s: Session, digest: str, family: str) -> Schema:
     """The image's own header for the family (its default table), else the family's current one."""
     fam = get_family(family)
-    for t in image_tables(s, digest, family, ("default",)):
-        return tuned_schema(fam, parse_header_line(t.header))
+    for _, header in _headers(s, digest, family, "default"):
+        return tuned_schema(fam, parse_header_line(header))
     return current_schema(fam)
 
 
 def untuned_header_for(s: Session, digest: str, family: str) -> tuple[str, ...]:
     """The image's own untuned header for the family's tuner input, else the family's."""
     fam = get_family(family)
-    for t in image_tables(s, digest, family, ("untuned",)):
-        if t.path == fam.untuned_file:
-            return parse_header_line(t.header)
+    for path, header in _headers(s, digest, family, "untuned"):
+        if path == fam.untuned_file:
+            return parse_header_line(header)
     return fam.untuned_header
 
 

@@ -29,7 +29,11 @@ def create(s: Session, name: str, role: str, digests: list[str] | None = None, s
 
 
 def find(s: Session, secret: str) -> Token | None:
-    tok = s.scalars(select(Token).where(Token.token_hash == digest_of(secret))).first()
+    return find_digest(s, digest_of(secret))
+
+
+def find_digest(s: Session, token_hash: str) -> Token | None:
+    tok = s.scalars(select(Token).where(Token.token_hash == token_hash)).first()
     return tok if tok is not None and tok.revoked_at is None else None
 
 
