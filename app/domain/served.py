@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from app.domain.families import TableFamily
+from app.domain.keys import m_candidates
 
 RULE_STEPS = "served steps x default time"
 RULE_CALLS = "calls x default time"
@@ -107,6 +108,25 @@ def step_weights(family: TableFamily, shapes: Sequence[Mapping[str, str]],
     for sh in shapes:
         lo, hi = ranges[tuple((k, v) for k, v in sh.items() if k != mcol)][int(sh[mcol])]
         out.append(_steps_in(ordered, lo, hi, top))
+    return out
+
+
+def fold_covered(family: TableFamily, shapes: Sequence[Mapping[str, str]], weights: Sequence[float],
+                 covered: Sequence[bool]) -> list[float]:
+    """A shape parked as covered by a bucket row is served by the row AITER's lookup reaches first (its M, then
+    the padded Ms, app/domain/keys.py), so that row carries its steps as well as its own."""
+    mcol = family.m_column
+    out = list(weights)
+    if mcol is None:
+        return out
+    rows = {(tuple((k, v) for k, v in sh.items() if k != mcol), int(sh[mcol])): i
+            for i, sh in enumerate(shapes) if not covered[i]}
+    for i, sh in enumerate(shapes):
+        if covered[i]:
+            rest = tuple((k, v) for k, v in sh.items() if k != mcol)
+            target = next((rows[(rest, m)] for m in m_candidates(family, dict(sh)) if (rest, m) in rows), None)
+            if target is not None:
+                out[target] += weights[i]
     return out
 
 

@@ -98,9 +98,11 @@ def _already(s: Session, uid: str | None, fam: TableFamily) -> CaptureOut | None
 
 def reweigh(s: Session, camp: Campaign, fam: TableFamily) -> None:
     """Served steps and priority of every shape of the campaign, from its step histogram."""
-    rows = s.execute(select(CampaignShape.id, CampaignShape.shape, CampaignShape.default_us)
+    rows = s.execute(select(CampaignShape.id, CampaignShape.shape, CampaignShape.default_us, CampaignShape.state)
                      .where(CampaignShape.campaign_id == camp.id)).all()
-    weights = served.step_weights(fam, [r.shape for r in rows], camp.step_hist or {})
+    shapes = [r.shape for r in rows]
+    weights = served.fold_covered(fam, shapes, served.step_weights(fam, shapes, camp.step_hist or {}),
+                                  [r.state == "covered" for r in rows])
     s.execute(update(CampaignShape), [{"id": r.id, "steps": w, "priority": served.priority(0, w, r.default_us)}
                                       for r, w in zip(rows, weights)])
 

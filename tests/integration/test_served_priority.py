@@ -66,3 +66,14 @@ def test_bad_step_buckets_are_refused_naming_the_field(client):
     r = capture(client, [dict(DECODE)], step_buckets={"eight": 3})
     assert r.status_code == 422 and "step_buckets" in r.text
     assert client.get("/v1/campaigns").json() == []
+
+
+def test_a_bucket_row_carries_the_steps_of_the_ms_it_covers(client):
+    cid = capture(client, [{"M": m, "N": 64, "K": 64} for m in (9, 12, 16)]).json()["campaign_id"]
+    r = client.post(f"/v1/campaigns/{cid}/bucket-plan/apply")
+    assert r.status_code == 200 and r.json()["covered"] == 2, r.text
+    capture(client, [], step_buckets={"8": 5, "16": 80})
+    by_m = {s["shape"]["M"]: s for s in client.get(f"/v1/campaigns/{cid}").json()["shape_list"]}
+    assert by_m["16"]["state"] == "queued" and by_m["9"]["state"] == "covered"
+    row = by_m["16"]
+    assert row["steps"] == 80 and row["served"] == 80 * row["default_us_est"]  # all of (8, 16], not 4/8 of it

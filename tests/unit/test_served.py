@@ -6,7 +6,7 @@ import pytest
 
 from app.domain.families import FAMILIES
 from app.domain.roofline import estimate_us
-from app.domain.served import HistogramError, canon, merge, priority, step_weights
+from app.domain.served import HistogramError, canon, fold_covered, merge, priority, step_weights
 
 BF16 = FAMILIES["bf16_gemm"]
 # a decode-heavy vLLM server: 90% of engine steps carry one token
@@ -48,3 +48,12 @@ def test_merge_adds_deltas_and_refuses_bad_buckets():
     for bad in ({"x": 1}, {"1": -1}, {"0": 1}):
         with pytest.raises(HistogramError):
             merge(None, bad)
+
+
+def test_a_bucket_row_carries_the_steps_of_the_ms_it_serves():
+    shapes = [sh(9), sh(12), sh(16), sh(9, 64, 64)]
+    w = step_weights(BF16, shapes, HIST)
+    # M=9 and M=12 parked as covered by the row at M=16 (getPaddedM(9..16, gl0) = 16, gemm_common.cu)
+    folded = fold_covered(BF16, shapes, w, [True, True, False, True])
+    assert folded[2] == pytest.approx(20) and folded[:2] == w[:2]
+    assert folded[3] == w[3]  # its group has no row: nothing to carry it
