@@ -12,7 +12,7 @@ from typing import Any, Protocol
 @dataclass
 class ShapeResult:
     shape_id: int
-    status: str  # ok | failed
+    status: str  # ok (a row that helps) | default_best (tuned, no row) | failed
     row: dict[str, Any] | None = None
     us: float | None = None
     err_ratio: float | None = None
@@ -23,11 +23,27 @@ class ShapeResult:
     elapsed_s: float | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    race: dict[str, Any] | None = None  # what the race cost (samples, sampled seconds); local, not posted
 
     def payload(self, backend: str, aiter_commit: str | None) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items()}
+        d = {k: v for k, v in self.__dict__.items() if k != "race"}
         d.update(backend=backend, aiter_commit=aiter_commit)
         return d
+
+
+MIN_IMPROVEMENT_PCT = 3.0  # AITER's --min_improvement_pct default (aiter/utility/base_tuner.py:54)
+
+
+def row_helps(us: float | None, default_us: float | None, min_improvement_pct: float = MIN_IMPROVEMENT_PCT) -> bool:
+    """A row is worth emitting only when the winner beats the default path by at least min_improvement_pct,
+    AITER's own --compare --update_improved rule: (pre_us - post_us) / pre_us * 100 >= threshold
+    (base_tuner.py:918-975, _build_compare_update_plan). Without a timed default there is nothing to compare: the row
+    goes in, as AITER's "no_baseline" case does."""
+    if us is None:
+        return False
+    if default_us is None or default_us <= 0:
+        return True
+    return (default_us - us) / default_us * 100.0 >= min_improvement_pct
 
 
 def now_iso() -> str:

@@ -1,25 +1,32 @@
 """Portable backend: races real GEMM kernels through PyTorch (and Triton on a GPU) for bf16_gemm shapes.
 
-Each candidate is checked against a float64 reference with AITER's error ratio (fraction of elements
-failing isclose; a16w16 uses rtol=atol=5e-2 for 16-bit outputs), a shifted copy of the winner's output must
-fail that same check (negative control), and timing is warm: device events on a GPU, perf_counter on the
-CPU, median of the repeats. Rows are written in the lease's tuned header.
+The race is successive halving (`Schedule`): every candidate is screened with a few timed replays, each round
+keeps the best fraction AND every candidate inside the leader's noise band, and the finalists (the library
+default always among them) are timed fully, interleaved, so clock drift hits them alike. Every finalist is
+checked against a float64 reference with AITER's error ratio (fraction of elements failing isclose; a16w16
+uses rtol=atol=5e-2 for 16-bit outputs), and a shifted copy of the winner's output must fail that same check
+(negative control). A winner inside the noise band of the default (or the incumbent) loses to it. Timing is
+warm: CUDA-graph replays measured with device events on a GPU, perf_counter on the CPU, median of the
+samples. `race="exhaustive"` times and checks every candidate fully (the baseline benchmarks/early_stop.py
+compares against). Rows are written in the lease's tuned header.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from workers.backends.base import Batch, Emit, ShapeResult, now_iso
+from workers.backends.base import Batch, Emit, ShapeResult, now_iso, row_helps
 
 _DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32}
 ERR_MAX = 0.05  # AITER's GEMM --errRatio default
+DEFAULT = "torch_linear"  # F.linear: the library path an untuned shape takes
 
 
 @dataclass
@@ -72,7 +79,7 @@ def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_
         y = a @ bt
         return (y + bias if bias is not None else y).to(out_dtype)
 
-    cands = [Candidate("torch_linear", "torch", 0, linear), Candidate("torch_addmm_out", "torch", 0, addmm_out),
+    cands = [Candidate(DEFAULT, "torch", 0, linear), Candidate("torch_addmm_out", "torch", 0, addmm_out),
              Candidate("torch_mm_bt_contig", "torch", 0, mm_pretransposed)]
     for parts in (2, 4):
         if a.shape[1] >= 64 * parts:
@@ -84,62 +91,162 @@ def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_
     return cands
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """Successive halving. Each round gives every survivor `samples` more timed replays, then keeps the best
+    `keep` fraction AND every candidate inside the leader's noise band: its median no more than
+    max(floor, z * 1.25 * sigma * sqrt(1/n + 1/n_leader)) above the leader's (1.25 sigma / sqrt(n) is the
+    standard error of a median; sigma is the pooled per-sample relative spread). The default and the incumbent
+    always go on (they get `protect_samples` in the screen so sigma is known from the start). Finalists get
+    `final` fresh samples, interleaved."""
+
+    rounds: tuple[tuple[int, float], ...] = ((1, 0.15), (3, 0.25))
+    final: int = 30
+    floor: float = 0.01  # the narrowest band a round keeps (relative)
+    tie_floor: float = 0.005  # the narrowest band inside which the default (or incumbent) keeps a tie
+    z: float = 3.0
+    protect_samples: int = 3
+
+    def band(self, sigma: float, n: int, n_lead: int, floor: float) -> float:
+        return max(floor, self.z * 1.25 * sigma * math.sqrt(1 / max(1, n) + 1 / max(1, n_lead)))
+
+
+@dataclass
+class Entry:
+    """One candidate's state in one shape's race."""
+
+    cand: Candidate
+    replay: tuple[Callable[[], Any], int] | None = None  # what one sample runs, and how many calls it holds
+    samples: list[float] = field(default_factory=list)  # seconds per call, every round before the final
+    final: list[float] = field(default_factory=list)  # seconds per call, the final round
+    sampled_s: float = 0.0  # device time spent in this candidate's timed samples
+    rounds: int = 0  # rounds survived
+    err: float | None = None
+    error: str | None = None
+    out: torch.Tensor | None = None
+
+    @property
+    def name(self) -> str:
+        return self.cand.name
+
+    @property
+    def times(self) -> list[float]:
+        return self.final or self.samples
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.times else math.inf
+
+    def record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {"name": self.name, "us": self.median * 1e6 if self.times else None,
+                               "err_ratio": self.err, "error": self.error, "samples": len(self.samples) +
+                               len(self.final), "rounds": self.rounds}
+        return rec
+
+
+def pooled_sigma(entries: list[Entry], default: float) -> float:
+    """Median per-sample relative spread (stdev / median) over candidates with >= 3 samples."""
+    rel = [statistics.stdev(e.times) / statistics.median(e.times) for e in entries if len(e.times) >= 3]
+    return statistics.median(rel) if rel else default
+
+
 class Timer:
     """Warm device time per call. On a GPU a CUDA graph of GRAPH_CALLS back-to-back calls is replayed, so
-    Python launch overhead is not counted (AITER times device kernels with the profiler); eager events are
-    the fallback for a candidate that cannot be captured."""
+    Python launch overhead is not counted (AITER times device kernels with the profiler); eager calls are
+    the fallback for a candidate that cannot be captured. Samples are recorded with events and read after
+    one synchronise per batch, never one per sample."""
 
     GRAPH_CALLS = 10
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
-    def series(self, fn: Callable[[], Any], repeats: int, keep_going: Callable[[list[float]], bool]) -> list[float]:
-        graph = self._graph(fn) if self.cuda else None
-        times: list[float] = []
-        for _ in range(repeats):
-            if graph is not None:
-                times.append(self.once(graph.replay) / self.GRAPH_CALLS)
-            else:
-                times.append(self.once(fn))
-            if not keep_going(times):
-                break
-        return times
+    def replayable(self, fn: Callable[[], Any]) -> tuple[Callable[[], Any], int]:
+        """What one sample runs, and how many calls it holds. Makes the first call (a kernel that raises
+        raises here), then captures the graph once; every later sample only replays it."""
+        if self.cuda:
+            g = self._graph(fn)
+            if g is not None:
+                return g.replay, self.GRAPH_CALLS
+        else:
+            fn()
+        return fn, 1
+
+    def sample(self, replays: list[tuple[Callable[[], Any], int]], n: int) -> list[list[float]]:
+        """n samples of each replay, round-robin; seconds per call."""
+        out: list[list[float]] = [[] for _ in replays]
+        if not self.cuda:
+            for _ in range(n):
+                for i, (fn, calls) in enumerate(replays):
+                    t0 = time.perf_counter()
+                    fn()
+                    out[i].append((time.perf_counter() - t0) / calls)
+            return out
+        marks = []
+        for _ in range(n):
+            for i, (fn, calls) in enumerate(replays):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                marks.append((i, start, end, calls))
+        torch.cuda.synchronize()
+        for i, start, end, calls in marks:
+            out[i].append(start.elapsed_time(end) / 1e3 / calls)
+        return out
 
     def _graph(self, fn: Callable[[], Any]) -> Any:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 for _ in range(self.GRAPH_CALLS):
                     fn()
-            g.replay()
+            g.replay()  # also the warm-up replay
             torch.cuda.synchronize()
             return g
         except Exception:  # not capturable: time eagerly
             torch.cuda.synchronize()
             return None
 
-    def once(self, fn: Callable[[], Any]) -> float:
-        """Seconds for one call, measured on the device."""
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
+    def once(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        """Wall seconds for one call including any compile, and its output."""
         t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+        out = fn()
+        self.sync()
+        return time.perf_counter() - t0, out
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
+
+
+@dataclass
+class Race:
+    """What one shape's race did: every entry, the winner, and what it cost."""
+
+    entries: list[Entry]
+    kind: str
+    winner: Entry | None = None
+    fastest: Entry | None = None  # before the tie rule
+    sigma: float | None = None
+    error: str | None = None
+
+    @property
+    def samples(self) -> int:
+        return sum(len(e.samples) + len(e.final) for e in self.entries)
+
+    @property
+    def sampled_s(self) -> float:
+        return sum(e.sampled_s for e in self.entries)
+
+    @property
+    def finalists(self) -> int:
+        return sum(1 for e in self.entries if e.final)
 
 
 class TorchBackend:
@@ -147,10 +254,14 @@ class TorchBackend:
     families = ["bf16_gemm"]
 
     def __init__(self, device: str = "cpu", warmup: int = 2, repeats: int = 15, candidate_limit_s: float = 10.0,
-                 seed: int = 0, only: list[str] | None = None):
+                 seed: int = 0, only: list[str] | None = None, race: str = "halving",
+                 schedule: Schedule | None = None, min_improvement_pct: float = 3.0):
         self.device = torch.device(device)
-        self.warmup, self.repeats, self.limit, self.seed = warmup, repeats, candidate_limit_s, seed
+        self.warmup, self.limit, self.seed = warmup, candidate_limit_s, seed
         self.only = only  # restrict to these candidate names (benchmarks, tests)
+        self.kind = race  # halving | exhaustive
+        self.schedule = schedule or Schedule(final=repeats)
+        self.min_improvement_pct = min_improvement_pct
         self.timer = Timer(self.device)
 
     def run(self, batch: Batch, emit: Emit) -> None:
@@ -162,7 +273,7 @@ class TorchBackend:
                 return
             emit(res)
 
-    def _inputs(self, shape: dict[str, str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def inputs(self, shape: dict[str, str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         m, n, k = int(shape["M"]), int(shape["N"]), int(shape["K"])
         dtype = _DTYPES[shape["dtype"]]
         g = torch.Generator(device="cpu").manual_seed(self.seed + m * 31 + n * 17 + k)
@@ -171,76 +282,186 @@ class TorchBackend:
         bias = torch.randn(n, generator=g).to(self.device, dtype) if shape["bias"] == "True" else None
         return a, b, bias
 
-    def _race_one(self, c: Candidate, ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch
-                  ) -> tuple[dict[str, Any], torch.Tensor | None]:
-        try:
-            first = self.timer.once(c.fn)  # includes any compile; bounds the candidate
-            if first > self.limit:
-                return {"name": c.name, "error": f"exceeded the {self.limit}s candidate limit ({first:.1f}s)"}, None
-            out = c.fn()
-            self.timer.sync()
-            err = err_ratio(out, ref, out_dtype)
-            for _ in range(self.warmup):
-                c.fn()
-            times = self.timer.series(c.fn, self.repeats, lambda ts: not (
-                batch.should_stop() or sum(ts) > self.limit or batch.time_left() <= 0))
-            return {"name": c.name, "us": statistics.median(times) * 1e6, "err_ratio": err,
-                    "libtype": c.libtype, "splitK": c.split_k}, out
-        except Exception as e:  # a kernel that raises is a failed candidate, never a winner
-            return {"name": c.name, "error": f"{type(e).__name__}: {e}"[:500]}, None
-
-    def tune(self, batch: Batch, item: dict[str, Any]) -> ShapeResult | None:
+    def tune(self, batch: Batch, item: dict[str, Any], kind: str | None = None,
+             inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> ShapeResult | None:
         t0, started = time.monotonic(), now_iso()
-        shape = item["shape"]
-        sid = item["shape_id"]
+        shape, sid = item["shape"], item["shape_id"]
         unsupported = [f for f in ("scaleAB", "bpreshuffle") if shape.get(f) == "True"]
         if unsupported or shape.get("dtype") not in _DTYPES or shape.get("outdtype") not in _DTYPES:
             return ShapeResult(sid, "failed", error=f"torch backend cannot run {shape} ({unsupported or 'dtype'})",
                                elapsed_s=time.monotonic() - t0, started_at=started, finished_at=now_iso())
-        a, b, bias = self._inputs(shape)
+        a, b, bias = inputs or self.inputs(shape)
         out_dtype = _DTYPES[shape["outdtype"]]
         ref = a.double() @ b.double().t() + (bias.double() if bias is not None else 0)
-        results, outs = [], {}
-        for c in candidates(a, b, bias, out_dtype):
-            if self.only and c.name not in self.only:
-                continue
+        cands = [c for c in candidates(a, b, bias, out_dtype) if not self.only or c.name in self.only]
+        protected = [n for n in (DEFAULT, item.get("incumbent")) if n]
+        race = (self.exhaustive if (kind or self.kind) == "exhaustive" else self.halving)(
+            cands, ref, out_dtype, batch, protected)
+        if race is None:
+            return None
+        return self._verdict(batch, item, race, ref, out_dtype, t0, started)
+
+    # -- the two races ----------------------------------------------------------------------------------
+
+    def _prepare(self, e: Entry) -> bool:
+        """First call (any compile happens here: once per config per process) and the replayable form."""
+        try:
+            t0 = time.perf_counter()
+            e.replay = self.timer.replayable(e.cand.fn)
+            first = time.perf_counter() - t0
+            if first > self.limit:
+                e.error, e.replay = f"exceeded the {self.limit}s candidate limit ({first:.1f}s)", None
+                return False
+            return True
+        except Exception as ex:  # a kernel that raises is a failed candidate, never a winner
+            e.error = f"{type(ex).__name__}: {ex}"[:500]
+            self.timer.sync()
+            return False
+
+    def _check(self, e: Entry, ref: torch.Tensor, out_dtype: torch.dtype) -> bool:
+        try:
+            _, e.out = self.timer.once(e.cand.fn)
+            e.err = err_ratio(e.out, ref, out_dtype)
+        except Exception as ex:
+            e.error = f"{type(ex).__name__}: {ex}"[:500]
+            return False
+        return e.err <= ERR_MAX
+
+    def _sample(self, entries: list[Entry], n: int, final: bool = False) -> None:
+        got = self.timer.sample([e.replay for e in entries if e.replay], n)
+        for e, ts in zip([e for e in entries if e.replay], got):
+            (e.final if final else e.samples).extend(ts)
+            e.sampled_s += sum(ts) * e.replay[1]  # type: ignore[index]
+            if sum(ts) > self.limit:
+                e.error = f"exceeded the {self.limit}s candidate limit while sampling"
+
+    def _prepared(self, cands: list[Candidate], batch: Batch) -> tuple[list[Entry], list[Entry]] | None:
+        entries, live = [], []
+        for c in cands:
             if batch.should_stop():
                 return None
-            if results and batch.time_left() <= 0:
-                break  # past the budget: the race ends with the candidates timed so far
-            rec, out = self._race_one(c, ref, out_dtype, batch)
-            results.append(rec)
-            if out is not None:
-                outs[c.name] = out
-        return self._verdict(batch, item, results, outs, ref, out_dtype, t0, started)
+            if live and batch.time_left() <= 0:
+                break  # past the budget: the race ends with the candidates prepared so far
+            e = Entry(c)
+            entries.append(e)
+            if self._prepare(e):
+                live.append(e)
+        return entries, live
 
-    def _verdict(self, batch: Batch, item: dict[str, Any], results: list[dict], outs: dict, ref: torch.Tensor,
-                 out_dtype: torch.dtype, t0: float, started: str) -> ShapeResult:
-        sid, shape = item["shape_id"], item["shape"]
-        ok = [r for r in results if "us" in r and r["err_ratio"] <= ERR_MAX]
-        default = next((r.get("us") for r in results if r["name"] == "torch_linear"), None)
-        cands = [{"name": r["name"], "us": r.get("us"), "err_ratio": r.get("err_ratio"), "error": r.get("error")}
-                 for r in results]
-        done = {"candidates": cands, "default_us": default, "started_at": started}
+    def exhaustive(self, cands: list[Candidate], ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch,
+                   protected: list[str]) -> Race | None:
+        """Every candidate checked, warmed and timed fully, one after the other (the baseline)."""
+        entries: list[Entry] = []
+        for c in cands:
+            if batch.should_stop():
+                return None
+            if entries and batch.time_left() <= 0:
+                break
+            e = Entry(c)
+            entries.append(e)
+            if self._prepare(e) and self._check(e, ref, out_dtype):
+                self.timer.sample([e.replay], self.warmup)  # type: ignore[list-item]
+                self._sample([e], self.schedule.final, final=True)
+                e.rounds = 1
+            e.replay = None
+        return self._decide(Race(entries, "exhaustive"), protected)
+
+    def halving(self, cands: list[Candidate], ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch,
+                protected: list[str]) -> Race | None:
+        sch = self.schedule
+        got = self._prepared(cands, batch)
+        if got is None:
+            return None
+        entries, live = got
+        for r, (n, keep) in enumerate(sch.rounds):
+            if batch.should_stop():
+                return None
+            if r and batch.time_left() <= 0:
+                break
+            self._sample(live, n)
+            if r == 0:  # the default and incumbent get enough samples to estimate sigma from the start
+                self._sample([e for e in live if e.name in protected], max(0, sch.protect_samples - n))
+            live = [e for e in live if e.error is None]
+            live = self._survivors(live, keep, protected)
+        finalists = live
+        self._sample(finalists, sch.final, final=True)
+        race = Race(entries, "halving")
+        checked = [e for e in sorted(finalists, key=lambda e: e.median) if self._check(e, ref, out_dtype)]
+        if not checked:  # every finalist wrong: the next candidates in screening order, until one passes
+            for e in sorted((e for e in entries if not e.final and e.samples), key=lambda e: e.median):
+                if self._check(e, ref, out_dtype) and self._prepare(e):
+                    self._sample([e], sch.final, final=True)
+                    break
+        for e in entries:
+            e.replay = None  # free the graphs
+        return self._decide(race, protected)
+
+    def _survivors(self, live: list[Entry], keep: float, protected: list[str]) -> list[Entry]:
+        if not live:
+            return live
+        ranked = sorted(live, key=lambda e: e.median)
+        lead = ranked[0]
+        sigma = pooled_sigma(ranked, self.schedule.floor)
+        top = max(1, math.ceil(keep * len(ranked)))
+        out = []
+        for i, e in enumerate(ranked):
+            band = self.schedule.band(sigma, len(e.samples), len(lead.samples), self.schedule.floor)
+            if i < top or e.median <= lead.median * (1 + band) or e.name in protected:
+                e.rounds += 1
+                out.append(e)
+            else:
+                e.replay = None  # out of the race: its graph's memory goes back
+        return out
+
+    def _decide(self, race: Race, protected: list[str]) -> Race:
+        ok = [e for e in race.entries if e.final and e.error is None and e.err is not None and e.err <= ERR_MAX]
         if not ok:
-            return ShapeResult(sid, "failed", error="no candidate passed the error check", **done,
+            race.error = "no candidate passed the error check"
+            return race
+        race.fastest = race.winner = min(ok, key=lambda e: e.median)
+        race.sigma = pooled_sigma(ok, self.schedule.tie_floor)
+        by = {e.name: e for e in ok}
+        for name in protected:  # a tie within noise goes to the default, then the incumbent
+            keep = by.get(name)
+            if keep is None or keep is race.fastest:
+                continue
+            band = self.schedule.band(race.sigma, len(keep.final), len(race.fastest.final), self.schedule.tie_floor)
+            if race.fastest.median >= keep.median * (1 - band):
+                race.winner = keep
+                break
+        return race
+
+    # -- the result ---------------------------------------------------------------------------------------
+
+    def _verdict(self, batch: Batch, item: dict[str, Any], race: Race, ref: torch.Tensor, out_dtype: torch.dtype,
+                 t0: float, started: str) -> ShapeResult:
+        sid, shape = item["shape_id"], item["shape"]
+        default = next((e for e in race.entries if e.name == DEFAULT and e.final), None)
+        done = {"candidates": [e.record() for e in race.entries], "started_at": started,
+                "default_us": default.median * 1e6 if default else None,
+                "race": {"kind": race.kind, "samples": race.samples, "sampled_s": race.sampled_s,
+                         "finalists": race.finalists, "sigma": race.sigma,
+                         "fastest": race.fastest.name if race.fastest else None}}
+        win = race.winner
+        if win is None or win.out is None:
+            return ShapeResult(sid, "failed", error=race.error or "no winner", **done,
                                elapsed_s=time.monotonic() - t0, finished_at=now_iso())
-        win = min(ok, key=lambda r: r["us"])
-        shifted = outs[win["name"]].double() + 0.5 * (1.0 + ref.abs())
+        shifted = win.out.double() + 0.5 * (1.0 + ref.abs())
         if err_ratio(shifted, ref, out_dtype) <= ERR_MAX:
             return ShapeResult(sid, "failed", error="negative control passed: the error check cannot see errors",
                                **done, elapsed_s=time.monotonic() - t0, finished_at=now_iso())
-        row = self._row(batch.lease, shape, win)
-        return ShapeResult(sid, "ok", row=row, us=win["us"], err_ratio=win["err_ratio"], kernel_name=win["name"],
-                           **done, elapsed_s=time.monotonic() - t0, finished_at=now_iso())
+        us = win.median * 1e6
+        helps = win.name != DEFAULT and row_helps(us, done["default_us"], self.min_improvement_pct)
+        row = self._row(batch.lease, shape, win, us) if helps else None
+        return ShapeResult(sid, "ok" if helps else "default_best", row=row, us=us, err_ratio=win.err,
+                           kernel_name=win.name, **done, elapsed_s=time.monotonic() - t0, finished_at=now_iso())
 
     @staticmethod
-    def _row(lease: dict[str, Any], shape: dict[str, str], win: dict[str, Any]) -> dict[str, str]:
+    def _row(lease: dict[str, Any], shape: dict[str, str], win: Entry, us: float) -> dict[str, str]:
         m, n, k = int(shape["M"]), int(shape["N"]), int(shape["K"])
-        us = win["us"]
         elem = 4 if shape["dtype"] == "torch.float32" else 2
-        vals = dict(shape, gfx=lease["gfx"], cu_num=str(lease["cu_num"]), libtype=win["libtype"], solidx="0",
-                    splitK=str(win["splitK"]), us=f"{us:.4f}", kernelName=win["name"],
-                    err_ratio=f"{win['err_ratio']:.4f}", tflops=f"{2 * m * n * k / us / 1e6:.2f}",
+        vals = dict(shape, gfx=lease["gfx"], cu_num=str(lease["cu_num"]), libtype=win.cand.libtype, solidx="0",
+                    splitK=str(win.cand.split_k), us=f"{us:.4f}", kernelName=win.name,
+                    err_ratio=f"{win.err:.4f}", tflops=f"{2 * m * n * k / us / 1e6:.2f}",
                     bw=f"{(m * k + n * k + m * n) * elem / us / 1e3:.2f}")
         return {c: vals.get(c, "") for c in lease["tuned_header"]}
