@@ -31,14 +31,69 @@ def run(backend, lease, budget=60.0, stop=lambda: False):
 
 
 def test_races_real_kernels_and_emits_a_row_in_the_tuned_schema():
-    (res,) = run(TorchBackend(repeats=5), lease_for((16, 256, 512, True)))
+    """Without the default in the race there is no baseline: the winner's row goes in (AITER's no_baseline)."""
+    only = ["torch_addmm_out", "torch_splitk2_fp32acc", "torch_mm_bt_contig"]
+    (res,) = run(TorchBackend(repeats=5, only=only), lease_for((16, 256, 512, True)))
     assert res.status == "ok", res.error
-    names = {c["name"] for c in res.candidates}
-    assert {"torch_linear", "torch_addmm_out", "torch_splitk2_fp32acc"} <= names
-    assert res.us == min(c["us"] for c in res.candidates if c["us"] is not None and c["err_ratio"] <= 0.05)
-    assert res.err_ratio <= 0.05 and res.default_us is not None
+    assert {c["name"] for c in res.candidates} == set(only) and res.kernel_name in only
+    assert res.err_ratio <= 0.05 and res.default_us is None
     assert list(res.row) == HEADER
     assert res.row["kernelName"] == res.kernel_name and float(res.row["us"]) > 0 and res.row["bias"] == "True"
+
+
+def _rigged(monkeypatch, extra):
+    real = torch_race.candidates
+    monkeypatch.setattr(torch_race, "candidates", lambda a, b, bias, d: real(a, b, bias, d) + extra(a, b, bias, d))
+
+
+def test_halving_screens_everyone_and_times_only_finalists_fully(monkeypatch):
+    """A slow candidate is dropped after its screening sample; a wrong but fast one reaches the final round,
+    where the error check throws it out; the default is always timed fully."""
+    def extra(a, b, bias, d):
+        ref = torch.nn.functional.linear(a, b, bias).to(d)
+        zeros = torch.zeros_like(ref)
+
+        def slow():
+            time.sleep(0.05)
+            return ref
+        return [torch_race.Candidate("slow", "torch", 0, slow),
+                torch_race.Candidate("wrong_but_fast", "torch", 0, lambda: zeros)]
+    _rigged(monkeypatch, extra)
+    (res,) = run(TorchBackend(repeats=6), lease_for((8, 128, 256, False)))
+    by = {c["name"]: c for c in res.candidates}
+    assert res.race["kind"] == "halving"
+    assert by["slow"]["samples"] == 1 and by["slow"]["rounds"] == 0 and by["slow"]["err_ratio"] is None
+    assert by["wrong_but_fast"]["samples"] >= 6 and by["wrong_but_fast"]["err_ratio"] > 0.05
+    assert by["torch_linear"]["samples"] >= 6 + 3 and by["torch_linear"]["err_ratio"] == 0.0
+    assert res.kernel_name != "wrong_but_fast" and res.status in ("ok", "default_best")
+    assert res.race["samples"] < 6 * len(res.candidates)
+
+
+def test_a_tie_goes_to_the_default_and_no_row_is_emitted(monkeypatch):
+    """A candidate faster than the default, but inside the tie band, loses to it: the shape is recorded as
+    'default is best', with no row. (The band is widened here so a CPU's timing decides nothing.)"""
+    def two(a, b, bias, d):
+        def default():
+            time.sleep(0.002)
+            return torch.nn.functional.linear(a, b, bias).to(d)
+        return [torch_race.Candidate("torch_linear", "torch", 0, default),
+                torch_race.Candidate("faster", "torch", 0, lambda: torch.nn.functional.linear(a, b, bias).to(d))]
+    monkeypatch.setattr(torch_race, "candidates", two)
+    backend = TorchBackend(schedule=torch_race.Schedule(final=5, tie_floor=0.99))
+    (res,) = run(backend, lease_for((8, 64, 128, False)))
+    assert res.race["fastest"] == "faster"
+    assert res.kernel_name == "torch_linear" and res.status == "default_best" and res.row is None
+    assert res.us == res.default_us
+    (res,) = run(TorchBackend(schedule=torch_race.Schedule(final=5, tie_floor=0.0, z=0.0)),
+                 lease_for((8, 64, 128, False)))
+    assert res.kernel_name == "faster" and res.status == "ok" and res.row["kernelName"] == "faster"
+
+
+def test_a_row_only_where_it_beats_the_default_by_the_margin():
+    from workers.backends.base import row_helps
+    assert row_helps(96.9, 100.0) and not row_helps(97.1, 100.0)  # AITER's 3% default
+    assert not row_helps(99.0, 100.0, 1.5) and row_helps(98.0, 100.0, 1.5)
+    assert row_helps(50.0, None) and not row_helps(None, 100.0)
 
 
 def test_the_error_check_sees_a_shifted_output():
@@ -62,9 +117,9 @@ def test_wrong_raising_and_slow_kernels_never_win(monkeypatch):
             torch_race.Candidate("too_slow", "torch", 0, slow)]
 
     monkeypatch.setattr(torch_race, "candidates", rigged)
-    (res,) = run(TorchBackend(repeats=3, candidate_limit_s=0.2), lease_for((8, 128, 256, False)))
+    (res,) = run(TorchBackend(repeats=3, candidate_limit_s=0.2, race="exhaustive"), lease_for((8, 128, 256, False)))
     by = {c["name"]: c for c in res.candidates}
-    assert res.status == "ok" and res.kernel_name not in ("wrong_but_fast", "raises", "too_slow")
+    assert res.status in ("ok", "default_best") and res.kernel_name not in ("wrong_but_fast", "raises", "too_slow")
     assert by["wrong_but_fast"]["err_ratio"] > 0.05
     assert "bad kernel" in by["raises"]["error"] and "limit" in by["too_slow"]["error"]
 
@@ -103,4 +158,4 @@ def test_a_shape_that_hits_the_budget_ends_its_race_early():
     out = []
     TorchBackend(repeats=3).run(RunsOut(lease, 0.0, lambda: False), out.append)
     (res,) = out
-    assert res.status == "ok" and len(res.candidates) < len(full.candidates)
+    assert res.status in ("ok", "default_best") and len(res.candidates) < len(full.candidates)

@@ -154,12 +154,21 @@ class Timer:
     """Warm device time per call. On a GPU a CUDA graph of GRAPH_CALLS back-to-back calls is replayed, so
     Python launch overhead is not counted (AITER times device kernels with the profiler); eager calls are
     the fallback for a candidate that cannot be captured. Samples are recorded with events and read after
-    one synchronise per batch, never one per sample."""
+    one synchronise per batch, never one per sample. Every sample starts from a flushed L2 (outside the timed
+    window), so a sample's time does not depend on how many other candidates are being interleaved."""
 
     GRAPH_CALLS = 10
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.device = device
+        self._scrub: torch.Tensor | None = None
+
+    def _flush(self) -> None:
+        if self._scrub is None:
+            l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 64 << 20
+            self._scrub = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device)
+        self._scrub.zero_()
 
     def replayable(self, fn: Callable[[], Any]) -> tuple[Callable[[], Any], int]:
         """What one sample runs, and how many calls it holds. Makes the first call (a kernel that raises
@@ -186,6 +195,7 @@ class Timer:
         for _ in range(n):
             for i, (fn, calls) in enumerate(replays):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                self._flush()
                 start.record()
                 fn()
                 end.record()
@@ -350,20 +360,16 @@ class TorchBackend:
 
     def exhaustive(self, cands: list[Candidate], ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch,
                    protected: list[str]) -> Race | None:
-        """Every candidate checked, warmed and timed fully, one after the other (the baseline)."""
-        entries: list[Entry] = []
-        for c in cands:
-            if batch.should_stop():
-                return None
-            if entries and batch.time_left() <= 0:
-                break
-            e = Entry(c)
-            entries.append(e)
-            if self._prepare(e) and self._check(e, ref, out_dtype):
-                self.timer.sample([e.replay], self.warmup)  # type: ignore[list-item]
-                self._sample([e], self.schedule.final, final=True)
-                e.rounds = 1
-            e.replay = None
+        """The baseline: every candidate checked, warmed and timed fully, interleaved like the final round."""
+        got = self._prepared(cands, batch)
+        if got is None:
+            return None
+        entries, live = got
+        live = [e for e in live if self._check(e, ref, out_dtype)]
+        self.timer.sample([e.replay for e in live if e.replay], self.warmup)
+        self._sample(live, self.schedule.final, final=True)
+        for e in entries:
+            e.rounds, e.replay = (1 if e.final else 0), None
         return self._decide(Race(entries, "exhaustive"), protected)
 
     def halving(self, cands: list[Candidate], ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch,
