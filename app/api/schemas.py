@@ -107,7 +107,7 @@ class Candidate(BaseModel):
 class ResultIn(BaseModel):
     shape_id: int
     backend: str
-    status: Literal["ok", "failed"]
+    status: Literal["ok", "default_best", "failed"]  # default_best: tuned, nothing beat the default, no row
     row: dict[str, Any] | None = None  # the winner in the family's tuned schema
     us: float | None = None
     err_ratio: float | None = None

@@ -28,6 +28,12 @@ def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -
         tot[0] += pri or 0.0
         if state == "tuned":
             tot[1] += pri or 0.0
+    # tuned shapes whose answer was "default is best": tuned, no row (the rest of the tuned have a row)
+    default_best = {cid: n for cid, n in s.execute(
+        select(CampaignShape.campaign_id, func.count(func.distinct(CampaignShape.id)))
+        .join(Result, Result.shape_id == CampaignShape.id)
+        .where(CampaignShape.state == "tuned", Result.status == "default_best")
+        .group_by(CampaignShape.campaign_id))}
     spent = {cid: t for cid, t in s.execute(select(CampaignShape.campaign_id, func.sum(Result.elapsed_s))
                                             .join(Result, Result.shape_id == CampaignShape.id)
                                             .group_by(CampaignShape.campaign_id))}
@@ -40,6 +46,8 @@ def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -
         out.append({"campaign_id": camp.id, "image_digest": camp.image_digest, "gfx": camp.gfx,
                     "cu_num": camp.cu_num, "family": camp.family, "aiter_version": img.aiter_version,
                     "aiter_commit": img.aiter_commit, "shapes": total, **c,
+                    "default_best": default_best.get(camp.id, 0),
+                    "tuned_with_row": c["tuned"] - default_best.get(camp.id, 0),
                     "progress": (c["tuned"] + c["failed"] + c["covered"]) / total if total else 0.0,
                     "served_time_covered": tot[1] / tot[0] if tot[0] else 0.0,
                     "gpu_s_spent": float(spent.get(camp.id) or 0.0),

@@ -19,6 +19,7 @@ from app.db.dialect import lock_for_lease
 from app.db.models import Campaign, CampaignShape, Lease, Result, Worker, utcnow
 from app.domain import lease_states as ls, served
 from app.domain.families import get_family
+from app.domain.improvement import row_helps
 from app.domain.keys import runtime_value
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
@@ -219,11 +220,15 @@ class Refused:
 
 
 def _kind(body: ResultIn, row: dict | None, err_max: float) -> ls.ResultKind:
-    if body.status != "ok":
+    if body.status == "failed":
         return ls.ResultKind.FAILED
-    ok = (row is not None and body.us is not None and math.isfinite(body.us) and body.us > 0
-          and body.err_ratio is not None and 0 <= body.err_ratio <= err_max)
-    return ls.ResultKind.VERIFIED if ok else ls.ResultKind.UNVERIFIED
+    timed = (body.us is not None and math.isfinite(body.us) and body.us > 0
+             and body.err_ratio is not None and 0 <= body.err_ratio <= err_max)
+    if body.status == "default_best" or (timed and row is not None and not row_helps(body.us, body.default_us)):
+        # nothing beat the default path by AITER's margin: tuned, and no row (the overlay carries only rows
+        # that help)
+        return ls.ResultKind.DEFAULT_BEST if timed else ls.ResultKind.UNVERIFIED
+    return ls.ResultKind.VERIFIED if timed and row is not None else ls.ResultKind.UNVERIFIED
 
 
 def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
@@ -249,15 +254,18 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
     err_max = ERR_MAX.get(camp.family, ERR_MAX_DEFAULT)
     kind = _kind(body, row, err_max)
     verified = kind is ls.ResultKind.VERIFIED
+    if kind is ls.ResultKind.DEFAULT_BEST:
+        row = None
     res = Result(shape_id=shape.id, lease_id=lease.id, worker_id=lease.worker_id, backend=body.backend,
-                 image_digest=camp.image_digest, aiter_commit=body.aiter_commit, status=body.status, us=body.us,
+                 image_digest=camp.image_digest, aiter_commit=body.aiter_commit,
+                 status="default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status, us=body.us,
                  err_ratio=body.err_ratio, verified=verified, kernel_name=body.kernel_name,
                  default_us=body.default_us, row=row, candidates=[c.model_dump() for c in body.candidates],
                  error=body.error, elapsed_s=body.elapsed_s, started_at=body.started_at,
                  finished_at=body.finished_at or utcnow())
     s.add(res)
     _COSTS.pop((s.get_bind(), camp.id, body.backend))
-    if body.status == "ok" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
+    if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
         # the default path measured on this identity replaces the roofline estimate in the served time
         shape.default_us, shape.default_measured = body.default_us, True
         shape.priority = served.priority(shape.calls, shape.steps, body.default_us)

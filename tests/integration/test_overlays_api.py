@@ -80,3 +80,23 @@ def test_engagement_after_deploy_counts_log_lines(client):
     assert by_m["100"]["hits"] == 1 and by_m["100"]["shape_id"] is not None
     assert by_m["20"]["misses"] == 2 and by_m["20"]["shape_id"] is None
     assert "AITER_LOG_TUNED_CONFIG=1" in rep["note"]
+
+
+def test_default_is_best_is_tuned_without_a_row_and_counted(client):
+    """Rows only where they help: a winner that does not beat the default by AITER's 3% margin
+    (--min_improvement_pct) is stored as 'default is best' — the shape is tuned, the overlay has no row."""
+    capture(client, [{"M": m, "N": 1280, "K": 8192} for m in (1, 2, 3)])
+    body = lease(client, budget_s=80_000).json()
+    a, b, c = body["shapes"]
+    posts = [dict(ok_row(body, a, us=9.0), default_us=10.0),  # 10% better: a row
+             dict(ok_row(body, b, us=9.8), default_us=10.0),  # 2% better: inside the margin, no row
+             {"shape_id": c["shape_id"], "backend": "torch", "status": "default_best", "us": 10.0,
+              "default_us": 10.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": 1.0}]
+    for p in posts:
+        r = client.post(f"/v1/leases/{body['lease_id']}/results", json=p)
+        assert r.status_code == 200 and r.json()["shape_state"] == "tuned", r.text
+    assert [r["M"] for r in rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)] == [a["shape"]["M"]]
+    (camp,) = client.get("/v1/campaigns").json()
+    assert camp["tuned"] == 3 and camp["default_best"] == 2 and camp["tuned_with_row"] == 1
+    page = client.get(f"/campaigns/{camp['campaign_id']}").text
+    assert "1 with a row that helps" in page and "2 default is best" in page

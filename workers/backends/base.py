@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from app.domain.improvement import MIN_IMPROVEMENT_PCT, row_helps  # noqa: F401  (the backends' rule)
+
 
 @dataclass
 class ShapeResult:
@@ -29,21 +31,6 @@ class ShapeResult:
         d = {k: v for k, v in self.__dict__.items() if k != "race"}
         d.update(backend=backend, aiter_commit=aiter_commit)
         return d
-
-
-MIN_IMPROVEMENT_PCT = 3.0  # AITER's --min_improvement_pct default (aiter/utility/base_tuner.py:54)
-
-
-def row_helps(us: float | None, default_us: float | None, min_improvement_pct: float = MIN_IMPROVEMENT_PCT) -> bool:
-    """A row is worth emitting only when the winner beats the default path by at least min_improvement_pct,
-    AITER's own --compare --update_improved rule: (pre_us - post_us) / pre_us * 100 >= threshold
-    (base_tuner.py:918-975, _build_compare_update_plan). Without a timed default there is nothing to compare: the row
-    goes in, as AITER's "no_baseline" case does."""
-    if us is None:
-        return False
-    if default_us is None or default_us <= 0:
-        return True
-    return (default_us - us) / default_us * 100.0 >= min_improvement_pct
 
 
 def now_iso() -> str:
