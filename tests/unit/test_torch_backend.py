@@ -74,7 +74,7 @@ def test_a_tie_goes_to_the_default_and_no_row_is_emitted(monkeypatch):
     'default is best', with no row. (The band is widened here so a CPU's timing decides nothing.)"""
     def two(a, b, bias, d):
         def default():
-            time.sleep(0.002)
+            time.sleep(0.02)
             return torch.nn.functional.linear(a, b, bias).to(d)
         return [torch_race.Candidate("torch_linear", "torch", 0, default),
                 torch_race.Candidate("faster", "torch", 0, lambda: torch.nn.functional.linear(a, b, bias).to(d))]
