@@ -66,8 +66,8 @@ def install(app: FastAPI, retry_after_s: int) -> None:
 
     @app.exception_handler(OperationalError)
     async def _db(_req: Request, exc: OperationalError) -> JSONResponse:
-        if _is_busy(exc):
-            return _problem(503, "database busy", "the database is busy; retry", None,
-                            {"Retry-After": str(retry_after_s)})
-        log.exception("database error")
-        return _problem(500, "database error", "internal database error", None)
+        """Busy, locked or unreachable: the database is unavailable, never the client's fault; workers wait."""
+        if not _is_busy(exc):
+            log.warning("database unavailable: %s", str(exc.orig)[:300])
+        return _problem(503, "database unavailable", "the database is busy or unavailable; retry", None,
+                        {"Retry-After": str(retry_after_s)})

@@ -1,17 +1,30 @@
-"""The worker loop: lease a turn-sized batch, heartbeat while working, post each result, release on stop."""
+"""The worker loop: lease a turn-sized batch, heartbeat while working, post each result, release on stop.
+
+Nothing about one shape ends the loop (arq's rule: a failing job is counted, never fatal): a backend error
+becomes that shape's failed result, a refused result is logged, counted and reported as a failed shape, and an
+unavailable service is waited out (workers/client.py). Every finished result is written to a local spool before
+it is posted and removed only once the service answered, so a crash or a long outage loses none: the spool is
+delivered first on the next turn (or the next start). Only a signal, or --once with no work left, ends it.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import signal
 import threading
 import time
+import traceback
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from workers.backends.base import Backend, Batch, ShapeResult
-from workers.client import LeaseLost, ServiceClient
+from workers.backends.base import Backend, Batch, ShapeResult, now_iso
+from workers.client import LeaseLost, Refused, ServiceClient, ServiceError, Stopped
 from workers.identity import WorkerIdentity
 
 log = logging.getLogger("aiter_tuner.worker")
@@ -27,6 +40,7 @@ class AgentConfig:
     poll_s: float = 5.0
     max_batches: int | None = None
     max_shapes: int | None = None
+    spool_dir: str | None = None  # where finished results wait for delivery (default: per worker, under ~)
 
 
 @dataclass
@@ -35,7 +49,51 @@ class Stats:
     posted: int = 0
     released: int = 0
     lost_leases: int = 0
+    refused: int = 0  # results the service refused (4xx): reported as failed shapes
+    backend_errors: int = 0  # shapes whose backend raised: reported as failed shapes
+    superseded: int = 0  # late results for shapes another worker had meanwhile
+    spooled: int = 0  # results written to the spool (every finished one)
     results: list[dict[str, Any]] = field(default_factory=list)
+
+
+def default_spool_dir(worker_id: str, service: str) -> Path:
+    """Per worker and service (a result belongs to the service whose lease it answers)."""
+    base = os.environ.get("TUNER_SPOOL_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME", os.path.expanduser("~/.local/state")), "aiter-tuner", "spool")
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in worker_id)
+    return Path(base) / f"{name}-{hashlib.sha256(service.encode()).hexdigest()[:12]}"
+
+
+class Spool:
+    """Finished results not yet acknowledged by the service: one JSON file each, written atomically."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def put(self, lease_id: str, payload: dict[str, Any]) -> Path:
+        path = self.root / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"lease_id": lease_id, "payload": payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def pending(self) -> list[tuple[Path, str, dict[str, Any]]]:
+        out = []
+        for path in sorted(self.root.glob("*.json")):
+            try:
+                d = json.loads(path.read_text())
+                out.append((path, d["lease_id"], d["payload"]))
+            except (OSError, ValueError, KeyError):  # a torn file from a crash mid-write: nothing to deliver
+                path.unlink(missing_ok=True)
+        return out
+
+    @staticmethod
+    def done(path: Path) -> None:
+        path.unlink(missing_ok=True)
 
 
 class Heartbeat(threading.Thread):
@@ -59,8 +117,10 @@ class Heartbeat(threading.Thread):
 class Agent:
     def __init__(self, client: ServiceClient, backend: Backend, ident: WorkerIdentity, cfg: AgentConfig):
         self.client, self.backend, self.ident, self.cfg = client, backend, ident, cfg
-        self.stop = threading.Event()
+        self.stop = client.stop  # one event: a signal also ends any wait for the service
         self.stats = Stats()
+        self.spool = Spool(Path(cfg.spool_dir) if cfg.spool_dir
+                           else default_spool_dir(cfg.worker_id, str(client.http.base_url)))
 
     def install_signals(self) -> None:
         def _term(signum: int, _frame: Any) -> None:
@@ -79,14 +139,65 @@ class Agent:
         while not self.stop.is_set():
             if self.cfg.max_batches is not None and self.stats.batches >= self.cfg.max_batches:
                 break
-            lease = self.client.lease(self.lease_request())
+            try:
+                self.deliver_spool()
+                lease = self.client.lease(self.lease_request())
+            except Stopped:
+                break
+            except ServiceError as e:  # our request refused, or a service fault: count, wait, go on
+                self.stats.refused += isinstance(e, Refused)
+                log.error("lease request failed: %s", e)
+                self.stop.wait(self.cfg.poll_s)
+                continue
             if lease is None:
-                if self.cfg.once:
+                if self.cfg.once and not self.spool.pending():
                     break
                 self.stop.wait(self.cfg.poll_s)
                 continue
             self.run_lease(lease)
         return self.stats
+
+    def deliver_spool(self) -> None:
+        """Results finished earlier (an outage, a crash) go out first, in the order they finished."""
+        for path, lease_id, payload in self.spool.pending():
+            try:
+                self._deliver(path, lease_id, payload)
+            except Stopped:
+                raise
+            except ServiceError as e:  # a fault on this one result: it stays spooled, the rest go out
+                log.error("could not deliver spooled result %s: %s", path.name, e)
+
+    def _deliver(self, path: Path, lease_id: str, payload: dict[str, Any]) -> bool:
+        """Post one spooled result; False when the service already gave the shape to another lease."""
+        sid = payload["shape_id"]
+        try:
+            out = self.client.post_result(lease_id, payload)
+        except LeaseLost as e:  # dead lease, and another worker has the shape now (the service took what it could)
+            self.stats.superseded += 1
+            log.warning("result for shape %s not taken: %s", sid, e)
+            self.spool.done(path)
+            return False
+        except Refused as e:
+            self.stats.refused += 1
+            log.error("the service refused the result for shape %s (%s): %s", sid, e.field, e.detail)
+            self.spool.done(path)
+            if payload.get("status") != "failed" and e.status != 409:  # report it as a failed shape
+                self._post_failed(lease_id, sid, payload.get("backend", self.backend.name),
+                                  f"the service refused the result ({e.field}): {e.detail}")
+            self.stats.results.append({"shape_id": sid, "status": "refused", "field": e.field})
+            return True
+        self.spool.done(path)
+        self.stats.posted += 1
+        self.stats.results.append({"shape_id": sid, "status": payload.get("status"), **out})
+        return True
+
+    def _post_failed(self, lease_id: str, shape_id: int, backend: str, error: str) -> None:
+        body = {"shape_id": shape_id, "backend": backend, "status": "failed", "error": error[-4000:],
+                "aiter_commit": self.cfg.aiter_commit, "finished_at": now_iso()}
+        try:
+            self.client.post_result(lease_id, body)
+        except (LeaseLost, Refused) as e:  # already counted by the service (its refusal counts a try)
+            log.info("failed-shape report for %s not taken: %s", shape_id, e)
 
     def run_lease(self, lease: dict[str, Any]) -> None:
         self.stats.batches += 1
@@ -98,29 +209,38 @@ class Agent:
         to_hard = (hard - datetime.now(timezone.utc)).total_seconds() - 1.0
         deadline = time.monotonic() + min(self.cfg.budget_s, to_hard)
         batch = Batch(lease, deadline, lambda: self.stop.is_set() or hb.lost.is_set())
-        posted: set[int] = set()
+        finished: set[int] = set()
 
         def emit(res: ShapeResult) -> None:
-            if hb.lost.is_set():
-                return
+            finished.add(res.shape_id)
+            path = self.spool.put(lid, res.payload(self.backend.name, self.cfg.aiter_commit))
+            self.stats.spooled += 1
             try:
-                out = self.client.post_result(lid, res.payload(self.backend.name, self.cfg.aiter_commit))
-            except LeaseLost:
+                if not self._deliver(path, lid, json.loads(path.read_text())["payload"]):
+                    hb.lost.set()  # the lease is dead: stop working on its shapes
+            except Stopped:  # stays in the spool for the next start
                 hb.lost.set()
-                return
-            posted.add(res.shape_id)
-            self.stats.posted += 1
-            self.stats.results.append({"shape_id": res.shape_id, "status": res.status, **out})
+            except ServiceError as e:  # a service fault on this result: it stays spooled, the batch goes on
+                log.error("could not post the result for shape %s: %s", res.shape_id, e)
 
         try:
             self.backend.run(batch, emit)
+        except Exception as e:  # the shape the backend was on fails; the batch's others go back untouched
+            current = next((x["shape_id"] for x in lease["shapes"] if x["shape_id"] not in finished), None)
+            log.error("backend error on shape %s: %s", current, e)
+            if current is not None:
+                self.stats.backend_errors += 1
+                emit(ShapeResult(current, "failed", error=f"backend error: {traceback.format_exc()[-4000:]}",
+                                 finished_at=now_iso()))
         finally:
             hb.done.set()
             hb.join(timeout=5)
             if hb.lost.is_set():
                 self.stats.lost_leases += 1
-            elif len(posted) < len(lease["shapes"]):
+            elif len(finished) < len(lease["shapes"]):
                 try:  # unfinished shapes go straight back to the queue, uncounted
                     self.stats.released += self.client.release(lid)["requeued"]
                 except LeaseLost:
                     self.stats.lost_leases += 1
+                except ServiceError as e:  # the lease expires on its own
+                    log.warning("release failed: %s", e)

@@ -63,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--candidate-limit-s", type=float, default=10.0)
     p.add_argument("--poll-s", type=float, default=5.0)
+    p.add_argument("--spool-dir", default=os.environ.get("TUNER_SPOOL_DIR"),
+                   help="finished results wait here until the service takes them (default: per worker, under ~)")
     return p
 
 
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     client = ServiceClient(args.service, token=args.token)
     cfg = AgentConfig(worker_id=worker_id, image_digest=args.image_digest, budget_s=args.budget_s,
                       aiter_commit=args.aiter_commit, once=args.once, poll_s=args.poll_s,
-                      max_batches=args.max_batches, max_shapes=args.max_shapes)
+                      max_batches=args.max_batches, max_shapes=args.max_shapes, spool_dir=args.spool_dir)
     agent = Agent(client, backend, ident, cfg)
     agent.install_signals()
     report_image_tables(client, args)
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
     print(json.dumps({"worker_id": worker_id, "gfx": ident.gfx, "cu_num": ident.cu_num, "batches": stats.batches,
                       "posted": stats.posted, "released": stats.released, "lost_leases": stats.lost_leases,
+                      "refused": stats.refused, "backend_errors": stats.backend_errors,
+                      "superseded": stats.superseded, "spooled": stats.spooled,
                       "retries": client.retries}), flush=True)
     return 0
 

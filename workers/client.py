@@ -1,11 +1,26 @@
-"""HTTP client for the service. Retries a busy (503) or unreachable service, honouring Retry-After."""
+"""HTTP client for the service.
+
+An unreachable or busy service (connection errors, timeouts, 502/503/504) is waited out with capped
+exponential backoff and jitter, honouring Retry-After, without a time limit: a worker outlives any outage and
+only a stop (a signal) or `retry_for_s` (tests) ends the wait. A 4xx is the service refusing this one request:
+it is raised as `Refused` (409 on the lease itself: `LeaseLost`) for the caller to count and move on.
+"""
 
 from __future__ import annotations
 
-import time
+import logging
+import threading
 from typing import Any
 
 import httpx
+from tenacity import (RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_delay,
+                      stop_never, wait_exponential_jitter)
+
+log = logging.getLogger("aiter_tuner.worker")
+
+RETRY_STATUS = frozenset({502, 503, 504})  # the service or its database is unavailable: wait, never give up
+TRANSPORT = (httpx.TransportError,)  # connect/read/write errors and timeouts
+BACKOFF_CAP_S = 30.0
 
 
 class LeaseLost(Exception):
@@ -13,58 +28,90 @@ class LeaseLost(Exception):
 
 
 class ServiceError(Exception):
-    pass
+    """The service could not answer (a 5xx that is not an outage, or an outage outlasting retry_for_s)."""
+
+
+class Refused(ServiceError):
+    """The service refused this request (4xx): the field it names and why."""
+
+    def __init__(self, status: int, field: str | None, detail: str):
+        super().__init__(f"{status} {field or ''}: {detail}")
+        self.status, self.field, self.detail = status, field, detail
+
+
+class Stopped(ServiceError):
+    """The worker is stopping: the call was abandoned while waiting for the service."""
 
 
 class ServiceClient:
-    def __init__(self, base_url: str, timeout_s: float = 30.0, retry_for_s: float = 60.0,
-                 token: str | None = None):
+    def __init__(self, base_url: str, timeout_s: float = 30.0, retry_for_s: float | None = None,
+                 token: str | None = None, backoff_cap_s: float = BACKOFF_CAP_S,
+                 stop: threading.Event | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers)
-        self.retry_for_s = retry_for_s
-        self.retries = 0  # 503s and connection errors ridden out
+        self.retry_for_s, self.backoff_cap_s = retry_for_s, backoff_cap_s
+        self._backoff = wait_exponential_jitter(multiplier=0.2, max=backoff_cap_s, jitter=0.5)
+        self.stop = stop or threading.Event()  # set by the agent's signal handler: ends any wait
+        self.retries = 0  # outages ridden out (503s, connection errors)
 
     def close(self) -> None:
         self.http.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        give_up = time.monotonic() + self.retry_for_s
-        delay = 0.2
-        while True:
-            try:
-                r = self.http.request(method, path, **kw)
-            except (httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.WriteError):
-                if time.monotonic() > give_up:
-                    raise
-                self.retries += 1
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            if r.status_code == 503 and time.monotonic() < give_up:
-                self.retries += 1
-                time.sleep(float(r.headers.get("Retry-After", delay)))
-                continue
-            return r
+    def _wait(self, rs: RetryCallState) -> float:
+        backoff = self._backoff(rs)
+        r = rs.outcome.result() if rs.outcome is not None and not rs.outcome.failed else None
+        after = r.headers.get("Retry-After", "") if r is not None else ""
+        hint = float(after) if after.replace(".", "", 1).isdigit() else 0.0
+        return min(max(backoff if hint == 0 else hint, 0.05), self.backoff_cap_s)
+
+    def _before_sleep(self, rs: RetryCallState) -> None:
+        self.retries += 1
+        if rs.attempt_number in (1, 10) or rs.attempt_number % 50 == 0:
+            o = rs.outcome
+            why = repr(o.exception()) if o is not None and o.failed else f"HTTP {o.result().status_code}" if o else "?"
+            log.warning("service unavailable (%s); retrying (attempt %d)", why, rs.attempt_number)
+
+    def _sleep(self, seconds: float) -> None:
+        if self.stop.wait(seconds):
+            raise Stopped("stopping while waiting for the service")
+
+    def _call(self, method: str, path: str, retry: bool = True, **kw: Any) -> httpx.Response:
+        """retry=False: one try (a heartbeat thread has its own loop). Once stopping, one try then Stopped."""
+        if not retry:
+            return self.http.request(method, path, **kw)
+        retrying = Retrying(
+            retry=retry_if_exception_type(TRANSPORT) | retry_if_result(lambda r: r.status_code in RETRY_STATUS),
+            stop=stop_after_delay(self.retry_for_s) if self.retry_for_s is not None else stop_never,
+            wait=self._wait, sleep=self._sleep, before_sleep=self._before_sleep, reraise=True,
+            retry_error_callback=lambda rs: rs.outcome.result())
+        return retrying(self.http.request, method, path, **kw)
 
     def _json(self, r: httpx.Response) -> Any:
-        if r.status_code == 409:
-            raise LeaseLost(r.json().get("detail", r.text))
-        if r.status_code >= 400:
-            raise ServiceError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
-        return r.json()
+        if r.status_code < 400:
+            return r.json()
+        try:
+            problem = r.json()
+            field, detail = problem.get("field"), str(problem.get("detail", r.text))
+        except ValueError:
+            field, detail = None, r.text[:500]
+        if r.status_code == 409 and field in ("lease_id", None):
+            raise LeaseLost(detail)
+        if 400 <= r.status_code < 500:
+            raise Refused(r.status_code, field, detail[:2000])
+        raise ServiceError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
 
     def lease(self, body: dict) -> dict | None:
         r = self._call("POST", "/v1/leases", json=body)
         return None if r.status_code == 204 else self._json(r)
 
     def heartbeat(self, lease_id: str) -> dict:
-        return self._json(self._call("POST", f"/v1/leases/{lease_id}/heartbeat"))
+        return self._json(self._call("POST", f"/v1/leases/{lease_id}/heartbeat", retry=False))
 
     def post_result(self, lease_id: str, body: dict) -> dict:
         return self._json(self._call("POST", f"/v1/leases/{lease_id}/results", json=body))
 
-    def release(self, lease_id: str) -> dict:
-        return self._json(self._call("POST", f"/v1/leases/{lease_id}/release"))
+    def release(self, lease_id: str, started: list[int] | None = None) -> dict:
+        return self._json(self._call("POST", f"/v1/leases/{lease_id}/release", json={"started": started or []}))
 
     def put_tables(self, digest: str, body: dict) -> dict:
         return self._json(self._call("PUT", f"/v1/images/{digest}/tables", json=body))

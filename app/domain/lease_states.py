@@ -85,6 +85,14 @@ def result(shape: ShapeFacts, lease_id: str, kind: ResultKind, error: str | None
     return _count_try(shape, error or f"result {kind}", max_attempts)
 
 
+def late_result(shape: ShapeFacts, kind: ResultKind) -> ShapeFacts:
+    """A result finished under a lease that expired meanwhile (the expiry counted the try): taken only if it
+    tunes the shape and nobody holds it now, so no finished winner is lost and none is taken twice."""
+    if kind not in TUNED_BY or shape.state is not ShapeState.QUEUED:
+        raise TransitionError(f"a late {kind} result is not taken for a {shape.state} shape")
+    return replace(shape, state=ShapeState.TUNED, attempts=shape.attempts + 1, lease_id=None, last_error=None)
+
+
 def result_ok(shape: ShapeFacts, lease_id: str) -> ShapeFacts:
     return result(shape, lease_id, ResultKind.VERIFIED, None, 1)
 

@@ -231,6 +231,18 @@ def _kind(body: ResultIn, row: dict | None, err_max: float) -> ls.ResultKind:
     return ls.ResultKind.VERIFIED if timed and row is not None else ls.ResultKind.UNVERIFIED
 
 
+def _lease_for_result(s: Session, lease_id: str, settings: Settings, owner: int | None) -> tuple[Lease, bool]:
+    """The lease a result is posted to, and whether it is late: a result finished before the lease expired
+    (a database stall, a worker delivering its spool) is still taken while nobody else has the shape."""
+    lease = _owned_lease(s, lease_id, owner)
+    now = utcnow()
+    if ls.is_expired(_lease_facts(lease), now):
+        sweep_expired(s, settings, now)
+    if lease.state == ls.LeaseState.EXPIRED.value:
+        return lease, True
+    return _live_lease(s, lease_id, settings, owner), False
+
+
 def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
                 ) -> ResultOut | Refused:
     _owned_lease(s, lease_id, owner)
@@ -239,20 +251,26 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
         shape = s.get(CampaignShape, body.shape_id)
         return ResultOut(result_id=dup.id, shape_state=shape.state if shape else "?", verified=dup.verified,
                          duplicate=True)
-    lease = _live_lease(s, lease_id, settings, owner)
+    lease, late = _lease_for_result(s, lease_id, settings, owner)
     shape = s.get(CampaignShape, body.shape_id)
-    if shape is None or not shape_facts(shape).held_by(lease.id):
+    if shape is None or shape.campaign_id != lease.campaign_id or (not late and not shape_facts(shape).held_by(lease.id)):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
+    if late and shape.state != ls.ShapeState.QUEUED.value:
+        raise Conflict(f"lease_id: lease {lease_id} expired and shape {body.shape_id} is {shape.state} now",
+                       "lease_id")
     camp = s.get(Campaign, lease.campaign_id)
     assert camp is not None
     try:
         row = _check_row(s, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
-        set_shape(shape, ls.result_refused(shape_facts(shape), lease.id, e.detail, settings.max_attempts))
-        _finish_if_empty(s, lease)
+        if not late:
+            set_shape(shape, ls.result_refused(shape_facts(shape), lease.id, e.detail, settings.max_attempts))
+            _finish_if_empty(s, lease)
         return Refused(e, shape.state)
     err_max = ERR_MAX.get(camp.family, ERR_MAX_DEFAULT)
     kind = _kind(body, row, err_max)
+    if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
+        raise Conflict(f"lease_id: lease {lease_id} expired; only a tuned result is still taken", "lease_id")
     verified = kind is ls.ResultKind.VERIFIED
     if kind is ls.ResultKind.DEFAULT_BEST:
         row = None
@@ -270,9 +288,13 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
         shape.default_us, shape.default_measured = body.default_us, True
         shape.priority = served.priority(shape.calls, shape.steps, body.default_us)
     why = body.error or f"no verified winner (err_ratio {body.err_ratio} > {err_max} or bad us {body.us})"
-    set_shape(shape, ls.result(shape_facts(shape), lease.id, kind, None if verified else why, settings.max_attempts))
+    if late:
+        set_shape(shape, ls.late_result(shape_facts(shape), kind))
+    else:
+        set_shape(shape, ls.result(shape_facts(shape), lease.id, kind, None if verified else why,
+                                   settings.max_attempts))
+        _finish_if_empty(s, lease)
     s.flush()
-    _finish_if_empty(s, lease)
     return ResultOut(result_id=res.id, shape_state=shape.state, verified=verified)
 
 

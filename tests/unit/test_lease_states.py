@@ -66,6 +66,21 @@ class Queue(RuleBasedStateMachine):
         with pytest.raises(ls.TransitionError):
             ls.result(self.shapes[i], lid, ls.ResultKind.VERIFIED, None, MAX_ATTEMPTS)
 
+    @rule(data=st.data(), kind=st.sampled_from(list(ls.ResultKind)))
+    def late_post_from_a_spool(self, data: st.DataObject, kind: ls.ResultKind) -> None:
+        """A result finished under a lease that expired meanwhile: taken only if it tunes a shape nobody has."""
+        dead = [(lid, i) for lid, (lf, ids) in sorted(self.leases.items()) if lf.state is ls.LeaseState.EXPIRED
+                for i in ids]
+        if not dead:
+            return
+        _, i = data.draw(st.sampled_from(dead))
+        if kind in ls.TUNED_BY and self.shapes[i].state is ls.ShapeState.QUEUED:
+            self.shapes[i] = ls.late_result(self.shapes[i], kind)
+            self.verified[i] += 1
+        else:
+            with pytest.raises(ls.TransitionError):
+                ls.late_result(self.shapes[i], kind)
+
     @precondition(lambda self: self._live())
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:

@@ -1,0 +1,146 @@
+"""The agent never dies for one shape, outlives an unavailable service, and loses no finished result.
+
+A real server over HTTP and the real Agent; the backend is scripted so that one shape is refused by the
+service or crashes the backend, the way a bad row or an unallocatable shape does.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN, DIGEST, start_server
+from workers.agent import Agent, AgentConfig
+from workers.backends.base import ShapeResult
+from workers.client import ServiceClient
+from workers.identity import WorkerIdentity
+
+pytestmark = pytest.mark.e2e
+IDENT = WorkerIdentity(gfx="gfx942", cu_num=304, device="cpu", host="test")
+
+
+class Scripted:
+    """Tunes every shape instantly, except: 'bad_row' posts a row keyed to another cu_num (refused with 422),
+    'raise' raises inside run() (as torch does allocating absurd dims), 'gate' waits for an event first."""
+
+    name, families = "torch", ["bf16_gemm"]
+
+    def __init__(self, plan: dict[int, str] | None = None, gate: threading.Event | None = None):
+        self.plan, self.gate, self.seen = plan or {}, gate, []
+
+    def run(self, batch, emit):  # type: ignore[no-untyped-def]
+        for item in batch.lease["shapes"]:
+            if batch.should_stop():
+                return
+            m = int(item["shape"]["M"])
+            self.seen.append(m)
+            what = self.plan.get(m, "ok")
+            if what == "raise":
+                raise RuntimeError(f"cannot allocate memory for M={m}")
+            if self.gate is not None:
+                self.gate.wait()
+            row = dict(item["shape"], gfx=batch.lease["gfx"], cu_num=1 if what == "bad_row" else batch.lease["cu_num"],
+                       libtype="torch", solidx=0, splitK=0, us=5.0, kernelName="k", err_ratio=0.0, tflops=1, bw=1)
+            emit(ShapeResult(item["shape_id"], "ok", row=row, us=5.0, err_ratio=0.0, elapsed_s=0.01))
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = start_server(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "server.log",
+                       {"TUNER_LEASE_TTL_S": "3", "TUNER_LEASE_GRACE_S": "60", "TUNER_MAX_ATTEMPTS": "2",
+                        "TUNER_SQLITE_BUSY_MS": "200"})
+    yield srv
+    srv.proc.kill()
+    srv.proc.wait()
+
+
+def capture(srv, ms):
+    with srv.client() as c:
+        r = c.post("/v1/captures", json={"image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304,
+                                         "family": "bf16_gemm", "shapes": [{"M": m, "N": 64, "K": 64} for m in ms]})
+        assert r.status_code == 201, r.text
+        return r.json()["campaign_id"]
+
+
+def agent(srv, backend, tmp_path, **cfg):
+    client = ServiceClient(srv.url, token=ADMIN, backoff_cap_s=1.0)
+    cfg = {"once": True, "poll_s": 0.1, "max_shapes": 2, "spool_dir": str(tmp_path / "spool"), **cfg}
+    return Agent(client, backend, IDENT, AgentConfig("w1", DIGEST, budget_s=30, **cfg))
+
+
+def states(srv, cid):
+    with srv.client() as c:
+        return {int(x["shape"]["M"]): x for x in c.get(f"/v1/campaigns/{cid}").json()["shape_list"]}
+
+
+def test_a_refused_result_and_a_backend_crash_are_failed_shapes_not_a_dead_agent(server, tmp_path):
+    cid = capture(server, range(1, 7))
+    a = agent(server, Scripted({6: "bad_row", 5: "raise"}), tmp_path)
+    stats = a.run()  # returns only because --once found no work left
+    by_m = states(server, cid)
+    assert {m: x["state"] for m, x in by_m.items()} == {1: "tuned", 2: "tuned", 3: "tuned", 4: "tuned",
+                                                         5: "failed", 6: "failed"}
+    assert "row.cu_num" in by_m[6]["last_error"] and "cannot allocate" in by_m[5]["last_error"]
+    assert stats.refused == 2 and stats.backend_errors == 2  # each counted once per try, max_attempts = 2
+    assert not a.spool.pending()
+
+
+def test_results_finished_during_a_database_stall_are_delivered_after_it(server, tmp_path):
+    """The database is locked past the lease's expiry: the agent waits (no time limit), the results it
+    finished meanwhile wait in its spool, and the service takes them late since nobody else has the shapes."""
+    cid = capture(server, [1, 2])
+    db = server.db_url.removeprefix("sqlite:///")
+    gate = threading.Event()
+    a = agent(server, Scripted(gate=gate), tmp_path)
+    t = threading.Thread(target=a.run)
+    t.start()
+    time.sleep(1.0)  # leased, the backend waits at the gate
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    gate.set()
+    time.sleep(5.0)  # past the 3 s lease TTL: every heartbeat and post got 503
+    assert t.is_alive() and a.spool.pending(), "the finished result must wait in the spool"
+    holder.execute("ROLLBACK")
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert {x["state"] for x in states(server, cid).values()} == {"tuned"}
+    assert a.client.retries > 0 and not a.spool.pending() and a.stats.superseded == 0
+
+
+def test_the_spool_outlives_the_agent_and_a_new_one_delivers_it(server, tmp_path):
+    cid = capture(server, [1])
+    gate = threading.Event()
+    a = agent(server, Scripted(gate=gate), tmp_path)
+    t = threading.Thread(target=a.run)
+    t.start()
+    time.sleep(1.0)
+    server.proc.kill()  # the service dies while the shape is being tuned
+    server.proc.wait()
+    gate.set()
+    time.sleep(1.0)
+    a.stop.set()  # a signal: the agent stops waiting, the result stays spooled
+    t.join(timeout=30)
+    assert not t.is_alive() and len(a.spool.pending()) == 1
+    srv2 = start_server(server.db_url, tmp_path / "server2.log")
+    try:
+        b = agent(srv2, Scripted(), tmp_path)  # same spool dir: the next start of this worker
+        b.run()
+        assert not b.spool.pending() and b.stats.posted == 1
+        assert states(srv2, cid)[1]["state"] == "tuned"
+    finally:
+        srv2.proc.kill()
+        srv2.proc.wait()
+
+
+def test_an_absent_service_is_waited_for_until_a_stop(tmp_path):
+    cl = ServiceClient("http://127.0.0.1:9", backoff_cap_s=0.2)
+    t0 = time.monotonic()
+    threading.Timer(2.0, cl.stop.set).start()
+    with pytest.raises(Exception) as e:
+        cl.lease({"worker_id": "x"})
+    assert type(e.value).__name__ == "Stopped" and time.monotonic() - t0 >= 2.0 and cl.retries >= 5
+    assert not isinstance(e.value, httpx.HTTPError)
