@@ -35,6 +35,9 @@ class Artifact:
     table: Table | None  # the table AITER's lookup reads
     refused: str | None = None  # why this form is not offered (AITER would raise or rewrite files)
     rewritten: list[str] = field(default_factory=list)
+    overlay: Table | None = None  # the overlay file this form deploys
+    excluded_shipped: int = 0  # overlay rows left out because the image ships their key (the full one raised)
+    full_refused: str | None = None  # why the full overlay is not deployable this way
 
 
 def resolve(release: AiterRelease, family: TableFamily, files: list[Table | None], names: list[str],
@@ -74,8 +77,9 @@ def build(release: AiterRelease, family: TableFamily, form: str, shipped: Shippe
         bad = [(i, c) for i, r in enumerate(t.rows) for c in family.unfilled(r)]
         if bad:
             i, c = bad[0]
-            return Artifact(form, [t.name], t, f"row {i + 2} has an empty {c}; AITER would read it as NaN")
-        return Artifact(form, [t.name], t)
+            return Artifact(form, [t.name], t, f"row {i + 2} has an empty {c}; AITER would read it as NaN",
+                            overlay=t)
+        return Artifact(form, [t.name], t, overlay=t)
     if form == "layer":
         files = ([shipped.default] if shipped.default is not None else []) + list(shipped.model_configs) + [overlay]
         names = ([default_name] if shipped.default is not None else []) + mc_names + [overlay.name]
@@ -87,16 +91,30 @@ def build(release: AiterRelease, family: TableFamily, form: str, shipped: Shippe
         names = [default_name, *mc_names, f"model_configs/{overlay.name}"]
     table, err, rewritten = resolve(release, family, files, names, shipped.untuned_header, live_gfx)
     if err is not None:
-        return Artifact(form, names, None, f"AITER {release.name} raises at start: {err}", rewritten)
-    return Artifact(form, names, table)
+        return Artifact(form, names, None, f"AITER {release.name} raises at start: {err}", rewritten, overlay)
+    return Artifact(form, names, table, overlay=overlay)
 
 
 def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, overlay: Table, live_gfx: str,
               key_columns: tuple[str, ...]) -> dict[str, Artifact]:
-    """Every form, each refused where AITER's merge or its loader would raise on what it builds."""
+    """Every form, each refused where AITER's merge or its loader would raise on what it builds. Where the full
+    overlay makes a merge raise because it repeats shipped keys, the layer and the drop-in deploy the overlay
+    without those rows (the shipped row stays; the merged file is the form in which ours win)."""
     out = {}
     for form in FORMS:
         a = build(release, family, form, shipped, overlay, live_gfx)
+        # a drop-in lands somewhere in AITER's glob order, so for first-match lookups a row whose run-time key
+        # a shipped row shares would win or lose by file system order: leave those out as well
+        by_lookup = family.duplicate_keys == "first" and form == "model_configs_dropin"
+        if form != "merged" and (a.rewritten or by_lookup):
+            keys = tuple(c for c in key_columns if c not in family.lookup_ignores) if by_lookup else None
+            slim = Table(overlay.header, without_shipped_keys(release, family, shipped, overlay, live_gfx, keys),
+                         overlay.name)
+            if len(slim.rows) < len(overlay.rows) or a.refused:
+                full = a.refused
+                a = build(release, family, form, shipped, slim, live_gfx)
+                a.excluded_shipped = len(overlay.rows) - len(slim.rows)
+                a.full_refused = full or "rows whose run-time key a shipped row shares would win by glob order"
         if a.table is not None and a.refused is None:
             try:
                 eng.lookup_index(family, tuple(c for c in key_columns if c not in family.lookup_ignores),
@@ -131,19 +149,25 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
     for f in FORMS:
         if arts[f].refused:
             notes.append(f"not offered: {f}: {arts[f].refused}")
+        if arts[f].excluded_shipped:
+            notes.append(f"{f}: deploys the overlay downloaded with exclude_shipped=true, without its "
+                         f"{arts[f].excluded_shipped} row(s) whose key the image ships (the full overlay: "
+                         f"{arts[f].full_refused}); the shipped rows stay, the merged file is where ours win")
     merged_name = arts["merged"].files[0] if arts["merged"].files else f"merged_{overlay_name}"
     return {
         "family": family.name, "env_var": family.env_var, "offered": offered,
         "layer": {"env": f"{family.env_var}={':'.join(path(n) for n in layer.files)}",
                   "files": [path(n) for n in layer.files], "overlay": f"{mount}/{overlay_name}",
-                  "offered": layer.refused is None, "why_not": layer.refused},
+                  "offered": layer.refused is None, "why_not": layer.refused,
+                  "exclude_shipped": bool(layer.excluded_shipped)},
         "merged": {"env": f"{family.env_var}={mount}/{merged_name}", "file": f"{mount}/{merged_name}",
                    "offered": arts["merged"].refused is None, "why_not": arts["merged"].refused},
         "model_configs_dropin": {"copy_to": f"{base}/model_configs/{overlay_name}",
                                  "why": "merged with no env var set: the name contains "
                                         f"'{family.merge_name}' and not 'untuned'",
                                  "offered": arts["model_configs_dropin"].refused is None,
-                                 "why_not": arts["model_configs_dropin"].refused},
+                                 "why_not": arts["model_configs_dropin"].refused,
+                                 "exclude_shipped": bool(arts["model_configs_dropin"].excluded_shipped)},
         "rebuild": "AITER_REBUILD=1" if family.compiled else None,
         "log_hits": "AITER_LOG_TUNED_CONFIG=1",
         "notes": notes,
@@ -151,12 +175,13 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
 
 
 def without_shipped_keys(release: AiterRelease, family: TableFamily, shipped: Shipped, overlay: Table,
-                         live_gfx: str) -> list[dict[str, str]]:
-    """The overlay's rows whose merge key (cells filled as AITER fills them) no shipped table has."""
+                         live_gfx: str, keys: tuple[str, ...] | None = None) -> list[dict[str, str]]:
+    """The overlay's rows whose merge key (or these key columns), cells filled as AITER fills them, no shipped
+    table has."""
     tables = [t for t in [shipped.default, *shipped.model_configs] if t is not None]
     if not tables:
         return list(overlay.rows)
     header = union_header([*tables, overlay])
-    keys = release.merge_key(shipped.untuned_header or family.untuned_header, header)
+    keys = keys or release.merge_key(shipped.untuned_header or family.untuned_header, header)
     have = {row_key(keys, r) for t in tables for r in filled_rows(t, header, live_gfx)}
     return [r for r, f in zip(overlay.rows, filled_rows(overlay, header, live_gfx)) if row_key(keys, f) not in have]

@@ -90,6 +90,8 @@ class TableFamily:
     filled_unless: tuple[tuple[str, str, str], ...] = ()  # (column, exempt if this column, equals this)
     # captured values AITER rewrites before the lookup (and its tuner writes): (column, captured, looked up)
     remaps: tuple[tuple[str, str, str], ...] = ()
+    # cells a capture may leave out, in order: (column, default value or the column it copies)
+    shape_defaults: tuple[tuple[str, str], ...] = ()
     overlay_first: bool = False  # in a merged file the overlay's rows go first (first-match lookups)
     # the kernel comes from a C++ table compiled from the CSV, keyed on these columns with its own M padding
     # (keys.cpp_m_candidates), the last row of a key winning (chip_info.py build_tune_dict); None: Python only
@@ -134,7 +136,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
-        gfx_source="get_gfx"),
+        gfx_source="get_gfx",
+        # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
+        shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),
+                        ("dtype", "torch.bfloat16"), ("outdtype", "dtype"))),
     TableFamily(
         name="a8w8_gemm", env_var="AITER_CONFIG_GEMM_A8W8",
         tuned_file="a8w8_tuned_gemm.csv", untuned_file="a8w8_untuned_gemm.csv",

@@ -11,9 +11,6 @@ from app.domain.families import (BOOL, BOOL01, DTYPE, DTYPES, ENUM, ENUM_VALUES,
 
 MAX_DIM = 1 << 31  # a dimension past int32 is a typo, not a shape
 
-# Columns a bf16 capture may leave out; AITER's own defaults for an unflagged call.
-_BF16_DEFAULTS = {"bias": "False", "scaleAB": "False", "bpreshuffle": "False", "dtype": "torch.bfloat16"}
-
 
 class ShapeError(ValueError):
     def __init__(self, field: str, message: str):
@@ -101,11 +98,10 @@ def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape"
         if k not in cols:
             raise ShapeError(f"{where}.{k}", f"not a {family.name} shape column; expected {','.join(cols)}")
     filled = raw
-    if family.name == "bf16_gemm" and len(raw) < len(cols):
+    if family.shape_defaults and len(raw) < len(cols):
         filled = dict(raw)
-        for col, default in _BF16_DEFAULTS.items():
-            filled.setdefault(col, default)
-        filled.setdefault("outdtype", filled["dtype"])
+        for col, default in family.shape_defaults:  # a default may name another column: outdtype <- dtype
+            filled.setdefault(col, filled.get(default, default))
     values = []
     for col in cols:
         v = filled.get(col)
@@ -115,6 +111,8 @@ def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape"
             values.append((col, _cell(col, v)))
         except (_Bad, TypeError):  # again through cell(): the same rules, raising with the field's name
             values.append((col, cell(col, v, f"{where}.{col}")))
+    if family.remaps:  # stored as AITER looks it up (and as its tuner writes it)
+        values = list(family.remap(dict(values)).items())
     return Shape(tuple(values))
 
 

@@ -214,12 +214,10 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
     root = sandbox(tmp_path, configs, family, release)
     shipped = shipped_of(root, family, release)
     arts = deploy.artifacts(release, family, shipped, overlay, gfx, schema.key_columns)
-    # the layer the plan offers when the plain one is refused: the overlay without the shipped keys
-    if arts["layer"].refused:
-        slim = Table(overlay.header, deploy.without_shipped_keys(release, family, shipped, overlay, gfx),
-                     overlay.name)
-        forms["layer_exclude_shipped"] = (deploy.build(release, family, "layer", shipped, slim, gfx), slim)
-    forms.update({f: (a, overlay) for f, a in arts.items()})
+    forms = {f: (a, a.overlay or overlay) for f, a in arts.items()}
+    # where the plan deploys the overlay without the shipped keys, the full one must make AITER raise
+    if arts["layer"].full_refused:
+        forms["layer_full_overlay"] = (deploy.build(release, family, "layer", shipped, overlay, gfx), overlay)
     disagreements = []
     for form, (art, ov) in forms.items():
         root = sandbox(tmp_path, configs, family, release)
@@ -246,8 +244,7 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
             if bool(art.refused) != bool(aiter_fails):
                 disagreements.append(f"{form}: service refused={art.refused!r}, AITER error={aiter_fails!r}, "
                                      f"rewrote={out.rewritten}")
-            if art.refused and form == "layer" and release.merge_on_duplicate == "raise_rewrite" \
-                    and "duplicate" in art.refused:
+            if art.refused and form == "layer_full_overlay" and release.merge_on_duplicate == "raise_rewrite":
                 assert out.rewritten, "AITER rewrites the shipped files before raising"
             continue
         assert not out.rewritten, (form, out.rewritten)
