@@ -105,9 +105,9 @@ class Agent:
         st = self.spool.state
         made = 0
         for name in sorted({e.family for e in events} | (set(st["families"]) if steps else set())):
-            parsed = from_events(FAMILIES[name], events, self.gfx, self.cu_num)
+            parsed = from_events(FAMILIES[name], events, self.gfx, self.cu_num, strict=False)
             for note in parsed.notes:
-                if "another gfx/cu_num" in note:
+                if "other families" not in note:
                     log.warning("%s: %s (agent says %s/%s)", name, note, self.gfx, self.cu_num)
             shapes = [dict(sh.as_dict(), count=n) for sh, n in parsed.shapes.values()]
             if not shapes and not steps:

@@ -72,9 +72,12 @@ def from_untuned_csv(family: TableFamily, text: str) -> ParsedCapture:
     return out
 
 
-def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: int) -> ParsedCapture:
+def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: int,
+                strict: bool = True) -> ParsedCapture:
     """The family's shapes among parsed lookup lines, one call per line; lines naming another identity skipped.
-    The service (a posted log) and the capture agent (a followed log) both count lines this way."""
+    The service (a posted log) and the capture agent (a followed log) both count lines this way. strict: a
+    line whose shape is not valid refuses the whole capture; else it is skipped with a note (the agent, which
+    must keep following)."""
     out = ParsedCapture()
     other = mismatched = 0
     for ev in events:
@@ -84,7 +87,14 @@ def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: i
         if (ev.gfx and ev.gfx != gfx) or (ev.cu_num is not None and ev.cu_num != cu_num):
             mismatched += 1  # the server's AITER saw another identity than the capture claims
             continue
-        out.add(make_shape(family, ev.shape, "log"), 1)
+        try:
+            shape = make_shape(family, ev.shape, "log")
+        except ShapeError as e:
+            if strict:
+                raise
+            out.notes.append(f"line skipped: {e}")
+            continue
+        out.add(shape, 1)
     if other:
         out.notes.append(f"{other} AITER lookup line(s) of other families skipped")
     if mismatched:

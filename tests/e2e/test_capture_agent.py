@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -105,8 +104,10 @@ def calls(srv, family="bf16_gemm"):
 
 def test_once_posts_every_family_and_a_restart_counts_nothing_twice(live_server, agent_env, tmp_path):
     log = tmp_path / "server.log"
-    log.write_text("INFO vLLM starting\n" + aiter_lines() + "\n")
-    agent(agent_env, live_server.url, log, tmp_path / "spool", "--once", check=0)
+    bad = bf16_miss(3, 64, 64).replace("torch.bfloat16", "torch.float64")  # not a dtype AITER's tables hold
+    log.write_text("INFO vLLM starting\n" + aiter_lines() + "\n" + bad)
+    r = agent(agent_env, live_server.url, log, tmp_path / "spool", "--once", check=0)
+    assert "line skipped: log.dtype: unknown dtype" in r.stderr
     assert calls(live_server) == {"20": 2, "100": 1}
     with live_server.client() as c:
         fams = {x["family"]: x["shapes"] for x in c.get("/v1/campaigns").json()}
