@@ -85,3 +85,20 @@ def test_follower_keeps_partial_lines_and_sees_truncation_by_content(tmp_path):
     with open(tmp_path / "s.log.1", "a") as fh:
         fh.write("late\n")
     assert g.read() == ["late", "new"]
+
+
+def test_the_agent_tests_bf16_line_is_aiters_own_fstring(aiter_src_dir):
+    """tests/e2e/test_capture_agent.py writes bf16 miss lines; they must render as tuned_gemm.py's f-string does."""
+    import ast
+    import types
+
+    from tests.e2e.test_capture_agent import F, bf16_miss
+    src = (aiter_src_dir / "aiter" / "tuned_gemm.py").read_text()
+    (line,) = [ln.strip() for ln in src.splitlines() if "not found tuned config in {AITER_CONFIGS" in ln]
+    fstring = ast.parse(line, mode="eval").body
+    M, N, K, bias, scaleAB, bpreshuffle = 4096, 8192, 8192, False, False, False
+    dtype = otype = "torch.bfloat16"
+    AITER_CONFIGS = types.SimpleNamespace(AITER_CONFIG_GEMM_BF16_FILE=F)  # noqa: N806, F841
+    default_config = {"libtype": "torch", "solidx": 0}  # noqa: F841
+    rendered = eval(compile(ast.Expression(fstring), "tuned_gemm.py", "eval"))  # AITER's own f-string
+    assert bf16_miss(M, N, K) == "[aiter] " + rendered + "\n"
