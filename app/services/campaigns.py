@@ -6,10 +6,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Campaign, CampaignShape, Image, Lease, Result, Worker, utcnow
+from app.domain.lease_states import ShapeState
 from app.domain.served import rule as priority_rule
+from app.services import pages
 from app.services.leasing import est_shape_cost
 
-STATES = ("queued", "leased", "tuned", "failed", "covered")  # covered: served by a bucket row
+STATES = tuple(st.value for st in ShapeState)
 
 
 def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -> list[dict]:
@@ -33,10 +35,13 @@ def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -
         select(CampaignShape.campaign_id, func.count(func.distinct(CampaignShape.id)))
         .join(Result, Result.shape_id == CampaignShape.id)
         .where(CampaignShape.state == "tuned", Result.status == "default_best")
-        .group_by(CampaignShape.campaign_id))}
-    spent = {cid: t for cid, t in s.execute(select(CampaignShape.campaign_id, func.sum(Result.elapsed_s))
-                                            .join(Result, Result.shape_id == CampaignShape.id)
-                                            .group_by(CampaignShape.campaign_id))}
+        .group_by(CampaignShape.campaign_id)
+        .where(CampaignShape.campaign_id == campaign_id if campaign_id is not None else True))}
+    spent_q = (select(CampaignShape.campaign_id, func.sum(Result.elapsed_s))
+               .join(Result, Result.shape_id == CampaignShape.id).group_by(CampaignShape.campaign_id))
+    if campaign_id is not None:
+        spent_q = spent_q.where(CampaignShape.campaign_id == campaign_id)
+    spent = dict(s.execute(spent_q).all())
     out = []
     for camp, img in s.execute(camps.order_by(Campaign.image_digest, Campaign.gfx, Campaign.family)):
         c = counts.get(camp.id, dict.fromkeys(STATES, 0))
@@ -68,9 +73,18 @@ def _cost_any(s: Session, campaign_id: int, default: float) -> float:
     return est_shape_cost(s, campaign_id, backend, default) if backend else default
 
 
-def shapes(s: Session, campaign_id: int) -> list[dict]:
-    rows = list(s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == campaign_id)
-                          .order_by(CampaignShape.priority.desc(), CampaignShape.id)))
+def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after: str | None = None
+           ) -> tuple[list[dict], str | None]:
+    """One page of the campaign's shapes by served time, and the next page's cursor. Each state's rows come
+    from ix_shapes_queue in this order already: a few index seeks, merged, whatever the campaign's size."""
+    pos = pages.position(after)
+    rows: list[CampaignShape] = []
+    for state in STATES:
+        q = (select(CampaignShape).where(CampaignShape.campaign_id == campaign_id, CampaignShape.state == state)
+             .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(limit + 1))
+        rows += s.scalars(q.where(pages.after_clause(pos)) if pos else q)
+    rows.sort(key=lambda x: (-x.priority, x.id))
+    rows, nxt = pages.page(rows, lambda x: (x.priority, x.id), limit, None)
     best: dict[int, Result] = {}
     for r in s.scalars(select(Result).where(Result.shape_id.in_([x.id for x in rows] or [-1]))
                        .order_by(Result.id)):
@@ -86,7 +100,7 @@ def shapes(s: Session, campaign_id: int) -> list[dict]:
                     "kernel": r.kernel_name if r else None, "us": r.us if r else None,
                     "default_us": r.default_us if r else None, "backend": r.backend if r else None,
                     "gpu_s": r.elapsed_s if r else None})
-    return out
+    return out, nxt
 
 
 def workers(s: Session, stale_s: float) -> list[dict]:

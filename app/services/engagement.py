@@ -13,7 +13,7 @@ from app.domain.shapes import ShapeError, make_shape
 from app.domain.deploy import FORMS
 from app.domain.tables import Table, read_table
 from app.errors import Invalid, NotFound
-from app.services import overlays
+from app.services import overlays, pages
 from app.services.captures import family_or_422
 
 
@@ -25,7 +25,7 @@ def campaign_or_404(s: Session, campaign_id: int) -> Campaign:
 
 
 def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
-               form: str | None = None) -> dict:
+               form: str | None = None, limit: int = pages.DEFAULT_LIMIT, after: str | None = None) -> dict:
     """The verdict per captured shape on the table AITER builds from a deploy form (the plan's first offered
     one unless asked); table_csv: check a table as written (a hand-made or older overlay) instead."""
     camp = campaign_or_404(s, campaign_id)
@@ -61,6 +61,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
     if refused is not None:  # AITER raises at start: nothing engages
         checks = [eng.ShapeEngagement(c.shape, False, c.tried_m, reason=refused) for c in checks]
+    report, nxt = pages.page(zip(shapes, checks), lambda xc: (xc[0].priority, xc[0].id), limit, after)
     total = sum(x.priority for x in shapes) or 1.0
     covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
     return {
@@ -73,7 +74,8 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
                     "matched_m": c.matched_m, "reason": c.reason,
                     "kernel": (c.row or {}).get("kernelName") or (c.row or {}).get("kernelName1")}
-                   for x, c in zip(shapes, checks)],
+                   for x, c in report],
+        "next": nxt,  # the report is paged (limit, after); the counts above cover every shape
     }
 
 

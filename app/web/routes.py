@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -27,13 +28,20 @@ def _fmt_s(v: float | None) -> str:
 templates.env.filters["dur"] = _fmt_s
 
 
-def _page(request: Request, name: str, ctx: dict) -> HTMLResponse:
+def _page(request: Request, name: str, ctx: dict) -> Response:
+    """The page, tagged with a hash of itself: the live refresh (static/live.js) sends the tag back and gets a
+    bodiless 304 until something on the page changed."""
     partial = request.query_params.get("partial") == "1"
-    return templates.TemplateResponse(request, name, {**ctx, "partial": partial})
+    page = templates.TemplateResponse(request, name, {**ctx, "partial": partial})
+    tag = '"' + hashlib.blake2b(page.body, digest_size=12).hexdigest() + '"'
+    if request.headers.get("if-none-match") == tag:
+        return Response(status_code=304, headers={"ETag": tag})
+    page.headers["ETag"] = tag
+    return page
 
 
 @router.get("/", response_class=HTMLResponse)
-def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> HTMLResponse:
+def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
         camps = campaigns.summaries(s, settings.default_shape_cost_s)
     images: dict[str, dict] = {}
@@ -45,17 +53,17 @@ def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> H
 
 
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
-def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth
-                  ) -> HTMLResponse:
+def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth,
+                  after: str | None = None) -> Response:
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
         summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id)
-        shapes = campaigns.shapes(s, campaign_id)
+        shapes, nxt = campaigns.shapes(s, campaign_id, after=after)
         fam = get_family(summary["family"])
         name = overlays.overlay_filename(fam, summary["image_digest"])
         checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
     return _page(request, "campaign.html", {"verifications": checks,
-        "c": summary, "shapes": shapes, "family": fam, "overlay_name": name,
+        "c": summary, "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
         "env_line": f"{fam.env_var}=/overlays/{name}",
         "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
         "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"})
@@ -70,7 +78,7 @@ def coverage_plot(campaign_id: int, db: DbDep, who: ReadAuth) -> Response:
 
 
 @router.get("/workers", response_class=HTMLResponse)
-def workers_page(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> HTMLResponse:
+def workers_page(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
         ws = campaigns.workers(s, settings.stale_worker_s)
     return _page(request, "workers.html", {"workers": ws, "stale_s": settings.stale_worker_s})

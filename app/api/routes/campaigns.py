@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 
 from app.api.deps import DbDep, SettingsDep
 from app.auth import AdminAuth, ReadAuth
-from app.services import buckets, campaigns, engagement, leasing
+from app.services import buckets, campaigns, engagement, leasing, pages
 
 router = APIRouter(tags=["campaigns"])
 
@@ -17,29 +19,47 @@ def list_campaigns(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict
         return campaigns.summaries(s, settings.default_shape_cost_s)
 
 
+Limit = Annotated[int, Query(description="shapes per page")]
+After = Annotated[str | None, Query(description="the `next` cursor of the previous page")]
+
+
 @router.get("/v1/campaigns/{campaign_id}")
-def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAuth) -> dict:
+def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAuth,
+                 limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
+    """The summary and one page of shapes by served time (`next`: the cursor of the following page)."""
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
         summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id)
-        return {**summary, "shape_list": campaigns.shapes(s, campaign_id)}
+        rows, nxt = campaigns.shapes(s, campaign_id, pages.check_limit(limit), after)
+        return {**summary, "shape_list": rows, "next": nxt}
+
+
+@router.get("/v1/campaigns/{campaign_id}/shapes")
+def list_shapes(campaign_id: int, db: DbDep, who: ReadAuth, limit: Limit = pages.DEFAULT_LIMIT,
+                after: After = None) -> dict:
+    with db.session(write=False) as s:
+        engagement.campaign_or_404(s, campaign_id)
+        rows, nxt = campaigns.shapes(s, campaign_id, pages.check_limit(limit), after)
+        return {"shapes": rows, "next": nxt}
 
 
 @router.get("/v1/campaigns/{campaign_id}/engagement")
-def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False, form: str | None = None
-                   ) -> dict:
+def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False, form: str | None = None,
+                   limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """The verdict per captured shape on the table AITER builds from a deploy form (layer, merged,
-    model_configs_dropin; default: the deploy plan's first offered form)."""
+    model_configs_dropin; default: the deploy plan's first offered form); the report one page at a time."""
     with db.session(write=False) as s:
-        return engagement.pre_deploy(s, campaign_id, merged=merged, form=form)
+        return engagement.pre_deploy(s, campaign_id, merged=merged, form=form, limit=pages.check_limit(limit),
+                                     after=after)
 
 
 @router.post("/v1/campaigns/{campaign_id}/engagement")
-async def check_supplied_table(campaign_id: int, request: Request, db: DbDep, who: ReadAuth) -> dict:
+async def check_supplied_table(campaign_id: int, request: Request, db: DbDep, who: ReadAuth,
+                               limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """Would this CSV (as written) engage in the campaign's image? Body: the table, text/csv."""
     text = (await request.body()).decode("utf-8", errors="replace")
     with db.session(write=False) as s:
-        return engagement.pre_deploy(s, campaign_id, table_csv=text)
+        return engagement.pre_deploy(s, campaign_id, table_csv=text, limit=pages.check_limit(limit), after=after)
 
 
 @router.get("/v1/campaigns/{campaign_id}/bucket-plan")
