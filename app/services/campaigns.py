@@ -35,8 +35,7 @@ def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -
         select(CampaignShape.campaign_id, func.count(func.distinct(CampaignShape.id)))
         .join(Result, Result.shape_id == CampaignShape.id)
         .where(CampaignShape.state == "tuned", Result.status == "default_best")
-        .group_by(CampaignShape.campaign_id)
-        .where(CampaignShape.campaign_id == campaign_id if campaign_id is not None else True))}
+        .group_by(CampaignShape.campaign_id))}
     spent_q = (select(CampaignShape.campaign_id, func.sum(Result.elapsed_s))
                .join(Result, Result.shape_id == CampaignShape.id).group_by(CampaignShape.campaign_id))
     if campaign_id is not None:
