@@ -122,13 +122,16 @@ class Agent:
                 made += 1
             if name not in st["families"]:
                 st["families"].append(name)
+        before = (st["metrics"], st["log"])
         if cur is not None and (made or not steps):
             st["metrics"] = cur  # a change with no family to carry it yet waits in the next reading's delta
         if isinstance(self.reader, FileFollower):
             p = self.reader.pos
             st["log"] = {"path": self.args.log, "inode": p.inode, "offset": p.offset, "head": p.head}
-        st["seq"] += 1
-        self.spool.save()
+        if made:
+            st["seq"] += 1
+        if made or (st["metrics"], st["log"]) != before:  # an idle cycle writes nothing
+            self.spool.save()
         if made:
             log.info("spooled %d capture(s) from %d line(s)%s", made, len(lines),
                      f", {sum(steps.values())} step(s)" if steps else "")
