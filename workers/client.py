@@ -13,8 +13,11 @@ import threading
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ValidationError
 from tenacity import (RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_delay,
                       stop_never, wait_exponential_jitter)
+
+from app import wire  # the one wire format (pydantic only: no FastAPI or SQLAlchemy in a worker)
 
 log = logging.getLogger("aiter_tuner.worker")
 
@@ -100,18 +103,35 @@ class ServiceClient:
             raise Refused(r.status_code, field, detail[:2000])
         raise ServiceError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
 
+    def _send(self, model: type[BaseModel], body: dict) -> dict:
+        """What we post must be valid on the wire: a bad value is refused here, the way the service would."""
+        try:
+            return model.model_validate(body).model_dump(mode="json")
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or None
+            raise Refused(422, field, f"{field}: {err['msg']} (checked before sending)") from None
+
+    def _answer(self, model: type[BaseModel], r: httpx.Response) -> dict:
+        try:
+            return model.model_validate(self._json(r)).model_dump(mode="json")
+        except ValidationError as e:
+            raise ServiceError(f"{r.request.url.path}: the answer is not a {model.__name__}: {e}") from None
+
     def lease(self, body: dict) -> dict | None:
-        r = self._call("POST", "/v1/leases", json=body)
-        return None if r.status_code == 204 else self._json(r)
+        r = self._call("POST", "/v1/leases", json=self._send(wire.LeaseIn, body))
+        return None if r.status_code == 204 else self._answer(wire.LeaseOut, r)
 
     def heartbeat(self, lease_id: str) -> dict:
-        return self._json(self._call("POST", f"/v1/leases/{lease_id}/heartbeat", retry=False))
+        return self._answer(wire.HeartbeatOut, self._call("POST", f"/v1/leases/{lease_id}/heartbeat", retry=False))
 
     def post_result(self, lease_id: str, body: dict) -> dict:
-        return self._json(self._call("POST", f"/v1/leases/{lease_id}/results", json=body))
+        r = self._call("POST", f"/v1/leases/{lease_id}/results", json=self._send(wire.ResultIn, body))
+        return self._answer(wire.ResultOut, r)
 
     def release(self, lease_id: str, started: list[int] | None = None) -> dict:
-        return self._json(self._call("POST", f"/v1/leases/{lease_id}/release", json={"started": started or []}))
+        body = self._send(wire.ReleaseIn, {"started": started or []})
+        return self._answer(wire.ReleaseOut, self._call("POST", f"/v1/leases/{lease_id}/release", json=body))
 
     def put_tables(self, digest: str, body: dict) -> dict:
         return self._json(self._call("PUT", f"/v1/images/{digest}/tables", json=body))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 
 from app.config import Settings
 from app.db.session import Database
@@ -20,3 +20,7 @@ def get_settings(request: Request) -> Settings:
 
 DbDep = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+# path ids: bounded, so a huge id is a 422 and never reaches the database
+IdPath = Annotated[int, Path(ge=1, le=2**63 - 1)]
+LeaseId = Annotated[str, Path(min_length=1, max_length=36, pattern=r"^[0-9a-fA-F-]+$")]

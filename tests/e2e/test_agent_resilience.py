@@ -141,6 +141,7 @@ def test_an_absent_service_is_waited_for_until_a_stop(tmp_path):
     t0 = time.monotonic()
     threading.Timer(2.0, cl.stop.set).start()
     with pytest.raises(Exception) as e:
-        cl.lease({"worker_id": "x"})
+        cl.lease({"worker_id": "x", "image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304, "backends": ["torch"],
+                  "budget_s": 10})
     assert type(e.value).__name__ == "Stopped" and time.monotonic() - t0 >= 2.0 and cl.retries >= 5
     assert not isinstance(e.value, httpx.HTTPError)

@@ -103,5 +103,6 @@ def test_a_busy_or_absent_service_is_ridden_out(tmp_path):
     cl = ServiceClient("http://127.0.0.1:9", retry_for_s=0.5)
     t0 = time.monotonic()
     with pytest.raises(httpx.ConnectError):
-        cl.lease({"worker_id": "x"})
+        cl.lease({"worker_id": "x", "image_digest": DIGEST, "gfx": "cpu", "cu_num": 1, "backends": ["torch"],
+                  "budget_s": 10})
     assert cl.retries >= 1 and time.monotonic() - t0 >= 0.5

@@ -73,7 +73,7 @@ def test_results_are_idempotent_and_only_for_the_lease(client):
     assert r2.json()["duplicate"] and r1.json()["result_id"] == r2.json()["result_id"]
     wrong = client.post(f"/v1/leases/{b['lease_id']}/results", json=ok_row(b, item))
     assert wrong.status_code == 409 and wrong.json()["field"] == "shape_id"
-    assert client.post("/v1/leases/nope/results", json=ok_row(a, item)).status_code == 404
+    assert client.post("/v1/leases/00000000-0000-0000-0000-000000000000/results", json=ok_row(a, item)).status_code == 404
 
 
 def test_a_refused_result_names_the_field_counts_a_try_and_parks_the_shape(client, settings):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ class ShapeResult:
     def payload(self, backend: str, aiter_commit: str | None) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "race"}
         d.update(backend=backend, aiter_commit=aiter_commit)
+        # a losing candidate that never finished has no finite time or error: say so with null, not NaN/inf
+        d["candidates"] = [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in c.items()}
+                           for c in self.candidates]
         return d
 
 

@@ -6,7 +6,8 @@ from fastapi import APIRouter, Request, Response
 
 from app.api.deps import DbDep, SettingsDep
 from app.auth import Principal, WorkerAuth
-from app.api.schemas import LeaseIn, LeaseOut, ReleaseIn, ResultIn, ResultOut
+from app.api.deps import LeaseId
+from app.wire import HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn, ReleaseOut, ResultIn, ResultOut
 from app.services import leasing
 
 router = APIRouter(tags=["leases"])
@@ -20,16 +21,15 @@ def lease(body: LeaseIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> L
     return out if out is not None else Response(status_code=204)
 
 
-@router.post("/v1/leases/{lease_id}/heartbeat")
-def heartbeat(lease_id: str, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> dict:
+@router.post("/v1/leases/{lease_id}/heartbeat", response_model=HeartbeatOut)
+def heartbeat(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> HeartbeatOut:
     with db.session() as s:
         lease = leasing.heartbeat(s, lease_id, settings, _owner(who))
-        return {"lease_id": lease.id, "expires_at": lease.expires_at.isoformat(),
-                "hard_deadline": lease.hard_deadline.isoformat()}
+        return HeartbeatOut(lease_id=lease.id, expires_at=lease.expires_at, hard_deadline=lease.hard_deadline)
 
 
 @router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
-def post_result(lease_id: str, body: ResultIn, request: Request, db: DbDep, settings: SettingsDep,
+def post_result(lease_id: LeaseId, body: ResultIn, request: Request, db: DbDep, settings: SettingsDep,
                 who: WorkerAuth) -> ResultOut:
     with db.session() as s:
         out = leasing.post_result(s, lease_id, body, settings, _owner(who))
@@ -41,12 +41,12 @@ def post_result(lease_id: str, body: ResultIn, request: Request, db: DbDep, sett
     return out
 
 
-@router.post("/v1/leases/{lease_id}/release")
-def release(lease_id: str, db: DbDep, settings: SettingsDep, who: WorkerAuth,
-            body: ReleaseIn | None = None) -> dict:
+@router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
+def release(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAuth,
+            body: ReleaseIn | None = None) -> ReleaseOut:
     started = body.started if body is not None else []
     with db.session() as s:
-        return {"lease_id": lease_id, "requeued": leasing.release(s, lease_id, settings, _owner(who), started)}
+        return ReleaseOut(lease_id=lease_id, requeued=leasing.release(s, lease_id, settings, _owner(who), started))
 
 
 def _owner(who: Principal) -> int | None:

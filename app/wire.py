@@ -1,0 +1,173 @@
+"""The service <-> worker wire format: lease, heartbeat, result and release, as pydantic models.
+
+One module that both sides import: the service's routes declare these as bodies and response models, and the
+worker (workers/client.py) validates what it sends and receives against them. It imports pydantic only, so a
+worker needs neither FastAPI nor SQLAlchemy. The input rules every wire model shares live here too: no NaN or
+Infinity, no NUL bytes or lone surrogates, bounded strings, ids and counts, bounded nesting; a violation is a
+422 naming the field (app/errors.py), never a 500 from the database.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+INT64_MAX = 2**63 - 1
+MAX_DEPTH = 16  # nested objects/arrays inside one field (rows, shapes, env)
+MAX_TEXT = 4096  # default bound on any string field without its own
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+GFX_RE = re.compile(r"^(gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31})$")
+NAME_PATTERN = r"^[\w.:@-]+$"
+
+
+def _check_text(s: str) -> None:
+    if "\x00" in s:
+        raise ValueError("contains a NUL byte")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
+
+
+def check_clean(value: Any, depth: int = 0) -> Any:
+    """Every string inside (keys too) is valid text; floats finite; nesting bounded."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        _check_text(value)
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("must be a finite number (no NaN or Infinity)")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise ValueError("integer out of the 64-bit range")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_clean(k, depth + 1)
+            check_clean(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_clean(v, depth + 1)
+    return value
+
+
+def check_digest(v: str) -> str:
+    if not DIGEST_RE.match(v):
+        raise ValueError("expected an image digest 'sha256:' followed by 64 lowercase hex digits")
+    return v
+
+
+Id = Annotated[int, Field(ge=1, le=INT64_MAX)]  # a database id: never past PostgreSQL's BIGINT
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+Seconds = Annotated[float, Field(ge=0, le=7 * 24 * 3600)]
+Micros = Annotated[float, Field(gt=0, le=1e12)]  # a kernel time in microseconds
+
+
+class Wire(BaseModel):
+    """Base of every request model: finite floats, bounded clean strings, bounded nesting."""
+
+    model_config = ConfigDict(allow_inf_nan=False, str_max_length=MAX_TEXT)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _clean(cls, v: Any) -> Any:
+        return check_clean(v)
+
+
+class Identity(Wire):
+    image_digest: Annotated[str, AfterValidator(check_digest)]
+    gfx: str = Field(min_length=2, max_length=32)
+    cu_num: int = Field(ge=1, le=4096)
+
+    @field_validator("gfx")
+    @classmethod
+    def _gfx(cls, v: str) -> str:
+        if not GFX_RE.match(v):
+            raise ValueError("expected a gfx arch such as gfx942 or gfx950")
+        return v
+
+
+class LeaseIn(Identity):
+    worker_id: Name
+    backends: list[Annotated[str, Field(min_length=1, max_length=32, pattern=NAME_PATTERN)]] = Field(
+        min_length=1, max_length=8)
+    families: list[Annotated[str, Field(max_length=64)]] | None = Field(None, max_length=64)  # None: all
+    budget_s: float = Field(gt=0, le=24 * 3600)
+    max_shapes: int | None = Field(None, ge=1, le=10_000)
+    host: str | None = Field(None, max_length=255)
+    aiter_commit: str | None = Field(None, max_length=80)
+
+
+class LeasedShape(BaseModel):
+    shape_id: int
+    shape: dict[str, str]
+    calls: int
+    attempts: int  # this try's number (1 on the first lease)
+
+
+class LeaseOut(BaseModel):
+    lease_id: str
+    campaign_id: int
+    family: str
+    image_digest: str
+    gfx: str
+    cu_num: int
+    backend: str
+    budget_s: float
+    expires_at: datetime
+    hard_deadline: datetime
+    heartbeat_every_s: float
+    est_shape_cost_s: float
+    tuned_header: list[str]  # the image's own header for rows posted back
+    untuned_header: list[str]  # the image's own header for its tuner's input
+    shapes: list[LeasedShape]
+
+
+class HeartbeatOut(BaseModel):
+    lease_id: str
+    expires_at: datetime
+    hard_deadline: datetime
+
+
+class Candidate(Wire):
+    name: str = Field(max_length=512)
+    us: float | None = Field(None, ge=0)
+    err_ratio: float | None = Field(None, ge=0)
+    error: str | None = Field(None, max_length=4000)
+
+
+class ResultIn(Wire):
+    shape_id: Id
+    backend: str = Field(min_length=1, max_length=32, pattern=NAME_PATTERN)
+    status: Literal["ok", "default_best", "failed"]  # default_best: tuned, nothing beat the default, no row
+    row: dict[Annotated[str, Field(max_length=64)], str | int | float | bool | None] | None = Field(
+        None, max_length=64)  # the winner in the family's tuned schema
+    us: Micros | None = None
+    err_ratio: float | None = Field(None, ge=0, le=1)
+    kernel_name: str | None = Field(None, max_length=1000)
+    default_us: Micros | None = None
+    candidates: list[Candidate] = Field(default_factory=list, max_length=10_000)
+    error: str | None = Field(None, max_length=20_000)
+    elapsed_s: Seconds | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    aiter_commit: str | None = Field(None, max_length=80)
+
+
+class ResultOut(BaseModel):
+    result_id: int
+    shape_state: str
+    verified: bool
+    duplicate: bool = False
+
+
+class ReleaseIn(Wire):
+    started: list[Id] = Field(default_factory=list, max_length=10_000)  # shapes being worked on: they count a try
+
+
+class ReleaseOut(BaseModel):
+    lease_id: str
+    requeued: int

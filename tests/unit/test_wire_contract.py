@@ -1,0 +1,71 @@
+"""One wire format: the service's lease routes and the worker's client speak the same pydantic models
+(app/wire.py), which a worker can import without FastAPI or SQLAlchemy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from fastapi.routing import APIRoute
+
+from app import wire
+from tests.conftest import DIGEST, ROOT
+
+
+def test_the_wire_module_needs_neither_fastapi_nor_sqlalchemy():
+    code = ("import sys, app.wire, workers.client; "
+            "print([m for m in ('fastapi', 'sqlalchemy', 'starlette') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.replace("'", '"')) == []
+
+
+WIRE_ROUTES = {  # path -> (request body model, response model)
+    "/v1/leases": (wire.LeaseIn, wire.LeaseOut),
+    "/v1/leases/{lease_id}/heartbeat": (None, wire.HeartbeatOut),
+    "/v1/leases/{lease_id}/results": (wire.ResultIn, wire.ResultOut),
+    "/v1/leases/{lease_id}/release": (wire.ReleaseIn, wire.ReleaseOut),
+}
+
+
+def api_routes(app) -> list[APIRoute]:  # type: ignore[no-untyped-def]
+    """Every APIRoute, through included routers (FastAPI keeps them nested)."""
+    out, todo = [], list(app.routes)
+    while todo:
+        r = todo.pop()
+        if isinstance(r, APIRoute):
+            out.append(r)
+        inner = getattr(r, "original_router", None) or getattr(r, "router", None)
+        todo.extend(getattr(inner, "routes", []) if inner is not None and inner is not r else [])
+    return out
+
+
+def test_the_service_routes_declare_exactly_the_wire_models(settings):
+    from app.main import create_app
+    routes = {r.path: r for r in api_routes(create_app(settings)) if "POST" in r.methods}
+    for path, (body, answer) in WIRE_ROUTES.items():
+        r = routes[path]
+        assert r.response_model is answer, path
+        got = r.body_field.field_info.annotation if r.body_field is not None else None
+        assert got is body or (body is not None and got == body | None), (path, got)
+
+
+def test_what_the_worker_sends_is_valid_on_the_wire():
+    from workers.agent import Agent, AgentConfig
+    from workers.backends.base import ShapeResult
+    from workers.client import Refused, ServiceClient
+    from workers.identity import WorkerIdentity
+
+    class B:
+        name, families = "torch", ["bf16_gemm"]
+
+    client = ServiceClient("http://127.0.0.1:9", retry_for_s=0.5)
+    agent = Agent(client, B(), WorkerIdentity("gfx942", 304, "cpu", "h"),
+                  AgentConfig("w-1", DIGEST, 60.0, spool_dir=str(ROOT / ".cache" / "spool-contract")))
+    wire.LeaseIn.model_validate(agent.lease_request())
+    res = ShapeResult(7, "ok", row={"M": 1}, us=3.0, err_ratio=0.0, candidates=[{"name": "c", "us": float("inf")}])
+    wire.ResultIn.model_validate(res.payload("torch", None))  # an unfinished candidate's inf becomes null
+    with pytest.raises(Refused) as e:  # a NaN winner is refused before it is sent, naming the field
+        client.post_result("00000000-0000-0000-0000-000000000000", {**res.payload("torch", None), "us": float("nan")})
+    assert e.value.field == "us"
