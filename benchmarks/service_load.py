@@ -1,27 +1,58 @@
-"""Lease round-trip latency (p50/p99) and captures ingested per second at 1, 8 and 64 concurrent clients,
-for SQLite and (with --pg-url or TUNER_TEST_PG_URL) PostgreSQL. Not a test.
+"""Does the service keep up with a fleet? Every figure beside a raw baseline measured in the same run, on
+SQLite and (with --pg-url, TUNER_TEST_PG_URL, or a PostgreSQL it starts like scripts/test.sh) PostgreSQL.
+Not a test: it prints a table of figures, ratios and the goals of issue #15 (met or MISSED).
 
-    python benchmarks/service_load.py [--pg-url postgresql://...] [--seconds 5]
+    python benchmarks/service_load.py [--pg-url postgresql://...] [--no-pg] [--shapes 100000] [--open-s 20]
+
+Per engine, one service (uvicorn, the CLI's flags) on a fresh database:
+- ingest: a 100k-shape untuned CSV posted as one capture, against plain sqlite3 / psycopg parsing the same
+  CSV and upserting the same rows into the same schema (psycopg: COPY into a temp table + INSERT ON CONFLICT);
+- lease+release (one client, closed loop) with ~2k and then ~200k shapes queued: p50, and the server
+  process's CPU per lease+release, against a bare FastAPI app (same uvicorn flags) doing the same lease and
+  release with plain SQL on the same schema and queue;
+- open loop: 64 agents each leasing (and releasing) once a second: p99 of the lease and of the release;
+- pages of the ~100k-shape campaign: the HTML page, the API's campaign, the engagement report, and the live
+  refresh of an unchanged page (304).
+The clients run in this process and share the machine's cores with the servers (and PostgreSQL).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import csv
+import io
+import json
 import os
+import random
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
+from pydantic import BaseModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.conftest import ADMIN, DIGEST, start_server  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.conftest import ADMIN, DIGEST, free_port, start_server  # noqa: E402
 
 IDENT = {"image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304}
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+HEADER = "M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,count"
+
+
+def csv_capture(n: int, n0: int) -> str:
+    """n distinct bf16 shapes (N from n0 up), as an AITER untuned CSV with call counts."""
+    rows = [HEADER] + [f"{1 + i % 4096},{64 * (n0 + i // 4096)},4096,False,torch.bfloat16,torch.bfloat16,False,"
+                       f"False,{1 + i % 7}" for i in range(n)]
+    return "\n".join(rows) + "\n"
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -29,82 +60,427 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
 
 
-def run_clients(n: int, seconds: float, work) -> tuple[list[float], int]:
-    lat: list[float] = []
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---- the raw baselines: plain drivers on the same schema ---------------------------------------------------
+
+RAW_UPSERT = ("INSERT INTO shapes (campaign_id, shape_key, shape, calls, flops, default_us, priority, "
+              "default_measured, state, attempts, updated_at) VALUES ({ph}) ON CONFLICT (campaign_id, shape_key) "
+              "DO UPDATE SET calls = shapes.calls + excluded.calls, "
+              "priority = (shapes.calls + excluded.calls) * shapes.default_us")
+
+
+def raw_rows(text: str, cid: int) -> list[tuple]:
+    """The same rows the service stores, parsed with the csv module and nothing else."""
+    r = csv.reader(io.StringIO(text))
+    cols = next(r)[:-1]
+    out = []
+    for cells in r:
+        d = dict(zip(cols, cells))
+        n, f = int(cells[-1]), 2.0 * int(d["M"]) * int(d["N"]) * int(d["K"])
+        us = f / 1.3e9 + 4.0
+        out.append((cid, "|".join(f"{c}={v}" for c, v in d.items()), json.dumps(d), n, f, us, n * us))
+    return out
+
+
+def raw_ingest(url: str, text: str) -> float:
+    """Seconds for plain sqlite3 / psycopg to parse the CSV and upsert its rows into a fresh campaign."""
+    now = datetime.now(timezone.utc)
+    if url.startswith("sqlite"):
+        import sqlite3
+        con = sqlite3.connect(url.split("///", 1)[1], isolation_level=None)
+        con.execute("INSERT INTO images (digest, created_at) VALUES (?, '2026-01-01 00:00:00.000000') "
+                    "ON CONFLICT DO NOTHING", (DIGEST,))
+        con.execute("INSERT INTO campaigns (image_digest, gfx, cu_num, family, created_at) VALUES "
+                    "(?, 'gfx942', 304, 'bf16_gemm', '2026-01-01 00:00:00.000000') ON CONFLICT DO NOTHING",
+                    (DIGEST,))
+        cid = con.execute("SELECT id FROM campaigns WHERE image_digest = ?", (DIGEST,)).fetchone()[0]
+        t0 = time.perf_counter()
+        rows = [r + (0, "queued", 0, now.strftime("%Y-%m-%d %H:%M:%S.%f")) for r in raw_rows(text, cid)]
+        con.execute("BEGIN IMMEDIATE")
+        con.executemany(RAW_UPSERT.format(ph=", ".join("?" * 11)), rows)
+        con.execute("COMMIT")
+        dt = time.perf_counter() - t0
+        con.close()
+        return dt
+    import psycopg
+    with psycopg.connect(url) as con:
+        con.execute("INSERT INTO images (digest, created_at) VALUES (%s, now()) ON CONFLICT DO NOTHING", (DIGEST,))
+        con.execute("INSERT INTO campaigns (image_digest, gfx, cu_num, family, created_at) VALUES "
+                    "(%s, 'gfx942', 304, 'bf16_gemm', now()) ON CONFLICT DO NOTHING", (DIGEST,))
+        cid = con.execute("SELECT id FROM campaigns WHERE image_digest = %s", (DIGEST,)).fetchone()[0]
+        con.commit()
+        t0 = time.perf_counter()
+        rows = raw_rows(text, cid)
+        with con.cursor() as cur:
+            cur.execute("CREATE TEMP TABLE raw_in (campaign_id int, shape_key text, shape text, calls int, "
+                        "flops float8, default_us float8, priority float8) ON COMMIT DROP")
+            with cur.copy("COPY raw_in FROM STDIN") as cp:
+                for r in rows:
+                    cp.write_row(r)
+            cur.execute(RAW_UPSERT.replace("VALUES ({ph})", "SELECT campaign_id, shape_key, shape::json, calls, "
+                                           "flops, default_us, priority, false, 'queued', 0, %s FROM raw_in "
+                                           "ORDER BY shape_key"), (now,))
+        con.commit()
+        return time.perf_counter() - t0
+
+
+class LeaseReq(BaseModel):
+    worker_id: str
+    image_digest: str
+    gfx: str
+    cu_num: int
+
+
+def raw_app(url: str):  # type: ignore[no-untyped-def]
+    """A bare FastAPI app: lease the top queued shape of the identity's top campaign and release it, in plain
+    SQL on the same schema and indexes (no auth, no validation beyond pydantic, no state machine)."""
+    from fastapi import FastAPI, Response
+
+    app = FastAPI()
+    pg = not url.startswith("sqlite")
+    ph = "%s" if pg else "?"
+    pick = (f"SELECT s.id, s.campaign_id, s.shape FROM campaigns c JOIN shapes s ON s.campaign_id = c.id "
+            f"WHERE c.image_digest = {ph} AND c.gfx = {ph} AND c.cu_num = {ph} AND s.state = 'queued' "
+            f"ORDER BY s.priority DESC, s.id LIMIT 1" + (" FOR UPDATE OF s SKIP LOCKED" if pg else ""))
+    local = threading.local()
+
+    def conn():  # type: ignore[no-untyped-def]
+        c = getattr(local, "c", None)
+        if c is None:
+            if pg:
+                import psycopg
+                c = psycopg.connect(url)
+            else:
+                import sqlite3
+                c = sqlite3.connect(url.split("///", 1)[1], isolation_level=None, timeout=5,
+                                    check_same_thread=False)
+                c.execute("PRAGMA journal_mode=WAL")
+                c.execute("PRAGMA synchronous=NORMAL")  # as the service sets it
+            local.c = c
+        return c
+
+    def tx(work):  # type: ignore[no-untyped-def]
+        c = conn()
+        if pg:
+            with c.transaction():
+                return work(c)
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            out = work(c)
+            c.execute("COMMIT")
+            return out
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    @app.post("/lease")
+    def lease(body: LeaseReq):  # type: ignore[no-untyped-def]
+        def work(c):  # type: ignore[no-untyped-def]
+            row = c.execute(pick, (body.image_digest, body.gfx, body.cu_num)).fetchone()
+            if row is None:
+                return None
+            lid, now = str(uuid.uuid4()), datetime.now(timezone.utc)
+            stamp = now if pg else now.strftime("%Y-%m-%d %H:%M:%S.%f")
+            later = now + timedelta(seconds=60)
+            c.execute(f"INSERT INTO leases (id, worker_id, campaign_id, backend, budget_s, state, created_at, "
+                      f"heartbeat_at, expires_at, hard_deadline) VALUES ({ph}, {ph}, {ph}, 'torch', 10, 'active', "
+                      f"{ph}, {ph}, {ph}, {ph})",
+                      (lid, body.worker_id, row[1], stamp, stamp, later if pg else later.strftime(
+                          "%Y-%m-%d %H:%M:%S.%f"), later if pg else later.strftime("%Y-%m-%d %H:%M:%S.%f")))
+            c.execute(f"UPDATE shapes SET state = 'leased', lease_id = {ph}, attempts = attempts + 1 "
+                      f"WHERE id = {ph}", (lid, row[0]))
+            return {"lease_id": lid, "shapes": [{"shape_id": row[0], "shape": row[2]}]}
+        out = tx(work)
+        return out if out is not None else Response(status_code=204)
+
+    @app.post("/release/{lease_id}")
+    def release(lease_id: str):  # type: ignore[no-untyped-def]
+        def work(c):  # type: ignore[no-untyped-def]
+            c.execute(f"UPDATE leases SET state = 'released' WHERE id = {ph} AND state = 'active'", (lease_id,))
+            c.execute(f"UPDATE shapes SET state = 'queued', lease_id = NULL, attempts = attempts - 1 "
+                      f"WHERE lease_id = {ph} AND state = 'leased'", (lease_id,))
+            return {"lease_id": lease_id}
+        return tx(work)
+
+    return app
+
+
+class Proc:
+    def __init__(self, url: str, proc: subprocess.Popen):
+        self.url, self.proc = url, proc
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def start_raw(db_url: str) -> Proc:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--raw-server", db_url, "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            httpx.get(url + "/docs", timeout=1)
+            return Proc(url, proc)
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError("raw server did not come up")
+
+
+# ---- the two kinds of client ---------------------------------------------------------------------------------
+
+class Target:
+    """How to lease and release on the service or on the raw app."""
+
+    def __init__(self, base: str, raw: bool):
+        self.base, self.raw = base, raw
+
+    def lease_req(self, i: int) -> tuple[str, dict]:
+        body = {**IDENT, "worker_id": f"b{i}"}
+        if self.raw:
+            return "/lease", body
+        return "/v1/leases", {**body, "backends": ["torch"], "budget_s": 10, "max_shapes": 1}
+
+    def release_path(self, lease_id: str) -> str:
+        return f"/release/{lease_id}" if self.raw else f"/v1/leases/{lease_id}/release"
+
+
+def closed_loop(t: Target, n: int) -> list[float]:
+    lat = []
+    with httpx.Client(base_url=t.base, timeout=60, headers=AUTH) as c:
+        for k in range(n):
+            path, body = t.lease_req(0)
+            t0 = time.perf_counter()
+            r = c.post(path, json=body)
+            r.raise_for_status()
+            c.post(t.release_path(r.json()["lease_id"])).raise_for_status()
+            lat.append(time.perf_counter() - t0)
+    return lat
+
+
+def cpu_per_op(t: Target, pid: int, n: int) -> tuple[float, float]:
+    """(p50 ms, server CPU ms) per lease+release over n closed-loop round trips."""
+    closed_loop(t, 20)  # warm
+    c0 = cpu_s(pid)
+    lat = closed_loop(t, n)
+    return pct(lat, .5), (cpu_s(pid) - c0) / n * 1e3
+
+
+def open_loop(t: Target, agents: int, seconds: float) -> tuple[list[float], list[float], int]:
+    """agents clients, each leasing once a second at its own phase and releasing at once: latencies of the
+    lease and of the release requests (from the moment each was sent), and the count of failures."""
+    leases: list[float] = []
+    releases: list[float] = []
     errors = 0
-    lock = threading.Lock()
-    stop = time.monotonic() + seconds
 
-    def loop(i: int) -> None:
+    async def agent(i: int, c: httpx.AsyncClient, start: float) -> None:
         nonlocal errors
-        with httpx.Client(base_url=URL, timeout=60, headers=AUTH) as c:
-            k = 0
-            while time.monotonic() < stop:
-                t0 = time.perf_counter()
-                ok = work(c, i, k)
-                with lock:
-                    (lat.append(time.perf_counter() - t0) if ok else None)
-                    errors += 0 if ok else 1
-                k += 1
+        k = 0
+        phase = random.random()
+        while True:
+            at = start + phase + k
+            if at > start + seconds:
+                return
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            path, body = t.lease_req(i)
+            t0 = time.perf_counter()
+            try:
+                r = await c.post(path, json=body)
+                leases.append(time.perf_counter() - t0)
+                if r.status_code != 200:
+                    errors += 1
+                else:
+                    t1 = time.perf_counter()
+                    rr = await c.post(t.release_path(r.json()["lease_id"]))
+                    releases.append(time.perf_counter() - t1)
+                    errors += rr.status_code != 200
+            except httpx.HTTPError:
+                errors += 1
+            k += 1
 
-    ts = [threading.Thread(target=loop, args=(i,)) for i in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return lat, errors
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=agents, max_keepalive_connections=agents)
+        async with httpx.AsyncClient(base_url=t.base, timeout=60, headers=AUTH, limits=limits) as c:
+            start = time.monotonic() + 0.5
+            await asyncio.gather(*(agent(i, c, start) for i in range(agents)))
+
+    asyncio.run(main())
+    return leases, releases, errors
 
 
-def lease_roundtrip(c: httpx.Client, i: int, k: int) -> bool:
-    r = c.post("/v1/leases", json={**IDENT, "worker_id": f"b{i}", "backends": ["torch"], "budget_s": 10,
-                                   "max_shapes": 1})
-    if r.status_code != 200:
-        return False
-    return c.post(f"/v1/leases/{r.json()['lease_id']}/release").status_code == 200
+# ---- one engine ----------------------------------------------------------------------------------------------
+
+def fresh_db(kind: str, pg_url: str | None, tmp: Path, name: str) -> str:
+    from app.db import migrate
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp / (name + '.db')}"
+    else:
+        import psycopg
+        db = f"bench_{name}_{uuid.uuid4().hex[:6]}"
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{db}"')
+        url = pg_url.rsplit("/", 1)[0] + "/" + db
+    migrate.upgrade(url)
+    return url
 
 
-def capture(c: httpx.Client, i: int, k: int) -> bool:
-    shapes = [{"M": 1 + (k * 10 + j) % 4096, "N": 64 * (1 + i), "K": 128, "count": 3} for j in range(10)]
-    return c.post("/v1/captures", json={**IDENT, "family": "bf16_gemm", "shapes": shapes}).status_code == 201
+def post_csv(base: str, text: str) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    r = httpx.post(base + "/v1/captures", content=text.encode(), timeout=600,
+                   headers={**AUTH, "content-type": "text/csv"}, params={**IDENT, "family": "bf16_gemm"})
+    dt = time.perf_counter() - t0
+    assert r.status_code == 201, r.text[:500]
+    return dt, r.json()
 
 
-def bench(engine: str, url: str, seconds: float) -> None:
-    global URL
-    srv = start_server(url, Path(tempfile.mkdtemp()) / "server.log", {"TUNER_LEASE_TTL_S": "600"})
-    URL = srv.url
+def timed_get(base: str, path: str, **kw) -> tuple[float, httpx.Response]:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    r = httpx.get(base + path, timeout=600, headers={**AUTH, **kw.pop("headers", {})}, **kw)
+    return (time.perf_counter() - t0) * 1e3, r
+
+
+def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple]) -> None:
+    tmp = Path(tempfile.mkdtemp())
+    big = csv_capture(a.shapes, 100)
+    t_raw = raw_ingest(fresh_db(kind, pg_url, tmp, "rawingest"), big)
+
+    url = fresh_db(kind, pg_url, tmp, "svc")
+    srv = start_server(url, tmp / "server.log", {"TUNER_LEASE_TTL_S": "600"})
+    raw_url = fresh_db(kind, pg_url, tmp, "raw")
     try:
-        httpx.post(URL + "/v1/captures", headers=AUTH, json={**IDENT, "family": "bf16_gemm",
-                                               "shapes": [{"M": m, "N": 64, "K": 64} for m in range(1, 2001)]})
-        for n in (1, 8, 64):
-            lat, err = run_clients(n, seconds, lease_roundtrip)
-            print(f"{engine:10} lease+release  clients={n:3d}  n={len(lat):6d}  p50={pct(lat, .5):7.1f} ms  "
-                  f"p99={pct(lat, .99):7.1f} ms  non-2xx={err}")
-        for n in (1, 8, 64):
-            lat, err = run_clients(n, seconds, capture)
-            print(f"{engine:10} capture(10)    clients={n:3d}  captures/s={len(lat) / seconds:7.1f}  "
-                  f"shapes/s={10 * len(lat) / seconds:8.1f}  p50={pct(lat, .5):7.1f} ms  non-2xx={err}")
+        svc, pid = Target(srv.url, raw=False), srv.proc.pid
+        post_csv(srv.url, csv_capture(2000, 1))
+        raw_ingest(raw_url, csv_capture(2000, 1))
+        raw = start_raw(raw_url)
+        rt = Target(raw.url, raw=True)
+        try:
+            p50_2k, cpu_2k = cpu_per_op(svc, pid, a.ops)
+            raw_p50_2k, raw_cpu_2k = cpu_per_op(rt, raw.proc.pid, a.ops)
+        finally:
+            raw.stop()
+        t_svc, out = post_csv(srv.url, big)
+        cid = out["campaign_id"]
+        ms_page, page = timed_get(srv.url, f"/campaigns/{cid}")
+        ms_304, same = timed_get(srv.url, f"/campaigns/{cid}", params={"partial": 1},
+                                 headers={"If-None-Match": timed_get(srv.url, f"/campaigns/{cid}",
+                                                                     params={"partial": 1})[1].headers["etag"]})
+        ms_api, api = timed_get(srv.url, f"/v1/campaigns/{cid}")
+        ms_eng, eng = timed_get(srv.url, f"/v1/campaigns/{cid}/engagement")
+        fill = a.queue - 2000 - a.shapes
+        if fill > 0:
+            post_csv(srv.url, csv_capture(fill, 100 + a.shapes // 4096 + 2))
+            raw_ingest(raw_url, csv_capture(fill, 100 + a.shapes // 4096 + 2))  # the raw app's queue too
+            raw_ingest(raw_url, big)
+        queued = httpx.get(srv.url + f"/v1/campaigns/{cid}", headers=AUTH, params={"limit": 1}).json()["queued"]
+        p50_200k, cpu_200k = cpu_per_op(svc, pid, a.ops)
+        raw = start_raw(raw_url)
+        rt = Target(raw.url, raw=True)
+        try:
+            raw_p50_200k, raw_cpu_200k = cpu_per_op(rt, raw.proc.pid, a.ops)
+            ol_raw = open_loop(rt, a.agents, a.open_s)
+        finally:
+            raw.stop()
+        ol = open_loop(svc, a.agents, a.open_s)
     finally:
         srv.proc.terminate()
         srv.proc.wait()
+
+    e = kind
+    rows += [
+        (e, f"ingest {a.shapes // 1000}k-shape CSV capture", f"{a.shapes / t_svc:,.0f} shapes/s ({t_svc:.2f} s)",
+         f"{a.shapes / t_raw:,.0f} shapes/s ({t_raw:.2f} s)", t_raw / t_svc, ">= 0.3x raw", t_raw / t_svc >= 0.3),
+        (e, "lease+release p50, 2k queued (1 client)", f"{p50_2k:.1f} ms", f"{raw_p50_2k:.1f} ms",
+         p50_2k / raw_p50_2k, "", None),
+        (e, f"lease+release p50, {queued // 1000}k queued", f"{p50_200k:.1f} ms", f"{raw_p50_200k:.1f} ms",
+         p50_200k / raw_p50_200k, "", None),
+        (e, "  p50 at ~200k / p50 at 2k", f"{p50_200k / p50_2k:.2f}x", f"{raw_p50_200k / raw_p50_2k:.2f}x",
+         None, "<= 1.2x", p50_200k / p50_2k <= 1.2),
+        (e, "server CPU per lease+release (2k / 200k)", f"{cpu_2k:.2f} / {cpu_200k:.2f} ms",
+         f"{raw_cpu_2k:.2f} / {raw_cpu_200k:.2f} ms", cpu_200k / raw_cpu_200k, "<= 2x raw",
+         max(cpu_2k / raw_cpu_2k, cpu_200k / raw_cpu_200k) <= 2),
+        (e, f"open loop {a.agents} agents x 1 lease/s: lease p50/p99", f"{pct(ol[0], .5):.1f} / {pct(ol[0], .99):.1f} ms",
+         f"{pct(ol_raw[0], .5):.1f} / {pct(ol_raw[0], .99):.1f} ms", pct(ol[0], .99) / pct(ol_raw[0], .99),
+         "p99 <= 20 ms", pct(ol[0], .99) <= 20),
+        (e, "  release p50/p99; failed requests", f"{pct(ol[1], .5):.1f} / {pct(ol[1], .99):.1f} ms; {ol[2]}",
+         f"{pct(ol_raw[1], .5):.1f} / {pct(ol_raw[1], .99):.1f} ms; {ol_raw[2]}", None, "", None),
+        (e, f"campaign page, {a.shapes // 1000}k shapes (HTML)", f"{ms_page:.0f} ms, {len(page.content) / 1e3:.0f} kB",
+         "", None, "< 300 ms, < 1 MB", ms_page < 300 and len(page.content) < 1e6),
+        (e, "  live refresh, page unchanged", f"{same.status_code}, {len(same.content)} B, {ms_304:.0f} ms", "", None,
+         "304", same.status_code == 304),
+        (e, "  API campaign (first page of shapes)", f"{ms_api:.0f} ms, {len(api.content) / 1e3:.0f} kB", "", None,
+         "< 1 MB", len(api.content) < 1e6),
+        (e, "  engagement report (first page)", f"{ms_eng:.0f} ms, {len(eng.content) / 1e3:.0f} kB", "", None,
+         "< 1 MB", len(eng.content) < 1e6),
+    ]
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def start_pg() -> tuple[str, list[str]]:
+    """A throwaway PostgreSQL on loopback, as scripts/test.sh starts one (returns its URL and stop command)."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    if not bins:
+        raise RuntimeError("no PostgreSQL server installed (apt-get install postgresql) and no --pg-url")
+    b, data = bins[-1], tempfile.mkdtemp(prefix="bench-pg.")
+    run = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+    if run:
+        shutil.chown(data, "postgres")
+    port = free_port()
+    subprocess.run(run + [str(b / "initdb"), "-D", data, "-A", "trust", "-U", "postgres"], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(run + [str(b / "pg_ctl"), "-D", data, "-l", f"{data}/log", "-w", "-o",
+                          f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+                          "-c fsync=off", "start"], check=True, stdout=subprocess.DEVNULL)
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", run + [str(b / "pg_ctl"), "-D", data, "-m",
+                                                                       "fast", "stop"]
+
+
+def table(rows: list[tuple]) -> str:
+    head = ("engine", "measure", "service", "raw baseline", "ratio", "goal", "")
+    body = [(e, m, s, r, "" if x is None else f"{x:.2f}x", g, "" if ok is None else ("met" if ok else "MISSED"))
+            for e, m, s, r, x, g, ok in rows]
+    w = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in [head] + body)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--pg-url", default=os.environ.get("TUNER_TEST_PG_URL"))
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--no-pg", action="store_true")
+    p.add_argument("--shapes", type=int, default=100_000)
+    p.add_argument("--queue", type=int, default=200_000, help="shapes queued for the second lease figure")
+    p.add_argument("--ops", type=int, default=300, help="closed-loop lease+release round trips per figure")
+    p.add_argument("--agents", type=int, default=64)
+    p.add_argument("--open-s", type=float, default=20.0)
+    p.add_argument("--raw-server", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
-    bench("sqlite", f"sqlite:///{tempfile.mkdtemp()}/load.db", a.seconds)
-    if a.pg_url:
-        import psycopg
-        name = f"bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(a.pg_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        bench("postgresql", a.pg_url.rsplit("/", 1)[0] + "/" + name, a.seconds)
-    else:
-        print("postgresql: skipped (no --pg-url / TUNER_TEST_PG_URL)")
+    if a.raw_server:
+        import uvicorn
+        uvicorn.run(raw_app(a.raw_server), host="127.0.0.1", port=a.port, log_level="warning", http="httptools",
+                    loop="uvloop")
+        return
+    rows: list[tuple] = []
+    bench("sqlite", None, a, rows)
+    stop = None
+    if not a.no_pg:
+        pg = a.pg_url
+        if not pg:
+            pg, stop = start_pg()
+        try:
+            bench("postgresql", pg, a, rows)
+        finally:
+            if stop:
+                subprocess.run(stop, stdout=subprocess.DEVNULL)
+    print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}; servers, PostgreSQL and "
+          "clients share them")
+    print(table(rows))
 
 
-URL = ""
-AUTH = {"Authorization": f"Bearer {ADMIN}"}
 if __name__ == "__main__":
     main()

@@ -23,6 +23,9 @@ def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True) ->
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a commit survives the service dying (only an OS crash or power cut can lose the
+            # last ones), and no fsync per lease (one per checkpoint instead)
+            cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={int(sqlite_busy_ms)}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.api.schemas import LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
@@ -43,6 +43,31 @@ def _lease_facts(lease: Lease) -> ls.LeaseFacts:
     return ls.LeaseFacts(ls.LeaseState(lease.state), lease.expires_at, lease.hard_deadline)
 
 
+# The lease path reads shape facts as plain rows and writes each transition back with one executemany
+# UPDATE (guarded by the state it read): no ORM unit of work per shape on the hottest requests.
+_FACTS = (CampaignShape.id, CampaignShape.shape, CampaignShape.calls, CampaignShape.state, CampaignShape.attempts,
+          CampaignShape.attempts_base, CampaignShape.lease_id, CampaignShape.last_error)
+_T = CampaignShape.__table__
+_WRITE = (update(_T).where(_T.c.id == bindparam("b_id"), _T.c.state == bindparam("b_was"))
+          .values(state=bindparam("b_state"), attempts=bindparam("b_attempts"), attempts_base=bindparam("b_base"),
+                  lease_id=bindparam("b_lease"), last_error=bindparam("b_error")))
+
+
+def _row_facts(r) -> ls.ShapeFacts:  # type: ignore[no-untyped-def]
+    return ls.ShapeFacts(ls.ShapeState(r.state), r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
+
+
+def _write_facts(s: Session, changes: list[tuple[int, str, ls.ShapeFacts]]) -> None:
+    """(shape id, the state it was read in, its new facts): all or nothing (409 if a row moved meanwhile)."""
+    if not changes:
+        return
+    done = s.execute(_WRITE, [{"b_id": sid, "b_was": was, "b_state": f.state.value, "b_attempts": f.attempts,
+                               "b_base": f.attempts_base, "b_lease": f.lease_id, "b_error": f.last_error}
+                              for sid, was, f in changes]).rowcount
+    if done != len(changes):
+        raise Conflict("shape_id: a shape changed state meanwhile; retry", "shape_id")
+
+
 def _held(s: Session, lease_id: str) -> list[CampaignShape]:
     return list(s.scalars(select(CampaignShape).where(CampaignShape.lease_id == lease_id,
                                                       CampaignShape.state == ls.ShapeState.LEASED.value)))
@@ -61,14 +86,11 @@ def sweep_expired(s: Session, settings: Settings, now: datetime | None = None) -
 
 
 def _touch_worker(s: Session, body: LeaseIn, now: datetime) -> None:
-    w = s.get(Worker, body.worker_id)
-    if w is None:
-        s.add(Worker(id=body.worker_id, image_digest=body.image_digest, gfx=body.gfx, cu_num=body.cu_num,
-                     host=body.host, backends=body.backends, aiter_commit=body.aiter_commit, first_seen_at=now,
-                     last_seen_at=now))
-    else:
-        w.image_digest, w.gfx, w.cu_num, w.host = body.image_digest, body.gfx, body.cu_num, body.host
-        w.backends, w.aiter_commit, w.last_seen_at = body.backends, body.aiter_commit, now
+    seen = {"image_digest": body.image_digest, "gfx": body.gfx, "cu_num": body.cu_num, "host": body.host,
+            "backends": body.backends, "aiter_commit": body.aiter_commit, "last_seen_at": now}
+    w = Worker.__table__
+    if not s.execute(update(w).where(w.c.id == body.worker_id).values(seen)).rowcount:
+        s.execute(insert(w).values(id=body.worker_id, first_seen_at=now, **seen))
 
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
@@ -127,30 +149,29 @@ def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | N
     n = max(1, math.floor(body.budget_s / cost)) if cost > 0 else 10_000
     if body.max_shapes:
         n = min(n, body.max_shapes)
-    pick = lock_for_lease(select(CampaignShape).where(CampaignShape.campaign_id == camp.id,
-                                                      CampaignShape.state == ls.ShapeState.QUEUED.value)
+    # the next n of the campaign's queue, one ix_shapes_queue range (SKIP LOCKED on PostgreSQL)
+    pick = lock_for_lease(select(*_FACTS).where(CampaignShape.campaign_id == camp.id,
+                                                CampaignShape.state == ls.ShapeState.QUEUED.value)
                           .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(n))
-    shapes = list(s.scalars(pick))
-    if not shapes:
+    rows = s.execute(pick).all()
+    if not rows:
         return None
     lf = ls.open_lease(now, body.budget_s, settings.lease_ttl_s, settings.lease_grace_s)
-    lease = Lease(id=str(uuid.uuid4()), worker_id=body.worker_id, campaign_id=camp.id, backend=backend, token_id=token_id,
-                  budget_s=body.budget_s, created_at=now, heartbeat_at=now, hard_deadline=lf.hard_deadline,
-                  expires_at=lf.expires_at, state=lf.state.value)
-    s.add(lease)
-    s.flush()
-    for sh in shapes:
-        set_shape(sh, ls.lease(shape_facts(sh), lease.id))
-    hard = lf.hard_deadline
-    return LeaseOut(lease_id=lease.id, campaign_id=camp.id, family=camp.family, image_digest=camp.image_digest,
+    lease_id = str(uuid.uuid4())
+    s.execute(insert(Lease.__table__).values(
+        id=lease_id, worker_id=body.worker_id, campaign_id=camp.id, backend=backend, token_id=token_id,
+        budget_s=body.budget_s, created_at=now, heartbeat_at=now, hard_deadline=lf.hard_deadline,
+        expires_at=lf.expires_at, state=lf.state.value))
+    leased = [(r, ls.lease(_row_facts(r), lease_id)) for r in rows]
+    _write_facts(s, [(r.id, r.state, f) for r, f in leased])
+    return LeaseOut(lease_id=lease_id, campaign_id=camp.id, family=camp.family, image_digest=camp.image_digest,
                     gfx=camp.gfx, cu_num=camp.cu_num, backend=backend, budget_s=body.budget_s,
-                    expires_at=lease.expires_at, hard_deadline=hard, heartbeat_every_s=settings.lease_ttl_s / 3,
-                    est_shape_cost_s=cost,
+                    expires_at=lf.expires_at, hard_deadline=lf.hard_deadline,
+                    heartbeat_every_s=settings.lease_ttl_s / 3, est_shape_cost_s=cost,
                     tuned_header=list(table_schemas.schema_for(s, camp.image_digest, camp.family).header),
                     untuned_header=list(table_schemas.untuned_header_for(s, camp.image_digest, camp.family)),
-                    shapes=[LeasedShape(shape_id=x.id, shape=x.shape, calls=x.calls,
-                                        attempts=x.attempts - (x.attempts_base or 0) + 1)
-                            for x in shapes])
+                    shapes=[LeasedShape(shape_id=r.id, shape=r.shape, calls=r.calls,
+                                        attempts=f.attempts - f.attempts_base + 1) for r, f in leased])
 
 
 def _owned_lease(s: Session, lease_id: str, owner: int | None) -> Lease:
@@ -189,9 +210,10 @@ def release(s: Session, lease_id: str, settings: Settings, owner: int | None = N
     """A clean stop: untouched shapes go back to the queue uncounted; `started` ones count a try."""
     lease = _live_lease(s, lease_id, settings, owner)
     lease.state = ls.end_lease(_lease_facts(lease), ls.LeaseState.RELEASED).state.value
-    back = _held(s, lease.id)
-    for sh in back:
-        set_shape(sh, ls.release(shape_facts(sh), lease.id, sh.id in started, settings.max_attempts))
+    back = s.execute(select(*_FACTS).where(CampaignShape.lease_id == lease.id,
+                                           CampaignShape.state == ls.ShapeState.LEASED.value)).all()
+    _write_facts(s, [(r.id, r.state, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts))
+                     for r in back])
     return len(back)
 
 
