@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("aiter_tuner")
 
@@ -41,6 +42,15 @@ class Forbidden(DomainError):
     status, title = 403, "forbidden"
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "constrained-str", "list", "dict", "is-instance"}
+
+
+def field_of(loc: tuple | list) -> str | None:
+    """A validation error's location as a dotted field name, without pydantic's union member tags."""
+    parts = [str(p) for p in loc if p != "body" and str(p) not in _TYPE_TAGS and "[" not in str(p)]
+    return ".".join(parts) or None
+
+
 def _problem(status: int, title: str, detail: str, field: str | None, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"title": title, "status": status, "detail": detail, "field": field}, status_code=status,
                         headers=headers, media_type="application/problem+json")
@@ -56,11 +66,15 @@ def install(app: FastAPI, retry_after_s: int) -> None:
     async def _domain(_req: Request, exc: DomainError) -> JSONResponse:
         return _problem(exc.status, exc.title, exc.detail, exc.field)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        title = {404: "not found", 405: "method not allowed", 400: "bad request"}.get(exc.status_code, "error")
+        return _problem(exc.status_code, title, str(exc.detail), None, dict(exc.headers or {}) or None)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        field = ".".join(loc) or None
+        field = field_of(first.get("loc", ()))
         return _problem(422, "invalid input", f"{field}: {first.get('msg')}" if field else str(first.get("msg")),
                         field)
 

@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import errors
+from app.api import responses
 from app.api.routes import campaigns, captures, health, leases, overlays
 from app.config import Settings
 from app.db import migrate
@@ -71,7 +72,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
         sweeper.cancel()
         db.dispose()
 
-    app = FastAPI(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan,
+                  responses=responses.errors(400, 401, 403, 404, 409, 413, 422, 503))
     app.state.settings, app.state.db = settings, db
     app.state.token_cache = TTLCache(settings.token_cache_s)
     errors.install(app, settings.retry_after_s)

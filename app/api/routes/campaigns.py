@@ -5,15 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DbDep, SettingsDep
+from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, EngagementReport, Requeued,
+                               ShapePage, WorkerInfo, csv_body)
 from app.auth import AdminAuth, ReadAuth
 from app.services import buckets, campaigns, engagement, leasing, pages
 
 router = APIRouter(tags=["campaigns"])
 
 
-@router.get("/v1/campaigns")
+@router.get("/v1/campaigns", response_model=list[CampaignSummary])
 def list_campaigns(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict]:
     with db.session(write=False) as s:
         return campaigns.summaries(s, settings.default_shape_cost_s)
@@ -23,7 +26,7 @@ Limit = Annotated[int, Query(description="shapes per page")]
 After = Annotated[str | None, Query(description="the `next` cursor of the previous page")]
 
 
-@router.get("/v1/campaigns/{campaign_id}")
+@router.get("/v1/campaigns/{campaign_id}", response_model=CampaignDetail)
 def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAuth,
                  limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """The summary and one page of shapes by served time (`next`: the cursor of the following page)."""
@@ -34,7 +37,7 @@ def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAu
         return {**summary, "shape_list": rows, "next": nxt}
 
 
-@router.get("/v1/campaigns/{campaign_id}/shapes")
+@router.get("/v1/campaigns/{campaign_id}/shapes", response_model=ShapePage)
 def list_shapes(campaign_id: int, db: DbDep, who: ReadAuth, limit: Limit = pages.DEFAULT_LIMIT,
                 after: After = None) -> dict:
     with db.session(write=False) as s:
@@ -43,7 +46,7 @@ def list_shapes(campaign_id: int, db: DbDep, who: ReadAuth, limit: Limit = pages
         return {"shapes": rows, "next": nxt}
 
 
-@router.get("/v1/campaigns/{campaign_id}/engagement")
+@router.get("/v1/campaigns/{campaign_id}/engagement", response_model=EngagementReport)
 def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False, form: str | None = None,
                    limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """The verdict per captured shape on the table AITER builds from a deploy form (layer, merged,
@@ -53,35 +56,40 @@ def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = Fa
                                      after=after)
 
 
-@router.post("/v1/campaigns/{campaign_id}/engagement")
+@router.post("/v1/campaigns/{campaign_id}/engagement", response_model=EngagementReport,
+             openapi_extra=csv_body("the table to check, as written (AITER tuned CSV)"))
 async def check_supplied_table(campaign_id: int, request: Request, db: DbDep, who: ReadAuth,
                                limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """Would this CSV (as written) engage in the campaign's image? Body: the table, text/csv."""
     text = (await request.body()).decode("utf-8", errors="replace")
-    with db.session(write=False) as s:
-        return engagement.pre_deploy(s, campaign_id, table_csv=text, limit=pages.check_limit(limit), after=after)
+
+    def work() -> dict:  # CSV parsing and the database: off the event loop
+        with db.session(write=False) as s:
+            return engagement.pre_deploy(s, campaign_id, table_csv=text, limit=pages.check_limit(limit), after=after)
+
+    return await run_in_threadpool(work)
 
 
-@router.get("/v1/campaigns/{campaign_id}/bucket-plan")
+@router.get("/v1/campaigns/{campaign_id}/bucket-plan", response_model=BucketPlan)
 def bucket_plan(campaign_id: int, db: DbDep, who: ReadAuth) -> dict:
     with db.session(write=False) as s:
         return buckets.report(s, campaign_id)
 
 
-@router.post("/v1/campaigns/{campaign_id}/bucket-plan/apply")
+@router.post("/v1/campaigns/{campaign_id}/bucket-plan/apply", response_model=BucketApply)
 def apply_bucket_plan(campaign_id: int, db: DbDep, who: AdminAuth) -> dict:
     with db.session() as s:
         return buckets.apply(s, campaign_id)
 
 
-@router.post("/v1/campaigns/{campaign_id}/requeue-failed")
+@router.post("/v1/campaigns/{campaign_id}/requeue-failed", response_model=Requeued)
 def requeue_failed(campaign_id: int, db: DbDep, who: AdminAuth) -> dict:
     with db.session() as s:
         engagement.campaign_or_404(s, campaign_id)
         return {"requeued": leasing.requeue_campaign_failures(s, campaign_id)}
 
 
-@router.get("/v1/workers")
+@router.get("/v1/workers", response_model=list[WorkerInfo])
 def list_workers(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict]:
     with db.session(write=False) as s:
         return campaigns.workers(s, settings.stale_worker_s)

@@ -4,11 +4,12 @@ from fastapi import APIRouter
 from sqlalchemy import text
 
 from app.api.deps import DbDep
+from app.api.responses import Health
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 def healthz(db: DbDep) -> dict:
     with db.session(write=False) as s:
         s.execute(text("SELECT 1"))

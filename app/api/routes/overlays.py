@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 
 from app.api.deps import DbDep
 from app.api.schemas import ImageTablesIn, LogIn, VerificationIn, check_digest
+from app.api.responses import DeployPlan, FamilySchema, LogReport, OverlayInfo, TablesStored, Verification
 from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
 from app.services import engagement, overlays, verifications
@@ -21,7 +22,8 @@ def _digest(d: str) -> str:
         raise Invalid(f"image_digest: {e}", "image_digest") from None
 
 
-@router.get("/v1/overlays/{image_digest}/{family}.csv")
+@router.get("/v1/overlays/{image_digest}/{family}.csv", response_class=Response,
+            responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}}, "description": "the overlay CSV"}})
 def overlay_csv(image_digest: str, family: str, db: DbDep, who: ReadAuth, merged: bool = False,
                 exclude_shipped: bool = False) -> Response:
     who.check_digest(image_digest)
@@ -33,7 +35,7 @@ def overlay_csv(image_digest: str, family: str, db: DbDep, who: ReadAuth, merged
         "X-Aiter-Env": ov.family.env_var, "X-Aiter-Rows": str(len(ov.table.rows))})
 
 
-@router.get("/v1/overlays/{image_digest}/{family}")
+@router.get("/v1/overlays/{image_digest}/{family}", response_model=OverlayInfo)
 def overlay_info(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> dict:
     who.check_digest(image_digest)
     with db.session(write=False) as s:
@@ -45,7 +47,7 @@ def overlay_info(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> di
             "download": f"/v1/overlays/{image_digest}/{ov.family.name}.csv"}
 
 
-@router.get("/v1/overlays/{image_digest}/{family}/deploy")
+@router.get("/v1/overlays/{image_digest}/{family}/deploy", response_model=DeployPlan)
 def deploy_plan(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> dict:
     """The exact env value to set (layer over the shipped tables, or one merged file), rebuild and log notes."""
     who.check_digest(image_digest)
@@ -53,7 +55,7 @@ def deploy_plan(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> dic
         return overlays.deploy_plan(s, _digest(image_digest), family)
 
 
-@router.post("/v1/verifications", status_code=201)
+@router.post("/v1/verifications", status_code=201, response_model=Verification)
 def post_verification(body: VerificationIn, db: DbDep, who: WorkerAuth) -> dict:
     """A worker's replay of the deployed overlay through AITER's production op (tuner --run_config)."""
     who.check_digest(body.image_digest)
@@ -61,28 +63,28 @@ def post_verification(body: VerificationIn, db: DbDep, who: WorkerAuth) -> dict:
         return verifications.record(s, body)
 
 
-@router.get("/v1/overlays/{image_digest}/{family}/verifications")
+@router.get("/v1/overlays/{image_digest}/{family}/verifications", response_model=list[Verification])
 def list_verifications(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> list[dict]:
     who.check_digest(image_digest)
     with db.session(write=False) as s:
         return verifications.listing(s, _digest(image_digest), family)
 
 
-@router.put("/v1/images/{image_digest}/tables")
+@router.put("/v1/images/{image_digest}/tables", response_model=TablesStored)
 def put_tables(image_digest: str, body: ImageTablesIn, db: DbDep, who: WorkerAuth) -> dict:
     who.check_digest(image_digest)
     with db.session() as s:
         return {"image_digest": image_digest, "stored": store_image_tables(s, _digest(image_digest), body)}
 
 
-@router.get("/v1/images/{image_digest}/schemas")
+@router.get("/v1/images/{image_digest}/schemas", response_model=list[FamilySchema])
 def get_schemas(image_digest: str, db: DbDep, who: ReadAuth) -> list[dict]:
     """Per family: the header, key columns and untuned header this image's AITER uses."""
     with db.session(write=False) as s:
         return schemas_of(s, _digest(image_digest))
 
 
-@router.post("/v1/engagement/logs")
+@router.post("/v1/engagement/logs", response_model=LogReport)
 def post_deploy_log(body: LogIn, db: DbDep, who: CaptureAuth) -> dict:
     who.check_digest(body.image_digest)
     with db.session(write=False) as s:

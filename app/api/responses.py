@@ -1,0 +1,147 @@
+"""Response models of the read and admin routes (the worker's are in app/wire.py), and the error body.
+
+Reports carry more than these fields (they grow with the features that fill them): each model declares what a
+client may rely on and allows the rest, so the OpenAPI document states every route's answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Problem(BaseModel):
+    """application/problem+json (RFC 9457) with the field at fault."""
+
+    title: str
+    status: int
+    detail: str
+    field: str | None = None
+
+
+class Health(BaseModel):
+    ok: bool
+
+
+class CampaignSummary(Open):
+    campaign_id: int
+    image_digest: str
+    gfx: str
+    cu_num: int
+    family: str
+    shapes: int
+    queued: int
+    leased: int
+    tuned: int
+    failed: int
+
+
+class ShapePage(Open):
+    shapes: list[dict[str, Any]]
+    next: str | int | None = None
+
+
+class CampaignDetail(CampaignSummary):
+    shape_list: list[dict[str, Any]]
+    next: str | int | None = None
+
+
+class EngagementReport(Open):
+    campaign_id: int
+    family: str
+    env_var: str
+    hits: int
+    misses: int
+    report: list[dict[str, Any]]
+
+
+class BucketPlan(Open):
+    campaign_id: int
+    family: str
+    rows_to_tune: int
+    rows: list[dict[str, Any]]
+
+
+class BucketApply(Open):
+    added: int
+    covered: int
+
+
+class Requeued(BaseModel):
+    requeued: int
+
+
+class WorkerInfo(Open):
+    worker_id: str
+    image_digest: str
+    gfx: str
+    cu_num: int
+    stale: bool
+    lease_id: str | None = None
+
+
+class OverlayInfo(Open):
+    family: str
+    env_var: str
+    rows: int
+    header: list[str]
+    filename: str
+    env_line: str
+    download: str
+
+
+class DeployPlan(Open):
+    family: str
+    env_var: str
+    notes: list[Any]
+
+
+class Verification(Open):
+    id: int
+    image_digest: str
+    family: str
+    worker_id: str
+    passed: bool
+    created_at: str
+
+
+class FamilySchema(Open):
+    family: str
+    header: list[str]
+    key_columns: list[str]
+    untuned_header: list[str]
+
+
+class TablesStored(Open):
+    image_digest: str
+    stored: dict[str, Any]
+
+
+class LogReport(Open):
+    family: str
+    env_var: str
+    hit_lines: int
+    miss_lines: int
+    report: list[dict[str, Any]]
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error codes, each a Problem as application/problem+json."""
+    why = {400: "bad request", 401: "no or unknown token", 403: "token lacks the role or digest scope",
+           404: "not found", 409: "conflict with the current state", 413: "body too large",
+           415: "unsupported content type", 422: "invalid input (the field is named)",
+           503: "database busy or unavailable (Retry-After)"}
+    return {c: {"description": why.get(c, "error"), "model": Problem,
+                "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+            for c in codes}
+
+
+def csv_body(what: str) -> dict[str, Any]:
+    """openapi_extra for a route that reads a raw text/csv body."""
+    return {"requestBody": {"required": True, "description": what,
+                            "content": {"text/csv": {"schema": {"type": "string"}}}}}
