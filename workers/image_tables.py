@@ -21,9 +21,12 @@ def aiter_package_dir() -> Path | None:
 
 
 def read_tables(configs: Path) -> dict[str, str]:
-    """Every tuned and untuned CSV under configs/, by path relative to it."""
-    return {str(p.relative_to(configs)): p.read_text(errors="replace") for p in sorted(configs.rglob("*.csv"))
-            if "tuned" in p.name}
+    """Every tuned and untuned CSV under configs/, by path relative to it: configs/ sorted, then model_configs/
+    in AITER's own glob order (file system order), which decides first-match ties between them."""
+    top = [p for p in sorted(configs.glob("*.csv")) if "tuned" in p.name]
+    mc = [p for p in (configs / "model_configs").glob("*.csv") if "tuned" in p.name] \
+        if (configs / "model_configs").is_dir() else []
+    return {str(p.relative_to(configs)): p.read_text(errors="replace") for p in top + mc}
 
 
 def aiter_version(pkg: Path) -> str | None:
@@ -48,6 +51,19 @@ def aiter_commit(pkg: Path) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def flydsl_available() -> bool:
+    """AITER's own answer where its flydsl helper imports (flydsl present, new enough, and the arch known:
+    aiter/ops/flydsl/utils.py is_flydsl_available), else whether the flydsl package is there at all."""
+    try:
+        from aiter.ops.flydsl.utils import is_flydsl_available  # type: ignore[import-not-found]
+        return bool(is_flydsl_available())
+    except Exception:  # noqa: BLE001  no aiter, or its import needs a GPU: fall back to the package
+        try:
+            return importlib.util.find_spec("flydsl") is not None
+        except (ImportError, ValueError):
+            return False
+
+
 def batches(tables: dict[str, str], limit: int = MAX_REQUEST_BYTES) -> list[dict[str, str]]:
     out: list[dict[str, str]] = [{}]
     size = 0
@@ -60,12 +76,14 @@ def batches(tables: dict[str, str], limit: int = MAX_REQUEST_BYTES) -> list[dict
     return [b for b in out if b]
 
 
-def report(client: Any, digest: str, pkg: Path, commit: str | None = None) -> dict[str, int]:
-    """PUT the image's tables to the service; returns tables stored per family."""
+def report(client: Any, digest: str, pkg: Path, commit: str | None = None, flydsl: bool | None = None
+           ) -> dict[str, int]:
+    """PUT the image's tables to the service, and whether FlyDSL is usable here; returns tables per family."""
     version, commit = aiter_version(pkg), commit or aiter_commit(pkg)
+    flydsl = flydsl_available() if flydsl is None else flydsl
     stored: dict[str, int] = {}
     for chunk in batches(read_tables(pkg / "configs")):
-        out = client.put_tables(digest, {"aiter_version": version, "aiter_commit": commit,
+        out = client.put_tables(digest, {"aiter_version": version, "aiter_commit": commit, "flydsl": flydsl,
                                          "configs_dir": str(pkg / "configs"), "tables": chunk})
         for fam, n in out["stored"].items():
             stored[fam] = stored.get(fam, 0) + n

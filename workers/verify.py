@@ -1,8 +1,12 @@
-"""Verify a deployed overlay in the served image: fetch it, replay its rows through AITER's production op
-with the family tuner's --run_config (AITER sets AITER_REBUILD=2 itself so compiled tables rebuild), and
-post the outcome to the service, where the campaign page shows it.
+"""Verify a deployed overlay in the served image, and post the outcome to the service (the campaign page
+shows it):
 
     python -m workers.verify --service URL --image-digest sha256:... --family bf16_gemm
+        replays the overlay's rows through AITER's production op with the family tuner's --run_config
+        (AITER sets AITER_REBUILD=2 itself so compiled tables rebuild);
+    python -m workers.verify --service URL --engagement --campaign 7 [--form layer|merged|model_configs_dropin]
+        deploys the form the deploy plan offers (its env value, or the drop-in file), imports this image's AITER
+        and calls AITER's own lookup for every captured shape of the campaign: the proof beside the prediction.
 """
 
 from __future__ import annotations
@@ -16,10 +20,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.domain.families import get_family
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from app.domain.families import get_family, release_named
 from app.domain.tables import read_table, render_csv
 from workers.backends.aiter_tuner import default_aiter_root, run_config_command
+from workers import image_tables
 from workers.client import ServiceClient
+from workers.engagement_probe import make_probe, resolved_file
 
 
 def verify(client: ServiceClient, digest: str, family: str, root: Path, worker_id: str, timeout_s: float,
@@ -48,16 +57,120 @@ def verify(client: ServiceClient, digest: str, family: str, root: Path, worker_i
     return res.json()
 
 
+@dataclass
+class AiterAtHand:
+    """This image's AITER, imported after the env var is set: modules by file, the enums, its core, csrc."""
+    load: Callable[[str], Any]
+    enums: Any
+    core: Any
+    csrc: Path | None
+    gfx: str
+    cu_num: int
+    flydsl: bool
+    commit: str | None = None
+    version: str | None = None
+
+
+def import_image_aiter() -> AiterAtHand:
+    import importlib
+    aiter = importlib.import_module("aiter")
+    chip = importlib.import_module("aiter.jit.utils.chip_info")
+    pkg = Path(aiter.__file__).resolve().parent
+    csrc = next((c for c in (pkg.parent / "aiter_meta" / "csrc", pkg.parent / "csrc") if c.is_dir()), None)
+    return AiterAtHand(lambda path: importlib.import_module(path.removesuffix(".py").replace("/", ".")), aiter,
+                       importlib.import_module("aiter.jit.core"), csrc, chip.get_gfx_runtime(), chip.get_cu_num(),
+                       image_tables.flydsl_available(), image_tables.aiter_commit(pkg), image_tables.aiter_version(pkg))
+
+
+def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: str | None = None,
+               aiter: Callable[[], AiterAtHand] = import_image_aiter) -> dict:
+    """Deploy the plan's form here, call AITER's own lookup per captured shape, post the hits."""
+    http = client.http
+    camp = http.get(f"/v1/campaigns/{campaign_id}").raise_for_status().json()
+    digest, family = camp["image_digest"], camp["family"]
+    plan = http.get(f"/v1/overlays/{digest}/{family}/deploy").raise_for_status().json()
+    form = form or (plan["offered"] or ["layer"])[0]
+    report = http.get(f"/v1/campaigns/{campaign_id}/engagement", params={"form": form}).raise_for_status().json()
+    rows, nxt = list(report["report"]), report.get("next")
+    while nxt:  # the report comes a page at a time
+        page = http.get(f"/v1/campaigns/{campaign_id}/engagement",
+                        params={"form": form, "after": nxt}).raise_for_status().json()
+        rows, nxt = rows + page["report"], page.get("next")
+    fam = release_named(report["release"]).family(family)
+    text = http.get(f"/v1/overlays/{digest}/{family}.csv", params={"form": form}).raise_for_status().text
+    env_name = fam.env_var
+    with tempfile.TemporaryDirectory(prefix="aiter-engagement-") as tmp:
+        dropped: Path | None = None
+        if form == "layer":
+            mine = Path(tmp, plan["layer"]["overlay"].rsplit("/", 1)[-1])
+            mine.write_text(text)
+            value = ":".join(str(mine) if f == plan["layer"]["overlay"] else f for f in plan["layer"]["files"])
+        elif form == "merged":
+            mine = Path(tmp, plan["merged"]["file"].rsplit("/", 1)[-1])
+            mine.write_text(text)
+            value = str(mine)
+        else:  # the drop-in is the deploy itself: a file in the image's model_configs/, taken out afterwards
+            dropped = Path(plan["model_configs_dropin"]["copy_to"])
+            dropped.write_text(text)
+            value = None
+        old = os.environ.get(env_name)
+        try:
+            if value is None:
+                os.environ.pop(env_name, None)
+            else:
+                os.environ[env_name] = value
+            os.environ["AITER_LOG_TUNED_CONFIG"] = "1"
+            at = aiter()
+            error, results = None, []
+            try:
+                tuned_file = resolved_file(at.core, fam.aiter_file_attr)
+                look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file)
+                for r in rows:
+                    hit, cfg = look(r["shape"])
+                    results.append({"shape_id": r["shape_id"], "hit": bool(hit),
+                                    "kernel": None if cfg is None or not hit else
+                                    str(cfg.get("kernelName") or cfg.get("kernelName1") or "")})
+            except Exception as e:  # noqa: BLE001  AITER raised on this deploy: that is the finding
+                error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        finally:
+            if old is None:
+                os.environ.pop(env_name, None)
+            else:
+                os.environ[env_name] = old
+            if dropped is not None:
+                dropped.unlink(missing_ok=True)
+    body = {"form": form, "worker_id": worker_id, "aiter_commit": at.commit, "aiter_version": at.version,
+            "flydsl": at.flydsl, "error": error, "results": results}
+    return http.post(f"/v1/campaigns/{campaign_id}/engagement/proofs", json=body).raise_for_status().json()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workers.verify", description=__doc__)
     p.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
     p.add_argument("--image-digest", default=os.environ.get("TUNER_IMAGE_DIGEST"), required=False)
-    p.add_argument("--family", required=True)
+    p.add_argument("--family")
+    p.add_argument("--engagement", action="store_true", help="prove the engagement verdict with AITER's lookup")
+    p.add_argument("--campaign", type=int, help="the campaign whose captured shapes to look up (--engagement)")
+    p.add_argument("--form", choices=("layer", "merged", "model_configs_dropin"))
     p.add_argument("--aiter-root", default=os.environ.get("AITER_ROOT"))
     p.add_argument("--worker-id", default=os.environ.get("TUNER_WORKER_ID", "verify"))
     p.add_argument("--token", default=os.environ.get("TUNER_TOKEN"))
     p.add_argument("--timeout-s", type=float, default=1800)
     a = p.parse_args(argv)
+    if a.engagement:
+        if a.campaign is None:
+            print("error: --engagement needs --campaign", file=sys.stderr)
+            return 2
+        client = ServiceClient(a.service, token=a.token)
+        try:
+            res = engagement(client, a.campaign, a.worker_id, a.form)
+        finally:
+            client.close()
+        print(json.dumps(res))
+        return 0
+    if not a.family:
+        print("error: need --family (or --engagement --campaign)", file=sys.stderr)
+        return 2
     root = Path(a.aiter_root) if a.aiter_root else default_aiter_root()
     if root is None or not a.image_digest:
         print("error: need --image-digest and an AITER (--aiter-root or an installed aiter)", file=sys.stderr)

@@ -55,9 +55,21 @@ class EngagementReport(Open):
     campaign_id: int
     family: str
     env_var: str
+    form: str  # the deploy form the verdict is on (or "supplied")
+    release: str  # the AITER release whose rules built and read the table
+    refused: str | None = None  # why AITER raises on this form (then nothing engages)
     hits: int
     misses: int
+    proof: dict[str, Any] | None = None  # the latest workers.verify --engagement run in the image, if any
     report: list[dict[str, Any]]
+
+
+class ProofRecorded(Open):
+    id: int
+    campaign_id: int
+    form: str
+    shapes: int
+    hits: int
 
 
 class BucketPlan(Open):

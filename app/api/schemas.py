@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -53,6 +53,7 @@ class ImageTablesIn(Wire):
     configs_dir: str | None = Field(None, max_length=500)  # absolute path of aiter/configs/ in the image
     tables: dict[Annotated[str, Field(max_length=300)], Annotated[str, Field(max_length=BIG_TEXT)]] = Field(
         max_length=2000)  # path under aiter/configs/ -> CSV text
+    flydsl: bool | None = None  # AITER's is_flydsl_available() in the image
 
 
 class LogIn(Identity):
@@ -71,3 +72,20 @@ class VerificationIn(Wire):
     output_tail: str = Field(max_length=20_000)
 
     _digest = field_validator("image_digest")(check_digest)
+
+
+class ProvedShape(Wire):
+    shape_id: int
+    hit: bool
+    kernel: str | None = Field(None, max_length=500)
+
+
+class EngagementProofIn(Wire):
+    """AITER's own lookup, run in the served image on one deploy form (python -m workers.verify --engagement)."""
+    form: Literal["layer", "merged", "model_configs_dropin"]
+    worker_id: str = Field(max_length=128)
+    aiter_commit: str | None = Field(None, max_length=80)
+    aiter_version: str | None = Field(None, max_length=80)
+    flydsl: bool | None = None
+    error: str | None = Field(None, max_length=20_000)  # what AITER raised while resolving the table
+    results: list[ProvedShape] = Field(default_factory=list, max_length=200_000)

@@ -45,6 +45,8 @@ class Image(Base):
     aiter_version: Mapped[str | None] = mapped_column(String(80))
     aiter_commit: Mapped[str | None] = mapped_column(String(80))
     configs_dir: Mapped[str | None] = mapped_column(String(500))  # the image's aiter/configs/, absolute
+    # AITER's is_flydsl_available() in the image, as its worker found it (None: not reported)
+    flydsl: Mapped[bool | None] = mapped_column(Boolean)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -208,4 +210,21 @@ class Verification(Base):
     passed: Mapped[bool] = mapped_column(Boolean)
     command: Mapped[str] = mapped_column(Text)
     output_tail: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class EngagementProof(Base):
+    """AITER's own lookup run inside the served image on a deploy form (workers.verify --engagement): which
+    captured shapes it found a tuned row for, beside the service's prediction."""
+
+    __tablename__ = "engagement_proofs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
+    form: Mapped[str] = mapped_column(String(32))
+    worker_id: Mapped[str] = mapped_column(String(128))
+    aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    aiter_version: Mapped[str | None] = mapped_column(String(80))
+    flydsl: Mapped[bool | None] = mapped_column(Boolean)
+    error: Mapped[str | None] = mapped_column(Text)  # what AITER raised while resolving the table
+    results: Mapped[list] = mapped_column(JSON, default=list)  # [{shape_id, hit, kernel}]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -156,6 +156,7 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
     merged_name = arts["merged"].files[0] if arts["merged"].files else f"merged_{overlay_name}"
     return {
         "family": family.name, "env_var": family.env_var, "offered": offered,
+        "download": "GET /v1/overlays/{image_digest}/" + family.name + ".csv?form=<form>: the file each form deploys",
         "layer": {"env": f"{family.env_var}={':'.join(path(n) for n in layer.files)}",
                   "files": [path(n) for n in layer.files], "overlay": f"{mount}/{overlay_name}",
                   "offered": layer.refused is None, "why_not": layer.refused,

@@ -97,6 +97,10 @@ class TableFamily:
     # (keys.cpp_m_candidates), the last row of a key winning (chip_info.py build_tune_dict); None: Python only
     cpp_key: tuple[str, ...] | None = None
     deploy_notes: tuple[str, ...] = ()
+    # AITER's own lookup ("file:function") and the AITER_CONFIGS property naming the table it reads: what
+    # workers.verify --engagement calls in the image (None: not probed yet)
+    aiter_lookup: str | None = None
+    aiter_file_attr: str | None = None
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -136,7 +140,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
-        gfx_source="get_gfx",
+        gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config",
+        aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
         shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),
                         ("dtype", "torch.bfloat16"), ("outdtype", "dtype"))),
@@ -147,7 +152,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True, filled=("kernelName",),
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
-        cpp_key=_GEMM_KEY,
+        cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
+        aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE",
         math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
@@ -213,6 +219,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         dropped_rows=(("_tag", "flydsl_fallback"),), flydsl_miss="fails", overlay_first=True,
         filled=("kernelName1", "kernelName2"), filled_unless=(("kernelName2", "run_1stage", "1"),),
         remaps=(("q_type", "QuantType.per_128x128", "QuantType.per_1x128"),),
+        aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_file_attr="AITER_CONFIG_FMOE_FILE",
         deploy_notes=("fused_moe_dp_shared_expert.py reads aiter/configs/tuned_fmoe.csv directly and ignores the "
                       "env var; rows that differ from a shipped row only in act_type are matched first-wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py"),
@@ -313,6 +320,10 @@ RELEASE_0_1_7 = AiterRelease(
     ),
 )
 RELEASES = (RELEASE_0_1_7, CURRENT)
+
+
+def release_named(name: str) -> AiterRelease:
+    return next(r for r in RELEASES if r.name == name)
 
 
 def release_for(aiter_version: str | None) -> AiterRelease:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Campaign, CampaignShape, Capture, Image
+from app.api.schemas import EngagementProofIn
+from app.db.models import Campaign, CampaignShape, Capture, EngagementProof, Image
 from app.domain.families import get_family
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
@@ -64,6 +65,8 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
     report, nxt = pages.page(zip(shapes, checks), lambda xc: (xc[0].priority, xc[0].id), limit, after)
     total = sum(x.priority for x in shapes) or 1.0
     covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
+    proof = latest_proof(s, camp.id, used)
+    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
         "cu_num": camp.cu_num, "env_var": ov.family.env_var, "release": ov.release.name,
@@ -71,12 +74,46 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         "warnings": warnings + ident["mismatches"], "identity": ident,
         "header": list(ov.schema.header), "shapes": len(shapes), "hits": sum(c.hit for c in checks),
         "misses": sum(not c.hit for c in checks), "served_time_covered": covered / total,
+        "proof": None if proof is None else {
+            "id": proof.id, "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version,
+            "worker_id": proof.worker_id, "flydsl": proof.flydsl, "error": proof.error,
+            "created_at": proof.created_at.isoformat(),
+            "disagreements": sum(1 for x, c in zip(shapes, checks) if x.id in proved and proved[x.id]["hit"] != c.hit)},
         "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
-                    "matched_m": c.matched_m, "reason": c.reason,
-                    "kernel": (c.row or {}).get("kernelName") or (c.row or {}).get("kernelName1")}
+                    "matched_m": c.matched_m, "reason": c.reason, "kernel": _kernel(c.row),
+                    "proved_hit": proved[x.id]["hit"] if x.id in proved else None,
+                    "proved_kernel": proved[x.id].get("kernel") if x.id in proved else None,
+                    "disagrees": x.id in proved and proved[x.id]["hit"] != c.hit}
                    for x, c in report],
         "next": nxt,  # the report is paged (limit, after); the counts above cover every shape
     }
+
+
+def _kernel(row: dict | None) -> str | None:
+    return (row or {}).get("kernelName") or (row or {}).get("kernelName1")
+
+
+def latest_proof(s: Session, campaign_id: int, form: str) -> EngagementProof | None:
+    return s.scalars(select(EngagementProof).where(EngagementProof.campaign_id == campaign_id,
+                                                   EngagementProof.form == form)
+                     .order_by(EngagementProof.id.desc())).first()
+
+
+def record_proof(s: Session, campaign_id: int, body: EngagementProofIn) -> dict:
+    """AITER's own lookup in the image, per captured shape of this campaign; shapes named must be its own."""
+    camp = campaign_or_404(s, campaign_id)
+    ids = set(s.scalars(select(CampaignShape.id).where(CampaignShape.campaign_id == camp.id)))
+    for i, r in enumerate(body.results):
+        if r.shape_id not in ids:
+            raise Invalid(f"results.{i}.shape_id: {r.shape_id} is not a shape of campaign {camp.id}",
+                          f"results.{i}.shape_id")
+    p = EngagementProof(campaign_id=camp.id, form=body.form, worker_id=body.worker_id, aiter_commit=body.aiter_commit,
+                        aiter_version=body.aiter_version, flydsl=body.flydsl, error=body.error,
+                        results=[r.model_dump() for r in body.results])
+    s.add(p)
+    s.flush()
+    return {"id": p.id, "campaign_id": camp.id, "form": p.form, "shapes": len(p.results),
+            "hits": sum(r.hit for r in body.results)}
 
 
 def runtime_identity(s: Session, camp: Campaign) -> dict:
@@ -96,8 +133,10 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
         notes.append(f"CU_NUM={raw_cu}: Python lookups use cu_num={cu}, the GPU has {camp.cu_num}"
                      + (" and the compiled C++ table uses the GPU's: they disagree" if get_family(camp.family).compiled
                         else ""))
-    flydsl = env.get("flydsl", env.get("FLYDSL", "")).strip().lower() not in ("0", "false", "no", "absent")
     img = s.get(Image, camp.image_digest)
+    # the worker checks AITER's is_flydsl_available() in the image itself; a server's capture may say so too
+    flydsl = (img.flydsl if img is not None and img.flydsl is not None else
+              env.get("flydsl", env.get("FLYDSL", "")).strip().lower() not in ("0", "false", "no", "absent"))
     if cap and cap.aiter_version and img and img.aiter_version and cap.aiter_version != img.aiter_version:
         notes.append(f"the server reports AITER {cap.aiter_version}, the image's worker {img.aiter_version}: "
                      "rows are only valid in the image they were measured in")

@@ -70,18 +70,18 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
                    gfx or live_gfx(s, digest, fam.name))
 
 
-def deployable(s: Session, digest: str, family: str, merged: bool = False, exclude_shipped: bool = False
-               ) -> Overlay:
+def deployable(s: Session, digest: str, family: str, merged: bool = False, exclude_shipped: bool = False,
+               form: str | None = None) -> Overlay:
     """An overlay AITER can load: as a layer it must not make AITER's merge raise (a repeated key makes it
-    rewrite the shipped CSVs in place); the merged file must load (unique keys, kernels named)."""
+    rewrite the shipped CSVs in place); the merged file must load (unique keys, kernels named). form: exactly
+    the file the deploy plan deploys for that form."""
     ov = build(s, digest, family)
-    if merged:
-        art = deploy.artifacts(ov.release, ov.family, ov.shipped, ov.table, ov.live_gfx,
-                               ov.schema.key_columns)["merged"]
+    if form is not None or merged:
+        art = ov.artifacts()[form or "merged"]
         if art.refused:
-            raise Conflict(f"merged: {art.refused}", "merged")
-        assert art.table is not None
-        ov.table = art.table
+            raise Conflict(f"{form or 'merged'}: {art.refused}", "form" if form else "merged")
+        assert art.overlay is not None
+        ov.table = art.overlay
         return ov
     layer = deploy.build(ov.release, ov.family, "layer", ov.shipped, ov.table, ov.live_gfx)
     if layer.refused is None:

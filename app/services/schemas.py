@@ -26,6 +26,8 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
     from app.services.captures import ensure_image
     img = ensure_image(s, digest, body.aiter_version, body.aiter_commit)
     img.configs_dir = body.configs_dir or img.configs_dir
+    if body.flydsl is not None:
+        img.flydsl = body.flydsl
     stored: dict[str, int] = {}
     for path, text in body.tables.items():
         fam = family_for_file(path)

@@ -17,7 +17,6 @@ import ctypes
 import fcntl
 import functools
 import hashlib
-import inspect
 import logging
 import os
 import re
@@ -28,6 +27,8 @@ import sysconfig
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from workers import engagement_probe as probe
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "aiter-exec"
 
@@ -153,13 +154,6 @@ class LogCapture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-class Found(Exception):
-    """Raised from the fmoe 'using ... for {keys}' log line: the lookup is done, kernel set-up follows."""
-
-    def __init__(self, cfg, keys):
-        self.cfg, self.keys = cfg, keys
-
-
 class AiterProcess:
     """One fresh 'process' of AITER: its modules executed anew, so every lru_cache and global starts empty."""
 
@@ -261,6 +255,13 @@ class AiterProcess:
                 self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
         return mod
 
+    def module(self, path: str) -> types.ModuleType:
+        """An AITER file as a module: 'aiter/ops/gemm_op_a8w8.py' -> aiter.ops.gemm_op_a8w8 (fresh per process)."""
+        name = path.removesuffix(".py").replace("/", ".")
+        if name in self.registry and not isinstance(self.registry[name], StubModule):
+            return self.registry[name]
+        return self.load(name, self.src / path, name.rsplit(".", 1)[0])
+
     def need(self, mod: types.ModuleType, *names: str) -> None:
         missing = [n for n in names if n not in mod.__dict__ or isinstance(mod.__dict__[n], Dummy)]
         if missing:
@@ -275,13 +276,6 @@ class AiterProcess:
 
 
 # ------------------------------------------------------------------ one deploy, as AITER resolves and looks up
-
-ENV_FILE_PROP = {  # family -> (env var, AITER_CONFIGS property / old module constant)
-    "bf16_gemm": ("AITER_CONFIG_GEMM_BF16", "AITER_CONFIG_GEMM_BF16_FILE"),
-    "a8w8_gemm": ("AITER_CONFIG_GEMM_A8W8", "AITER_CONFIG_GEMM_A8W8_FILE"),
-    "fmoe": ("AITER_CONFIG_FMOE", "AITER_CONFIG_FMOE_FILE"),
-}
-
 
 @dataclass
 class Outcome:
@@ -332,164 +326,33 @@ def _merge_lock():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def run(src: Path, csrc: Path, release: str, root: Path, family: str, env_value: str | None, ident: Identity,
+def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str | None, ident: Identity,
         shapes: list[dict]) -> Outcome:
     """Deploy (env value, or None = unset) into the AITER tree at root (root/aiter/configs), then look up each
-    shape with AITER's own code. shapes: the caller's arguments (see call_* below)."""
-    env_name, prop = ENV_FILE_PROP[family]
+    shape with AITER's own code, through the same probe workers.verify --engagement runs in the image."""
     out = Outcome()
     before = _hashes(root)
     extra = {"AITER_LOG_TUNED_CONFIG": "1", "GPU_ARCHS": None, "CU_NUM": None, "AITER_ONLINE_TUNE": None,
              "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None}
-    with _merge_lock(), _env({env_name: env_value, **extra}):
+    with _merge_lock(), _env({family.env_var: env_value, **extra}):
         p = AiterProcess(src, root, ident, release, csrc)
         try:
             core = p.core()
-            if release == "current":
-                resolved = getattr(core.AITER_CONFIGS, prop)
-            else:  # the old release resolves every table at import
-                p.need(core, prop)
-                resolved = core.__dict__[prop]
-            out.resolved = resolved
+            if release != "current":  # the old release resolves every table at import
+                err = [x for x in p.skipped.get("aiter.jit.core", []) if family.aiter_file_attr in x]
+                if err:
+                    raise RuntimeError(err[0])
+                p.need(core, family.aiter_file_attr)
+            out.resolved = probe.resolved_file(core, family.aiter_file_attr)
         except Exception as e:  # noqa: BLE001  AITER raised: the deploy fails at start
             out.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-        if out.error is None and release != "current":
-            err = [s for s in p.skipped.get("aiter.jit.core", []) if f"{prop} =" in s or prop in s]
-            if err:
-                out.error = err[0]
         out.rewritten = [k for k, v in _hashes(root).items() if before.get(k) != v]
         if out.error is None:
             try:
-                look = LOOKUPS[family](p)
+                look = probe.make_probe(family, p.module, p, ident.flydsl, ident.gfx, ident.cu_num, csrc,
+                                        out.resolved)
                 out.verdicts = [look(s) for s in shapes]
             except Exception as e:  # noqa: BLE001  the lookup raised (e.g. a non-unique index)
                 out.lookup_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out.log = p.log.lines
     return out
-
-
-def _bf16(p: AiterProcess):
-    mod = p.load("aiter.tuned_gemm", p.src / "aiter" / "tuned_gemm.py", "aiter")
-    p.need(mod, "get_GEMM_A16W16_config")
-    fn = mod.get_GEMM_A16W16_config
-    params = inspect.signature(fn).parameters
-
-    def look(s):
-        kw = dict(M=int(s["M"]), N=int(s["N"]), K=int(s["K"]), bias=s["bias"] == "True", dtype=s["dtype"],
-                  otype=s["outdtype"], scaleAB=s["scaleAB"] == "True")
-        if "bpreshuffle" in params:
-            kw["bpreshuffle"] = s["bpreshuffle"] == "True"
-        cfg = fn(**kw)
-        # the miss path returns a default config without a tuned row (no 'us')
-        return (cfg is not None and "us" in cfg), cfg
-    return look
-
-
-def _a8w8(p: AiterProcess):
-    import torch
-    mod = p.load("aiter.ops.gemm_op_a8w8", p.src / "aiter" / "ops" / "gemm_op_a8w8.py", "aiter.ops")
-    core = p.core()
-    if p.release == "current":
-        p.need(mod, "get_GEMM_config_with_quant_type")
-        file = core.AITER_CONFIGS.AITER_CONFIG_GEMM_A8W8_FILE
-
-        def look(s):
-            q = getattr(torch, s["q_dtype_w"].removeprefix("torch."))
-            cfg = mod.get_GEMM_config_with_quant_type(int(s["M"]), int(s["N"]), int(s["K"]), q, file)
-            return cfg is not None, cfg
-    else:
-        p.need(mod, "get_CKGEMM_config")
-        file = core.__dict__["AITER_CONFIG_GEMM_A8W8_FILE"]
-
-        def look(s):
-            cfg = mod.get_CKGEMM_config(int(s["M"]), int(s["N"]), int(s["K"]), file)
-            return cfg is not None, cfg
-    return look
-
-
-def _fmoe(p: AiterProcess):
-    import torch
-    mod = p.load("aiter.fused_moe", p.src / "aiter" / "fused_moe.py", "aiter")
-    p.need(mod, "get_2stage_cfgs", "get_padded_M", "quant_remap")
-    AT, QT = p.ActivationType, p.QuantType
-    fn = mod.get_2stage_cfgs
-    params = list(inspect.signature(fn).parameters)
-
-    def hook(msg, *a, **k):
-        if str(msg).startswith("[fused_moe] using"):
-            f = inspect.currentframe().f_back
-            raise Found(f.f_locals.get("cfg"), f.f_locals.get("keys"))
-    p.logger.info = hook  # the 'using ... for {keys}' line ends the lookup; kernel set-up follows
-    old_lookup = "cfg_2stages" in mod.__dict__ and p.release != "current"
-
-    def dt(s):
-        return getattr(torch, s.removeprefix("torch.")) if s.removeprefix("torch.") in dir(torch) else s
-
-    def look(s):
-        q_type = mod.quant_remap.get(getattr(QT, s["q_type"].split(".")[1]), getattr(QT, s["q_type"].split(".")[1]))
-        args = dict(token=mod.get_padded_M(int(s["token"])), model_dim=int(s["model_dim"]),
-                    inter_dim=int(s["inter_dim"]), expert=int(s["expert"]), topk=int(s["topk"]),
-                    dtype=dt(s["dtype"]), q_dtype_a=dt(s["q_dtype_a"]), q_dtype_w=dt(s["q_dtype_w"]),
-                    q_type=q_type, use_g1u1=bool(int(s["use_g1u1"])),
-                    activation=getattr(AT, s["act_type"].split(".")[1]),
-                    doweight_stage1=bool(int(s["doweight_stage1"])), hidden_pad=0, intermediate_pad=0)
-        if "bias1" in params:
-            args.update(bias1=None, bias2=None)
-        try:
-            fn(**args)
-        except Found as f:
-            return f.cfg is not None, f.cfg
-        raise RuntimeError("fused_moe lookup ended without its 'using' log line")
-    del old_lookup
-    return look
-
-
-LOOKUPS = {"bf16_gemm": _bf16, "a8w8_gemm": _a8w8, "fmoe": _fmoe}
-
-
-@functools.lru_cache(maxsize=4)
-def cpp_padded_m_lib(csrc: str) -> ctypes.CDLL:
-    """The compiled a8w8 table's own M padding, cut verbatim out of rowwise_dispatch (ck_gemm_a8w8/gemm_a8w8.cu):
-    nextPow2 and the `int padded_m = M; ...` block, wrapped in a C function (the rest needs CK)."""
-    text = (Path(csrc) / "ck_gemm_a8w8" / "gemm_a8w8.cu").read_text()
-    pow2 = re.search(r"static constexpr int nextPow2\(unsigned int num\)\s*\{.*?\n\}", text, re.S)
-    block = re.search(r"(int padded_m\s*=\s*M;.*?)\n\s*// Second check", text, re.S)
-    if pow2 is None or block is None:
-        raise RuntimeError("gemm_a8w8.cu: padding block not found")
-    src = ("#include <climits>\n" + pow2.group(0) + '\nextern "C" int cppPaddedM(int M) {\n'
-           + block.group(1) + "\n  return padded_m;\n}\n")
-    lib = ctypes.CDLL(str(_build(src, "gemm_a8w8_padding", [])))
-    lib.cppPaddedM.argtypes = [ctypes.c_int]
-    lib.cppPaddedM.restype = ctypes.c_int
-    return lib
-
-
-def cpp_a8w8_kernel(p: AiterProcess, csrc: Path, tuned_file: str, shape: dict) -> object:
-    """Which kernelId the compiled a8w8 table runs for a shape: AITER's build_tune_dict over the resolved CSV
-    (current release; the old one's codegen is modelled as the same plain-dict fill), then rowwise_dispatch's
-    exact-then-padded find. None: the heuristic kernel."""
-    import pandas as pd
-    cache = p.__dict__.setdefault("_cpp", {})
-    if tuned_file not in cache:
-        df = pd.read_csv(tuned_file)
-        chip = p.registry["aiter.jit.utils.chip_info"]
-
-        class Ids(dict):
-            def get(self, k, default=None):
-                return int(k)
-        if "build_tune_dict" in chip.__dict__ and not isinstance(chip.__dict__["build_tune_dict"], Dummy):
-            table = chip.build_tune_dict(df, {}, Ids())
-        else:
-            table = {}
-            for _, r in df.iterrows():
-                if int(r["cu_num"]) == p.ident.cu_num:  # 0.1.7 gen_instances.get_tune_dict
-                    table[(int(r["M"]), int(r["N"]), int(r["K"]))] = int(r["kernelId"])
-        cache[tuned_file] = table
-    table = cache[tuned_file]
-    lib = cpp_padded_m_lib(str(csrc))
-    M, N, K = int(shape["M"]), int(shape["N"]), int(shape["K"])
-    head = (p.ident.gfx, p.ident.cu_num) if p.release == "current" else ()
-    for m in (M, lib.cppPaddedM(M)):
-        if head + (m, N, K) in table:
-            return table[head + (m, N, K)]
-    return None

@@ -162,16 +162,6 @@ def shipped_of(root: Path, family, release) -> deploy.Shipped:
                           True)
 
 
-def aiter_verdicts(out: ax.Outcome, family, ident: ax.Identity, p_cpp) -> list[tuple[bool, dict | None]]:
-    res = []
-    for hit, cfg in out.verdicts:
-        if hit and not ident.flydsl and family.name == "fmoe" and any(
-                str(cfg.get(c, "")).startswith("flydsl_") for c in ("kernelName1", "kernelName2")):
-            hit = False  # the stage launcher has no FlyDSL: AITER raises (asm 'not find kernel')
-        res.append((hit, cfg))
-    return res
-
-
 def same_row(family, cfg: dict, row: dict) -> bool:
     cols = {"bf16_gemm": ("kernelName", "us"), "a8w8_gemm": ("kernelId", "splitK", "us"),
             "fmoe": ("kernelName1", "kernelName2", "us")}[family.name]
@@ -236,7 +226,7 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
             (ovdir / ov.name).write_text(render_csv(ov.header, ov.rows))
             paths = [str(ovdir / n) if n == ov.name else str(cfg / n) for n in art.files]
             env = ":".join(paths)
-        out = ax.run(src, csrc, rel_name, root, family_name, env, ident_x, shapes)
+        out = ax.run(src, csrc, rel_name, root, family, env, ident_x, shapes)
         aiter_fails = out.error or out.lookup_error
         if art.refused is not None or aiter_fails:
             RESULTS.append((family_name, form, f"{gfx}/{cu}", flydsl, rel_name, len(shapes),
@@ -249,11 +239,7 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
             continue
         assert not out.rewritten, (form, out.rewritten)
         mine = eng.check(family, schema.key_columns, gfx, cu, shapes, art.table, flydsl=flydsl)
-        theirs = aiter_verdicts(out, family, ident_x, None)
-        if family.cpp_key is not None:
-            p = ax.AiterProcess(src, root, ident_x, rel_name, csrc)
-            theirs = [(h and ax.cpp_a8w8_kernel(p, csrc, out.resolved, s) == int(c["kernelId"]), c)
-                      for s, (h, c) in zip(shapes, theirs)]
+        theirs = out.verdicts
         bad = 0
         for s, m, (h, c) in zip(shapes, mine, theirs):
             if m.hit != h or (h and not same_row(family, c, m.row or {})):

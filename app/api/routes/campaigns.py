@@ -8,9 +8,10 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DbDep, SettingsDep
-from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, EngagementReport, Requeued,
-                               ShapePage, WorkerInfo, csv_body)
-from app.auth import AdminAuth, ReadAuth
+from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, EngagementReport, ProofRecorded,
+                               Requeued, ShapePage, WorkerInfo, csv_body)
+from app.api.schemas import EngagementProofIn
+from app.auth import AdminAuth, ReadAuth, WorkerAuth
 from app.services import buckets, campaigns, engagement, leasing, pages
 
 router = APIRouter(tags=["campaigns"])
@@ -54,6 +55,14 @@ def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = Fa
     with db.session(write=False) as s:
         return engagement.pre_deploy(s, campaign_id, merged=merged, form=form, limit=pages.check_limit(limit),
                                      after=after)
+
+
+@router.post("/v1/campaigns/{campaign_id}/engagement/proofs", status_code=201, response_model=ProofRecorded)
+def post_engagement_proof(campaign_id: int, body: EngagementProofIn, db: DbDep, who: WorkerAuth) -> dict:
+    """AITER's own lookup run in the served image (python -m workers.verify --engagement), per captured shape."""
+    with db.session() as s:
+        who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
+        return engagement.record_proof(s, campaign_id, body)
 
 
 @router.post("/v1/campaigns/{campaign_id}/engagement", response_model=EngagementReport,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Response
 
 from app.api.deps import DbDep
@@ -25,13 +27,16 @@ def _digest(d: str) -> str:
 @router.get("/v1/overlays/{image_digest}/{family}.csv", response_class=Response,
             responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}}, "description": "the overlay CSV"}})
 def overlay_csv(image_digest: str, family: str, db: DbDep, who: ReadAuth, merged: bool = False,
-                exclude_shipped: bool = False) -> Response:
+                exclude_shipped: bool = False, form: Literal["layer", "merged", "model_configs_dropin"] | None = None
+                ) -> Response:
+    """form: the very file the deploy plan deploys for that form (see /deploy)."""
     who.check_digest(image_digest)
     with db.session(write=False) as s:
-        ov = overlays.deployable(s, _digest(image_digest), family, merged=merged, exclude_shipped=exclude_shipped)
+        ov = overlays.deployable(s, _digest(image_digest), family, merged=merged, exclude_shipped=exclude_shipped,
+                                 form=form)
     name = overlays.overlay_filename(ov.family, image_digest)
     return Response(ov.csv(), media_type="text/csv", headers={
-        "Content-Disposition": f'attachment; filename="{"merged_" if merged else ""}{name}"',
+        "Content-Disposition": f'attachment; filename="{"merged_" if merged or form == "merged" else ""}{name}"',
         "X-Aiter-Env": ov.family.env_var, "X-Aiter-Rows": str(len(ov.table.rows))})
 
 

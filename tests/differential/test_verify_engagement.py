@@ -1,0 +1,68 @@
+"""python -m workers.verify --engagement on CPU: the service's real app, an image whose AITER is the pinned
+sources with the hardware stubbed (tests/differential/aiter_exec.py), every deploy form the plan offers.
+The proof posted beside the prediction must agree on every captured shape."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from app.domain.families import CURRENT, get_family
+from tests.conftest import AITER_COMMIT, CONFIGS, DIGEST, capture
+from tests.differential import aiter_exec as ax
+from tests.differential.sources import aiter_src
+from tests.differential.test_engagement_vs_aiter import shipped_shapes
+from tests.integration.test_leasing_api import tune_all
+from workers import image_tables, verify
+
+SRC = aiter_src()
+if SRC is None:
+    pytest.skip("VERIFY --engagement TESTS SKIPPED: no AITER sources (TUNER_AITER_SRC or ../shared/aiter-src)",
+                allow_module_level=True)
+
+CELLS = {
+    "bf16_gemm": dict(libtype="asm", solidx="0", splitK="1", kernelName="_ZN5aiter_svcE", err_ratio="0.0"),
+    "fmoe": dict(block_m="32", ksplit="0", us1="1", kernelName1="svc1", err1="0.0%", us2="1", kernelName2="svc2",
+                 err2="0.0%", run_1stage="0", xbf16="0", flat="0", _tag=""),
+}
+
+
+class Direct:
+    def __init__(self, c):
+        self.c = self.http = c
+
+    def put_tables(self, digest, body):
+        r = self.c.put(f"/v1/images/{digest}/tables", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+@pytest.mark.parametrize("family_name", ["bf16_gemm", "fmoe"])
+def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form(client, tmp_path, family_name):
+    family = CURRENT.family(family_name)
+    gfx, cu = "gfx950", 256
+    tree = tmp_path / "image"
+    shutil.copytree(CONFIGS, tree / "aiter" / "configs")
+    image_tables.report(Direct(client), DIGEST, tree / "aiter", commit=AITER_COMMIT, flydsl=False)
+    shapes = random.Random(3).sample(shipped_shapes(CONFIGS, get_family(family_name)), 40)
+    cid = capture(client, shapes, family=family_name, gfx=gfx, cu_num=cu).json()["campaign_id"]
+    tune_all(client, gfx, cu, us_of=lambda item: 0.25 + item["shape_id"] % 7, **CELLS[family_name])
+
+    def image_aiter():  # the image's AITER, imported after verify set the env var
+        p = ax.AiterProcess(SRC, tree, ax.Identity(gfx, cu, False), "current", SRC / "csrc")
+        return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None)
+
+    plan = client.get(f"/v1/overlays/{DIGEST}/{family_name}/deploy").json()
+    assert plan["offered"], plan["notes"]
+    for form in plan["offered"]:
+        with ax._merge_lock():
+            posted = verify.engagement(Direct(client), cid, "verify-test", form, aiter=image_aiter)
+        assert posted["shapes"] == len(shapes)
+        eng = client.get(f"/v1/campaigns/{cid}/engagement", params={"form": form}).json()
+        assert eng["proof"]["aiter_commit"] == AITER_COMMIT and eng["proof"]["error"] is None
+        assert eng["proof"]["disagreements"] == 0, (form, [(r["shape"], r["hit"], r["reason"], r["kernel"], r["proved_kernel"]) for r in eng["report"] if r["disagrees"]][:2])
+        assert all(r["proved_hit"] == r["hit"] for r in eng["report"])
+        assert eng["hits"] > 0, form
+    assert family.env_var not in __import__("os").environ
