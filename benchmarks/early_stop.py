@@ -51,6 +51,19 @@ def shapes() -> list[dict]:
     return items
 
 
+def head_to_head(backend: TorchBackend, item: dict, inputs: tuple, mine: str, theirs: str, n: int) -> float:
+    """The two picks re-timed side by side (fresh buffers, interleaved, L2 flushed): mine / theirs."""
+    from workers.backends.torch_race import Entry
+    a, b, bias = inputs
+    by = {c.name: c for c in candidates(a, b, bias, a.dtype)}
+    es = [Entry(by[mine]), Entry(by[theirs])]
+    if not all(backend._prepare(e) for e in es):
+        return math.inf
+    backend.timer.sample([e.replay for e in es], backend.warmup)  # type: ignore[misc]
+    backend._sample(es, n, final=True)
+    return es[0].median / es[1].median
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda:0")
@@ -121,6 +134,8 @@ def main() -> None:
                              "sampled_s": res.race["sampled_s"], "wall_s": wall, "ex_sampled_s": ex.race["sampled_s"],
                              "ex_wall_s": ex_wall, "same": res.kernel_name == ex.kernel_name})
         hv_by_ex = ex_us.get(hv.kernel_name, math.inf)
+        referee = 1.0 if hv.kernel_name == ex.kernel_name else head_to_head(backend, item, inputs, hv.kernel_name,
+                                                                            ex.kernel_name, a.repeats)
         s = item["shape"]
         rows.append({"M": int(s["M"]), "N": int(s["N"]), "K": int(s["K"]), "bias": s["bias"],
                      "candidates": len(ex.candidates), "ex_fastest": fastest, "ex_winner": ex.kernel_name,
@@ -130,7 +145,7 @@ def main() -> None:
                      "ex_sampled_s": ex.race["sampled_s"], "hv_sampled_s": hv.race["sampled_s"],
                      "ex_samples": ex.race["samples"], "hv_samples": hv.race["samples"],
                      "hv_finalists": hv.race["finalists"], "ex_wall_s": ex_wall, "hv_wall_s": hv_wall,
-                     "sigma": ex.race["sigma"], "ex_candidates": ex.candidates, "hv_candidates": hv.candidates})
+                     "sigma": ex.race["sigma"], "referee": referee, "ex_candidates": ex.candidates, "hv_candidates": hv.candidates})
         r = rows[-1]
         print(f"{r['M']:>5} {r['N']:>6} {r['K']:>6} c={r['candidates']:>2} ex={fastest:<34} {best:9.2f}us "
               f"hv={hv.kernel_name:<34} {hv_by_ex / best:6.3f} fin={r['hv_finalists']:>2} "
@@ -170,6 +185,10 @@ def main() -> None:
               f"{sum(x['wall_s'] for x in xs) / sum(x['ex_wall_s'] for x in xs):.3f}; within 1% "
               f"{sum(x['by_ex'] <= 1.01 * x['win_us'] for x in xs)}/{len(xs)} (of the fastest "
               f"{sum(x['by_ex'] <= 1.01 * x['best'] for x in xs)}); same winner {sum(x['same'] for x in xs)}")
+    differ = [r for r in rows if r["hv_winner"] != r["ex_winner"]]
+    print(f"head to head (the two picks re-timed together, interleaved, where they differ): halving pick within 1% "
+          f"of the exhaustive pick on {sum(r['referee'] <= 1.01 for r in rows)}/{n} shapes "
+          f"({len(differ)} differing picks; worst {max([r['referee'] for r in differ] or [1.0]):.3f})")
     print(f"halving schedule {default_schedule}")
     print(f"early-stop: sampled GPU ratio {gpu:.3f}; wall ratio {wall:.3f}; within 1% {within}/{n} shapes")
     if a.out:
