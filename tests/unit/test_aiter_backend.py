@@ -31,6 +31,8 @@ def test_preshuffle_family_always_passes_output_and_flag(tmp_path):
     assert moe[1].endswith("csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py")
     run = aiter_tuner.run_config_command(FAMILIES["bf16_gemm"], Path("/a"), Path("overlay.csv"), Path("u"))
     assert run[run.index("--run_config") + 1] == "overlay.csv"
+    bare = aiter_tuner.run_config_command(FAMILIES["bf16_gemm"], Path("/a"), None, Path("u"), scratch=Path("s"))
+    assert bare[-1] == "--run_config" and bare[bare.index("-o") + 1] == "s"
 
 
 def test_untuned_csv_is_aiters_header():
@@ -80,7 +82,7 @@ def test_drives_a_tuner_process_and_posts_rows_as_they_appear(tmp_path, monkeypa
     monkeypatch.setenv("STUB_SOURCE", str(CONFIGS / "bf16_tuned_gemm.csv"))
     monkeypatch.setenv("STUB_DELAY", "0.3")
     seen: list[tuple[float, object]] = []
-    backend = AiterBackend(root=tmp_path / "aiter", python=sys.executable, poll_s=0.05, margin_s=2)
+    backend = AiterBackend(root=tmp_path / "aiter", python=sys.executable, poll_s=0.05, margin_s=2, two_phase=False)
     backend.run(Batch(lease, time.monotonic() + 60, lambda: False), lambda r: seen.append((time.monotonic(), r)))
     ok = [r for _, r in seen if r.status == "ok"]
     failed = [r for _, r in seen if r.status == "failed"]
@@ -99,7 +101,7 @@ def test_a_tuner_past_the_budget_is_stopped(tmp_path, monkeypatch):
     monkeypatch.setenv("STUB_DELAY", "5")
     seen = []
     t0 = time.monotonic()
-    AiterBackend(root=tmp_path / "aiter", poll_s=0.05, margin_s=1).run(
+    AiterBackend(root=tmp_path / "aiter", poll_s=0.05, margin_s=1, two_phase=False).run(
         Batch(lease, time.monotonic() + 2, lambda: False), seen.append)
     assert time.monotonic() - t0 < 4
     assert all(r.status == "failed" and "budget" in r.error for r in seen) and len(seen) == 3

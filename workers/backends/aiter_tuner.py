@@ -1,18 +1,31 @@
 """Backend `aiter`: run the image's own AITER tuner script on a leased batch and read its tuned CSV back.
 
 Command lines follow aiter/utility/base_tuner.py (-i/-o/--mp/--batch/--timeout; `--batch 1` makes the
-tuner write its output after every shape, so results are posted while it runs). `-o` is always given
-(with --preshuffle the default output is the wrong file). Tuners exit 1 when any shape failed; shapes
-with no row in the output are reported failed with the tuner's last output lines.
+tuner write its output after every shape). `-o` is always given (with --preshuffle the default output is the
+wrong file; and base_tuner.run() asserts a non-empty -o even for --run_config, base_tuner.py:321-325, 1377).
+Tuners exit 1 when any shape failed; shapes with no row in the output are reported failed with the tuner's
+last output lines.
+
+The race is two-phase by default (`two_phase`): a cheap screening run (--warmup/--iters well under AITER's
+5/101, base_tuner.py:51-52) with -o2/--profile_file, which keeps every candidate's time (post_process,
+base_tuner.py:479-491); then per shape the finalists (the best few and every candidate inside the leader's band)
+are confirmed through the production op with --run_config, one tuned CSV per rank (run() keeps one row per
+key, base_tuner.py:1372), plus one bare --run_config for the default path the image takes today. The winner is
+the fastest confirmed finalist by AITER's end-to-end time; a row is posted only when it beats the default by
+--min_improvement_pct (3%), the rule of --compare --update_improved; otherwise the shape is "default is best".
+Both phases stay inside the lease budget: the screen gets `screen_share` of it, each --run_config the rest.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -21,7 +34,7 @@ from typing import Any
 from app.domain.families import TableFamily, get_family
 from app.domain.keys import row_key
 from app.domain.tables import Table, read_table, render_csv
-from workers.backends.base import Batch, Emit, ShapeResult, now_iso
+from workers.backends.base import Batch, Emit, ShapeResult, now_iso, row_helps
 
 TUNABLE = [name for name in ("bf16_gemm", "a8w8_gemm", "a8w8_bpreshuffle_gemm", "a8w8_blockscale_gemm",
                              "a8w8_blockscale_bpreshuffle_gemm", "a4w4_blockscale_gemm", "a8w8_batched_gemm",
@@ -52,13 +65,17 @@ def tuner_command(family: TableFamily, root: Path, untuned: Path, tuned: Path, t
             "--mp", str(mp), "--batch", "1", "--timeout", str(max(1, timeout_s)), *extra]
 
 
-def run_config_command(family: TableFamily, root: Path, tuned_csv: Path, untuned: Path,
-                       python: str = sys.executable) -> list[str]:
-    """AITER's own replay of tuned rows through the production op (sets AITER_REBUILD=2 itself)."""
+def run_config_command(family: TableFamily, root: Path, tuned_csv: Path | None, untuned: Path,
+                       python: str = sys.executable, scratch: Path | None = None) -> list[str]:
+    """AITER's own replay of tuned rows through the production op (sets AITER_REBUILD=2 itself); with no
+    tuned_csv, the production op on the image's own tables (the default path). `-o scratch` keeps the tuner's
+    pre_process from dropping shapes its default tuned file already holds (GemmCommonTuner.pre_process)."""
     if family.tuner_script is None:
         raise ValueError(f"{family.name} has no AITER tuner")
-    return [python, str(root / family.tuner_script), "-i", str(untuned), "--run_config", str(tuned_csv),
-            *family.tuner_args]
+    out = ["-o", str(scratch)] if scratch is not None else []
+    cfg = [str(tuned_csv)] if tuned_csv is not None else []
+    return [python, str(root / family.tuner_script), "-i", str(untuned), *out, *family.tuner_args,
+            "--run_config", *cfg]
 
 
 def untuned_csv(family: TableFamily, shapes: list[dict[str, Any]], header: tuple[str, ...] | None = None) -> str:
@@ -106,14 +123,62 @@ def result_from_row(family: TableFamily, lease: dict[str, Any], shape_id: int, r
                        elapsed_s=elapsed_s, started_at=started, finished_at=now_iso())
 
 
+_BENCH_LINE = re.compile(r"^(?P<shape>.*?)\s+\|\s+(?:(?P<kernel>\S+)\s+\|\s+)?(?P<e2e>\S+)\s+\|\s+(?P<status>\S+)\s*$")
+
+
+def _num(cell: str | None) -> float | None:
+    try:
+        v = float(cell) if cell not in (None, "N/A") else None
+    except ValueError:
+        return None
+    return v if v is not None and math.isfinite(v) and v > 0 else None
+
+
+def parse_benchmark(lines: list[str], family: TableFamily, lease: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """shape_id -> {kernel_us, e2e_us, status} from the table TunerCommon._print_benchmark_results prints
+    (base_tuner.py:741-815): a "shape | [kernel us |] e2e us | status" line, then "keys: k=v, ..."."""
+    keys = tuple(c for c in family.key_columns)
+    want = {row_key(keys, dict(item["shape"], gfx=lease["gfx"], cu_num=str(lease["cu_num"]))): item["shape_id"]
+            for item in lease["shapes"]}
+    out: dict[int, dict[str, Any]] = {}
+    last: dict[str, Any] | None = None
+    for line in lines:
+        if line.startswith("keys: "):
+            cells = dict(part.split("=", 1) for part in line[len("keys: "):].split(", ") if "=" in part)
+            sid = want.get(row_key(keys, cells))
+            if sid is not None and last is not None:
+                out[sid] = last
+            last = None
+            continue
+        m = _BENCH_LINE.match(line)
+        if m and m.group("status") not in ("Status",) and not line.startswith("-"):
+            last = {"kernel_us": _num(m.group("kernel")), "e2e_us": _num(m.group("e2e")),
+                    "status": m.group("status")}
+    return out
+
+
+def finalists(rows: list[dict[str, str]], top_k: int, band: float, cap: int) -> list[dict[str, str]]:
+    """The screening's best `top_k`, and every candidate inside the leader's band, at most `cap`."""
+    if not rows:
+        return []
+    lead = _us(rows[0]) or math.inf
+    return [r for i, r in enumerate(rows) if i < top_k or (_us(r) or math.inf) <= lead * (1 + band)][:cap]
+
+
 class AiterBackend:
     name = "aiter"
     families = TUNABLE
 
     def __init__(self, root: Path | None = None, mp: int = 1, python: str = sys.executable, poll_s: float = 1.0,
-                 margin_s: float = 5.0, extra: tuple[str, ...] = ()):
+                 margin_s: float = 5.0, extra: tuple[str, ...] = (), two_phase: bool = True,
+                 screen_warmup: int = 2, screen_iters: int = 10, screen_share: float = 0.6, top_k: int = 2,
+                 band: float = 0.05, max_finalists: int = 4, err_max: float = 0.05,
+                 min_improvement_pct: float = 3.0):
         self.root = root or default_aiter_root()
         self.mp, self.python, self.poll_s, self.margin_s, self.extra = mp, python, poll_s, margin_s, extra
+        self.two_phase, self.screen_warmup, self.screen_iters = two_phase, screen_warmup, screen_iters
+        self.screen_share, self.top_k, self.band, self.max_finalists = screen_share, top_k, band, max_finalists
+        self.err_max, self.min_improvement_pct = err_max, min_improvement_pct
 
     def run(self, batch: Batch, emit: Emit) -> None:
         if self.root is None:
@@ -123,9 +188,106 @@ class AiterBackend:
             untuned, tuned = Path(tmp, family.untuned_file), Path(tmp, family.tuned_file)
             header = tuple(batch.lease.get("untuned_header") or family.untuned_header)  # the image's own
             untuned.write_text(untuned_csv(family, batch.lease["shapes"], header))
+            if self.two_phase:
+                self._two_phase(batch, family, Path(tmp), untuned, tuned, emit)
+                return
             timeout = int(batch.time_left() - self.margin_s)
             cmd = tuner_command(family, self.root, untuned, tuned, timeout, self.mp, self.python, self.extra)
             self._drive(batch, family, cmd, tuned, emit, cwd=self.root)
+
+    # -- two phases: screen every candidate cheaply, confirm the finalists through the production op ----------
+
+    def _two_phase(self, batch: Batch, family: TableFamily, tmp: Path, untuned: Path, tuned: Path,
+                   emit: Emit) -> None:
+        assert self.root is not None
+        started, t0 = now_iso(), time.monotonic()
+        lease = batch.lease
+        profile = tmp / "profile.csv"
+        screen_s = max(1.0, (batch.time_left() - self.margin_s) * self.screen_share)
+        cmd = tuner_command(family, self.root, untuned, tuned, int(screen_s), self.mp, self.python,
+                            ("--warmup", str(self.screen_warmup), "--iters", str(self.screen_iters),
+                             "-o2", str(profile), *self.extra))
+        rc, lines, how = self._run(cmd, batch, time.monotonic() + screen_s)
+        if how == "stop":
+            return  # abandoned: the agent releases the rest
+        tail = lines[-40:]
+        ranked = self._screened(family, lease, profile)
+        fin = {sid: finalists(rows, self.top_k, self.band, self.max_finalists) for sid, rows in ranked.items()}
+        scratch = tmp / "scratch_tuned.csv"  # -o for --run_config: nothing skipped, nothing of the image touched
+        default: dict[int, dict[str, Any]] = {}
+        confirmed: dict[int, list[tuple[dict[str, str], dict[str, Any]]]] = {}
+        if fin and batch.time_left() > self.margin_s:
+            rc_d, out_d, how = self._run(run_config_command(family, self.root, None, untuned, self.python, scratch),
+                                         batch, batch.deadline - self.margin_s / 2)
+            if how == "stop":
+                return
+            default = parse_benchmark(out_d, family, lease)
+            header = read_table(profile.read_text(), str(profile)).header
+            for r in range(max(len(f) for f in fin.values())):
+                rank = {sid: f[r] for sid, f in fin.items() if len(f) > r}
+                if not rank or batch.time_left() <= self.margin_s:
+                    break
+                rank_csv = tmp / f"rank{r + 1}.csv"
+                rank_csv.write_text(render_csv(header, list(rank.values())))
+                _, out_r, how = self._run(run_config_command(family, self.root, rank_csv, untuned, self.python,
+                                                             scratch), batch, batch.deadline - self.margin_s / 2)
+                if how == "stop":
+                    return
+                for sid, bench in parse_benchmark(out_r, family, lease).items():
+                    if sid in rank and bench["status"] == "OK" and bench["e2e_us"]:
+                        confirmed.setdefault(sid, []).append((rank[sid], bench))
+        screen_rows = match_rows(family, lease, read_table(tuned.read_text(), str(tuned))) if tuned.exists() else {}
+        for item in lease["shapes"]:
+            sid = item["shape_id"]
+            cands = [{"name": r.get("kernelName") or r.get("kernelId"), "us": _us(r), "err_ratio": _err(family, r)}
+                     for r in ranked.get(sid, [])]
+            elapsed = time.monotonic() - t0
+            if confirmed.get(sid):
+                row, bench = min(confirmed[sid], key=lambda x: x[1]["e2e_us"])
+                d = default.get(sid) or {}
+                res = result_from_row(family, lease, sid, row, elapsed, started)
+                res.us, res.default_us = bench["e2e_us"], d.get("e2e_us")  # AITER's --compare compares e2e
+                if not row_helps(res.us, res.default_us, self.min_improvement_pct):
+                    res.status, res.row = "default_best", None
+            elif sid in screen_rows:  # no confirmation inside the budget: the screening winner, no baseline
+                res = result_from_row(family, lease, sid, screen_rows[sid], elapsed, started)
+            else:
+                why = f"AITER tuner exit {rc}; no row for this shape. Last output:\n" + "\n".join(tail)
+                res = ShapeResult(sid, "failed", error=why[-4000:], elapsed_s=elapsed, started_at=started,
+                                  finished_at=now_iso())
+            res.candidates = cands[:10_000]
+            emit(res)
+
+    def _screened(self, family: TableFamily, lease: dict[str, Any], profile: Path) -> dict[int, list[dict[str, str]]]:
+        """shape_id -> its valid screened candidates (time measured, error inside AITER's errRatio), fastest first."""
+        if not profile.exists():
+            return {}
+        table = read_table(profile.read_text(), str(profile))
+        keys = tuple(c for c in family.key_columns if c in table.header)
+        want = {row_key(keys, dict(item["shape"], gfx=lease["gfx"], cu_num=str(lease["cu_num"]))): item["shape_id"]
+                for item in lease["shapes"]}
+        out: dict[int, list[dict[str, str]]] = {}
+        for row in table.rows:
+            sid = want.get(row_key(keys, row))
+            us, err = _us(row), _err(family, row)
+            if sid is not None and us is not None and us > 0 and math.isfinite(us) and err is not None \
+                    and err <= self.err_max:
+                out.setdefault(sid, []).append(row)
+        return {sid: sorted(rows, key=lambda r: _us(r) or math.inf) for sid, rows in out.items()}
+
+    def _run(self, cmd: list[str], batch: Batch, until: float) -> tuple[int | None, list[str], str]:
+        """Run one tuner process to its end, to `until`, or to a stop: (exit code, output lines, how)."""
+        lines: deque[str] = deque(maxlen=200_000)
+        proc = subprocess.Popen(cmd, cwd=self.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        reader = _pump(proc, lines)
+        while proc.poll() is None:
+            if batch.should_stop() or time.monotonic() >= until:
+                _kill(proc)
+                return proc.returncode, list(lines), "stop" if batch.should_stop() else "budget"
+            time.sleep(self.poll_s)
+        reader.join(timeout=10)  # the last lines
+        return proc.returncode, list(lines), "done"
 
     def _drive(self, batch: Batch, family: TableFamily, cmd: list[str], tuned: Path, emit: Emit, cwd: Path) -> None:
         started, t0 = now_iso(), time.monotonic()
@@ -147,12 +309,7 @@ class AiterBackend:
             if done:
                 break
             if batch.should_stop() or batch.time_left() <= self.margin_s / 2:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                _kill(proc)
                 if batch.should_stop():
                     return  # abandoned: the agent releases the rest
                 tail.append("[agent] tuner stopped at the lease budget")
@@ -165,11 +322,20 @@ class AiterBackend:
                                  started_at=started, finished_at=now_iso()))
 
 
-def _pump(proc: subprocess.Popen, tail: deque[str]) -> None:
-    import threading
+def _kill(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
+
+def _pump(proc: subprocess.Popen, tail: deque[str]) -> threading.Thread:
     def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip())
-    threading.Thread(target=read, daemon=True).start()
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t
