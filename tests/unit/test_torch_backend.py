@@ -79,7 +79,7 @@ def test_a_tie_goes_to_the_default_and_no_row_is_emitted(monkeypatch):
         return [torch_race.Candidate("torch_linear", "torch", 0, default),
                 torch_race.Candidate("faster", "torch", 0, lambda: torch.nn.functional.linear(a, b, bias).to(d))]
     monkeypatch.setattr(torch_race, "candidates", two)
-    backend = TorchBackend(schedule=torch_race.Schedule(final=5, tie_floor=0.99))
+    backend = TorchBackend(schedule=torch_race.Schedule(final=5, tie_floor=1.0))  # any faster time is a tie
     (res,) = run(backend, lease_for((8, 64, 128, False)))
     assert res.race["fastest"] == "faster"
     assert res.kernel_name == "torch_linear" and res.status == "default_best" and res.row is None
