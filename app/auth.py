@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from app.errors import Forbidden, Unauthorized
 from app.services import tokens
@@ -31,7 +32,7 @@ class Principal:
 OPEN = Principal(None, "admin", "auth disabled", None)
 
 
-def _principal(request: Request) -> Principal | None:
+async def _principal(request: Request) -> Principal | None:
     header = request.headers.get("authorization", "")
     if not header:
         return None
@@ -41,21 +42,25 @@ def _principal(request: Request) -> Principal | None:
     key = tokens.digest_of(secret.strip())
     cache: TTLCache = request.app.state.token_cache  # known tokens only: a new token works at once
     p = cache.get(key)
-    if p is None:
-        with request.app.state.db.session(write=False) as s:
-            tok = tokens.find_digest(s, key)
-            if tok is None:
-                raise Unauthorized("authorization: unknown or revoked token", "authorization")
-            p = cache.put(key, Principal(tok.id, tok.role, tok.name, tuple(tok.digests) if tok.digests else None))
+    if p is None:  # the database only on a miss, and off the event loop
+        p = cache.put(key, await run_in_threadpool(_lookup, request.app.state.db, key))
     return p
 
 
+def _lookup(db, key: str) -> Principal:  # type: ignore[no-untyped-def]
+    with db.session(write=False) as s:
+        tok = tokens.find_digest(s, key)
+        if tok is None:
+            raise Unauthorized("authorization: unknown or revoked token", "authorization")
+        return Principal(tok.id, tok.role, tok.name, tuple(tok.digests) if tok.digests else None)
+
+
 def require(*roles: str, read: bool = False):  # type: ignore[no-untyped-def]
-    def dep(request: Request) -> Principal:
+    async def dep(request: Request) -> Principal:  # async: a cached token costs no thread hop
         settings = request.app.state.settings
         if not settings.auth or (read and settings.read_open):
-            return OPEN if not settings.auth else (_principal(request) or OPEN)
-        p = _principal(request)
+            return OPEN if not settings.auth else (await _principal(request) or OPEN)
+        p = await _principal(request)
         if p is None:
             raise Unauthorized(f"authorization: a {' or '.join(roles)} token is required", "authorization")
         if p.role != "admin" and p.role not in roles:

@@ -214,10 +214,6 @@ class Proc:
     def __init__(self, url: str, proc: subprocess.Popen):
         self.url, self.proc = url, proc
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait()
-
 
 def start_raw(db_url: str) -> Proc:
     port = free_port()
@@ -264,12 +260,19 @@ def closed_loop(t: Target, n: int) -> list[float]:
     return lat
 
 
-def cpu_per_op(t: Target, pid: int, n: int) -> tuple[float, float]:
-    """(p50 ms, server CPU ms) per lease+release over n closed-loop round trips."""
-    closed_loop(t, 20)  # warm
-    c0 = cpu_s(pid)
-    lat = closed_loop(t, n)
-    return pct(lat, .5), (cpu_s(pid) - c0) / n * 1e3
+def alternate(targets: list[tuple[Target, int]], rounds: int, per_round: int) -> list[tuple[float, float]]:
+    """(p50 ms, server CPU ms) per lease+release for each (target, server pid), measured in alternating rounds
+    so that all of them see the same machine (other work on the shared cores drifts over minutes)."""
+    lat: list[list[float]] = [[] for _ in targets]
+    cpu = [0.0] * len(targets)
+    for t, _ in targets:
+        closed_loop(t, 20)  # warm
+    for _ in range(rounds):
+        for i, (t, pid) in enumerate(targets):
+            c0 = cpu_s(pid)
+            lat[i] += closed_loop(t, per_round)
+            cpu[i] += cpu_s(pid) - c0
+    return [(pct(x, .5), c / len(x) * 1e3) for x, c in zip(lat, cpu)]
 
 
 def open_loop(t: Target, agents: int, seconds: float) -> tuple[list[float], list[float], int]:
@@ -345,51 +348,51 @@ def timed_get(base: str, path: str, **kw) -> tuple[float, httpx.Response]:  # ty
     return (time.perf_counter() - t0) * 1e3, r
 
 
+def median_get(base: str, path: str, n: int = 3, **kw) -> tuple[float, httpx.Response]:  # type: ignore[no-untyped-def]
+    """The median of n timed GETs after one untimed (templates compile on first use)."""
+    timed_get(base, path, **dict(kw))
+    runs = [timed_get(base, path, **dict(kw)) for _ in range(n)]
+    runs.sort(key=lambda x: x[0])
+    return runs[n // 2]
+
+
 def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple]) -> None:
     tmp = Path(tempfile.mkdtemp())
     big = csv_capture(a.shapes, 100)
     t_raw = raw_ingest(fresh_db(kind, pg_url, tmp, "rawingest"), big)
-
-    url = fresh_db(kind, pg_url, tmp, "svc")
-    srv = start_server(url, tmp / "server.log", {"TUNER_LEASE_TTL_S": "600"})
-    raw_url = fresh_db(kind, pg_url, tmp, "raw")
+    env = {"TUNER_LEASE_TTL_S": "600"}
+    small = start_server(fresh_db(kind, pg_url, tmp, "small"), tmp / "small.log", env)
+    large = start_server(fresh_db(kind, pg_url, tmp, "large"), tmp / "large.log", env)
+    raws: list[Proc] = []
     try:
-        svc, pid = Target(srv.url, raw=False), srv.proc.pid
-        post_csv(srv.url, csv_capture(2000, 1))
-        raw_ingest(raw_url, csv_capture(2000, 1))
-        raw = start_raw(raw_url)
-        rt = Target(raw.url, raw=True)
-        try:
-            p50_2k, cpu_2k = cpu_per_op(svc, pid, a.ops)
-            raw_p50_2k, raw_cpu_2k = cpu_per_op(rt, raw.proc.pid, a.ops)
-        finally:
-            raw.stop()
-        t_svc, out = post_csv(srv.url, big)
+        post_csv(small.url, csv_capture(2000, 1))
+        post_csv(large.url, csv_capture(2000, 1))
+        t_svc, out = post_csv(large.url, big)
         cid = out["campaign_id"]
-        ms_page, page = timed_get(srv.url, f"/campaigns/{cid}")
-        ms_304, same = timed_get(srv.url, f"/campaigns/{cid}", params={"partial": 1},
-                                 headers={"If-None-Match": timed_get(srv.url, f"/campaigns/{cid}",
-                                                                     params={"partial": 1})[1].headers["etag"]})
-        ms_api, api = timed_get(srv.url, f"/v1/campaigns/{cid}")
-        ms_eng, eng = timed_get(srv.url, f"/v1/campaigns/{cid}/engagement")
+        ms_page, page = median_get(large.url, f"/campaigns/{cid}")
+        tag = page.headers["etag"]
+        ms_304, same = median_get(large.url, f"/campaigns/{cid}", headers={"If-None-Match": tag})
+        ms_api, api = median_get(large.url, f"/v1/campaigns/{cid}")
+        ms_eng, eng = median_get(large.url, f"/v1/campaigns/{cid}/engagement", n=1)
         fill = a.queue - 2000 - a.shapes
         if fill > 0:
-            post_csv(srv.url, csv_capture(fill, 100 + a.shapes // 4096 + 2))
-            raw_ingest(raw_url, csv_capture(fill, 100 + a.shapes // 4096 + 2))  # the raw app's queue too
-            raw_ingest(raw_url, big)
-        queued = httpx.get(srv.url + f"/v1/campaigns/{cid}", headers=AUTH, params={"limit": 1}).json()["queued"]
-        p50_200k, cpu_200k = cpu_per_op(svc, pid, a.ops)
-        raw = start_raw(raw_url)
-        rt = Target(raw.url, raw=True)
-        try:
-            raw_p50_200k, raw_cpu_200k = cpu_per_op(rt, raw.proc.pid, a.ops)
-            ol_raw = open_loop(rt, a.agents, a.open_s)
-        finally:
-            raw.stop()
-        ol = open_loop(svc, a.agents, a.open_s)
+            post_csv(large.url, csv_capture(fill, 100 + a.shapes // 4096 + 2))
+        queued = httpx.get(large.url + f"/v1/campaigns/{cid}", headers=AUTH, params={"limit": 1}).json()["queued"]
+        raw_small, raw_large = fresh_db(kind, pg_url, tmp, "rawsmall"), fresh_db(kind, pg_url, tmp, "rawlarge")
+        raw_ingest(raw_small, csv_capture(2000, 1))
+        for text in (csv_capture(2000, 1), big) + ((csv_capture(fill, 100 + a.shapes // 4096 + 2),) if fill > 0 else ()):
+            raw_ingest(raw_large, text)
+        raws = [start_raw(raw_small), start_raw(raw_large)]
+        (p50_2k, cpu_2k), (p50_200k, cpu_200k), (raw_p50_2k, raw_cpu_2k), (raw_p50_200k, raw_cpu_200k) = alternate(
+            [(Target(small.url, False), small.proc.pid), (Target(large.url, False), large.proc.pid),
+             (Target(raws[0].url, True), raws[0].proc.pid), (Target(raws[1].url, True), raws[1].proc.pid)],
+            a.rounds, a.ops // a.rounds)
+        ol_raw = open_loop(Target(raws[1].url, True), a.agents, a.open_s)
+        ol = open_loop(Target(large.url, False), a.agents, a.open_s)
     finally:
-        srv.proc.terminate()
-        srv.proc.wait()
+        for p in [small, large] + raws:
+            p.proc.terminate()
+            p.proc.wait()
 
     e = kind
     rows += [
@@ -454,7 +457,8 @@ def main() -> None:
     p.add_argument("--no-pg", action="store_true")
     p.add_argument("--shapes", type=int, default=100_000)
     p.add_argument("--queue", type=int, default=200_000, help="shapes queued for the second lease figure")
-    p.add_argument("--ops", type=int, default=300, help="closed-loop lease+release round trips per figure")
+    p.add_argument("--ops", type=int, default=400, help="closed-loop lease+release round trips per figure")
+    p.add_argument("--rounds", type=int, default=8, help="alternating rounds those round trips are split into")
     p.add_argument("--agents", type=int, default=64)
     p.add_argument("--open-s", type=float, default=20.0)
     p.add_argument("--raw-server", help=argparse.SUPPRESS)

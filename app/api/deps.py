@@ -10,11 +10,12 @@ from app.config import Settings
 from app.db.session import Database
 
 
-def get_db(request: Request) -> Database:
+# async: plain attribute reads; FastAPI runs a sync dependency in the thread pool (a hop per request)
+async def get_db(request: Request) -> Database:
     return request.app.state.db
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 

@@ -53,6 +53,22 @@ _WRITE = (update(_T).where(_T.c.id == bindparam("b_id"), _T.c.state == bindparam
                   lease_id=bindparam("b_lease"), last_error=bindparam("b_error")))
 
 
+# Built once: the hot statements skip construction and cache-key work on every request.
+_W = Worker.__table__
+_TOUCH = update(_W).where(_W.c.id == bindparam("b_wid"))
+_TOP = (select(CampaignShape.priority)
+        .where(CampaignShape.campaign_id == Campaign.id, CampaignShape.state == ls.ShapeState.QUEUED.value)
+        .order_by(CampaignShape.priority.desc()).limit(1).correlate(Campaign).scalar_subquery())
+_CAMPAIGNS = select(Campaign, _TOP).where(Campaign.image_digest == bindparam("b_digest"),
+                                          Campaign.gfx == bindparam("b_gfx"), Campaign.cu_num == bindparam("b_cu"))
+# the next n of a campaign's queue: one ix_shapes_queue range (SKIP LOCKED on PostgreSQL)
+_PICK = lock_for_lease(select(*_FACTS).where(CampaignShape.campaign_id == bindparam("b_cid"),
+                                             CampaignShape.state == ls.ShapeState.QUEUED.value)
+                       .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(bindparam("b_n")))
+_HELD = select(*_FACTS).where(CampaignShape.lease_id == bindparam("b_lid"),
+                              CampaignShape.state == ls.ShapeState.LEASED.value)
+
+
 def _row_facts(r) -> ls.ShapeFacts:  # type: ignore[no-untyped-def]
     return ls.ShapeFacts(ls.ShapeState(r.state), r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
 
@@ -88,9 +104,8 @@ def sweep_expired(s: Session, settings: Settings, now: datetime | None = None) -
 def _touch_worker(s: Session, body: LeaseIn, now: datetime) -> None:
     seen = {"image_digest": body.image_digest, "gfx": body.gfx, "cu_num": body.cu_num, "host": body.host,
             "backends": body.backends, "aiter_commit": body.aiter_commit, "last_seen_at": now}
-    w = Worker.__table__
-    if not s.execute(update(w).where(w.c.id == body.worker_id).values(seen)).rowcount:
-        s.execute(insert(w).values(id=body.worker_id, first_seen_at=now, **seen))
+    if not s.execute(_TOUCH, {"b_wid": body.worker_id, **seen}).rowcount:
+        s.execute(insert(Worker.__table__), {"id": body.worker_id, "first_seen_at": now, **seen})
 
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
@@ -125,14 +140,9 @@ def est_shape_cost(s: Session, campaign_id: int, backend: str, default: float) -
 def _pick_campaign(s: Session, body: LeaseIn) -> Campaign | None:
     """The identity's campaign whose top queued shape has the most served time: one ix_shapes_queue seek per
     campaign (an identity has a handful), never a scan of the queue."""
-    top = (select(CampaignShape.priority)
-           .where(CampaignShape.campaign_id == Campaign.id, CampaignShape.state == ls.ShapeState.QUEUED.value)
-           .order_by(CampaignShape.priority.desc()).limit(1).correlate(Campaign).scalar_subquery())
-    q = select(Campaign, top).where(Campaign.image_digest == body.image_digest, Campaign.gfx == body.gfx,
-                                    Campaign.cu_num == body.cu_num)
-    if body.families is not None:
-        q = q.where(Campaign.family.in_(body.families))
-    best = max(((c, p) for c, p in s.execute(q) if p is not None), key=lambda cp: cp[1], default=None)
+    rows = s.execute(_CAMPAIGNS, {"b_digest": body.image_digest, "b_gfx": body.gfx, "b_cu": body.cu_num})
+    best = max(((c, p) for c, p in rows if p is not None and (body.families is None or c.family in body.families)),
+               key=lambda cp: cp[1], default=None)
     return best[0] if best else None
 
 
@@ -149,19 +159,15 @@ def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | N
     n = max(1, math.floor(body.budget_s / cost)) if cost > 0 else 10_000
     if body.max_shapes:
         n = min(n, body.max_shapes)
-    # the next n of the campaign's queue, one ix_shapes_queue range (SKIP LOCKED on PostgreSQL)
-    pick = lock_for_lease(select(*_FACTS).where(CampaignShape.campaign_id == camp.id,
-                                                CampaignShape.state == ls.ShapeState.QUEUED.value)
-                          .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(n))
-    rows = s.execute(pick).all()
+    rows = s.execute(_PICK, {"b_cid": camp.id, "b_n": n}).all()
     if not rows:
         return None
     lf = ls.open_lease(now, body.budget_s, settings.lease_ttl_s, settings.lease_grace_s)
     lease_id = str(uuid.uuid4())
-    s.execute(insert(Lease.__table__).values(
-        id=lease_id, worker_id=body.worker_id, campaign_id=camp.id, backend=backend, token_id=token_id,
-        budget_s=body.budget_s, created_at=now, heartbeat_at=now, hard_deadline=lf.hard_deadline,
-        expires_at=lf.expires_at, state=lf.state.value))
+    s.execute(insert(Lease.__table__), {
+        "id": lease_id, "worker_id": body.worker_id, "campaign_id": camp.id, "backend": backend,
+        "token_id": token_id, "budget_s": body.budget_s, "created_at": now, "heartbeat_at": now,
+        "hard_deadline": lf.hard_deadline, "expires_at": lf.expires_at, "state": lf.state.value})
     leased = [(r, ls.lease(_row_facts(r), lease_id)) for r in rows]
     _write_facts(s, [(r.id, r.state, f) for r, f in leased])
     return LeaseOut(lease_id=lease_id, campaign_id=camp.id, family=camp.family, image_digest=camp.image_digest,
@@ -210,8 +216,7 @@ def release(s: Session, lease_id: str, settings: Settings, owner: int | None = N
     """A clean stop: untouched shapes go back to the queue uncounted; `started` ones count a try."""
     lease = _live_lease(s, lease_id, settings, owner)
     lease.state = ls.end_lease(_lease_facts(lease), ls.LeaseState.RELEASED).state.value
-    back = s.execute(select(*_FACTS).where(CampaignShape.lease_id == lease.id,
-                                           CampaignShape.state == ls.ShapeState.LEASED.value)).all()
+    back = s.execute(_HELD, {"b_lid": lease.id}).all()
     _write_facts(s, [(r.id, r.state, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts))
                      for r in back])
     return len(back)

@@ -18,7 +18,9 @@ def lease(body: LeaseIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> L
     who.check_digest(body.image_digest)
     with db.session() as s:
         out = leasing.lease_batch(s, body, settings, who.token_id)
-    return out if out is not None else Response(status_code=204)
+    if out is None:
+        return Response(status_code=204)
+    return Response(out.model_dump_json(), media_type="application/json")  # built above: no second validation
 
 
 @router.post("/v1/leases/{lease_id}/heartbeat", response_model=HeartbeatOut)
