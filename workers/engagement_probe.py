@@ -38,6 +38,7 @@ class _StopAtUsing:
 
     def info(self, msg, *a, **k):
         if str(msg).startswith("[fused_moe] using"):
+            self._inner.info(msg, *a, **k)  # the line a server log carries
             raise Found(inspect.currentframe().f_back.f_locals.get("cfg"))
         return self._inner.info(msg, *a, **k)
 

@@ -59,6 +59,7 @@ class ImageTablesIn(Wire):
 class LogIn(Identity):
     family: str = Field(max_length=64)
     log: str = Field(max_length=BIG_TEXT)
+    form: Literal["layer", "merged", "model_configs_dropin"] | None = None  # how it was deployed (default: plan's)
 
 
 class VerificationIn(Wire):

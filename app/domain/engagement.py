@@ -18,6 +18,7 @@ class ShapeEngagement:
     matched_m: int | None = None
     row: dict[str, str] | None = None
     reason: str = ""
+    fails: bool = False  # AITER finds (and logs) the row, then raises running its kernel
 
 
 class LookupRaises(Exception):
@@ -106,7 +107,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                     continue
                 res = ShapeEngagement(raw, False, tried, m, row, reason=(
                     "FlyDSL row, but flydsl is not importable in the serving image: AITER has no fallback and "
-                    "raises in the MoE stage"))
+                    "raises in the MoE stage"), fails=True)
                 break
             res = ShapeEngagement(raw, True, tried, m, row)
             if cpp is not None:

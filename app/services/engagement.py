@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import EngagementProofIn
 from app.db.models import Campaign, CampaignShape, Capture, EngagementProof, Image
-from app.domain.families import get_family
+from app.domain.families import TableFamily, get_family
+from app.domain.keys import m_candidates
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
@@ -25,10 +28,54 @@ def campaign_or_404(s: Session, campaign_id: int) -> Campaign:
     return camp
 
 
+@dataclass
+class Verdicts:
+    camp: Campaign
+    ov: overlays.Overlay
+    ident: dict
+    used: str  # the form (or "supplied")
+    refused: str | None
+    warnings: list[str]
+    shapes: list[CampaignShape]
+    checks: list[eng.ShapeEngagement]
+
+
 def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
                form: str | None = None, limit: int = pages.DEFAULT_LIMIT, after: str | None = None) -> dict:
     """The verdict per captured shape on the table AITER builds from a deploy form (the plan's first offered
     one unless asked); table_csv: check a table as written (a hand-made or older overlay) instead."""
+    v = verdicts(s, campaign_id, merged, table_csv, form)
+    camp, ov, ident, used, refused, warnings, shapes, checks = (v.camp, v.ov, v.ident, v.used, v.refused,
+                                                               v.warnings, v.shapes, v.checks)
+    report, nxt = pages.page(zip(shapes, checks), lambda xc: (xc[0].priority, xc[0].id), limit, after)
+    total = sum(x.priority for x in shapes) or 1.0
+    covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
+    proof = latest_proof(s, camp.id, used)
+    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
+    return {
+        "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
+        "cu_num": camp.cu_num, "env_var": ov.family.env_var, "release": ov.release.name,
+        "table": used, "form": used, "refused": refused,
+        "warnings": warnings + ident["mismatches"], "identity": ident,
+        "header": list(ov.schema.header), "shapes": len(shapes), "hits": sum(c.hit for c in checks),
+        "misses": sum(not c.hit for c in checks), "served_time_covered": covered / total,
+        "proof": None if proof is None else {
+            "id": proof.id, "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version,
+            "worker_id": proof.worker_id, "flydsl": proof.flydsl, "error": proof.error,
+            "created_at": proof.created_at.isoformat(),
+            "disagreements": sum(1 for x, c in zip(shapes, checks) if x.id in proved and proved[x.id]["hit"] != c.hit)},
+        "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
+                    "matched_m": c.matched_m, "reason": c.reason, "kernel": _kernel(c.row),
+                    "proved_hit": proved[x.id]["hit"] if x.id in proved else None,
+                    "proved_kernel": proved[x.id].get("kernel") if x.id in proved else None,
+                    "disagrees": x.id in proved and proved[x.id]["hit"] != c.hit}
+                   for x, c in report],
+        "next": nxt,  # the report is paged (limit, after); the counts above cover every shape
+    }
+
+
+def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
+             form: str | None = None) -> Verdicts:
     camp = campaign_or_404(s, campaign_id)
     ident = runtime_identity(s, camp)
     ov = overlays.build(s, camp.image_digest, camp.family, gfx=ident["gpu_gfx"])
@@ -62,31 +109,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
     if refused is not None:  # AITER raises at start: nothing engages
         checks = [eng.ShapeEngagement(c.shape, False, c.tried_m, reason=refused) for c in checks]
-    report, nxt = pages.page(zip(shapes, checks), lambda xc: (xc[0].priority, xc[0].id), limit, after)
-    total = sum(x.priority for x in shapes) or 1.0
-    covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
-    proof = latest_proof(s, camp.id, used)
-    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
-    return {
-        "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
-        "cu_num": camp.cu_num, "env_var": ov.family.env_var, "release": ov.release.name,
-        "table": used, "form": used, "refused": refused,
-        "warnings": warnings + ident["mismatches"], "identity": ident,
-        "header": list(ov.schema.header), "shapes": len(shapes), "hits": sum(c.hit for c in checks),
-        "misses": sum(not c.hit for c in checks), "served_time_covered": covered / total,
-        "proof": None if proof is None else {
-            "id": proof.id, "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version,
-            "worker_id": proof.worker_id, "flydsl": proof.flydsl, "error": proof.error,
-            "created_at": proof.created_at.isoformat(),
-            "disagreements": sum(1 for x, c in zip(shapes, checks) if x.id in proved and proved[x.id]["hit"] != c.hit)},
-        "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
-                    "matched_m": c.matched_m, "reason": c.reason, "kernel": _kernel(c.row),
-                    "proved_hit": proved[x.id]["hit"] if x.id in proved else None,
-                    "proved_kernel": proved[x.id].get("kernel") if x.id in proved else None,
-                    "disagrees": x.id in proved and proved[x.id]["hit"] != c.hit}
-                   for x, c in report],
-        "next": nxt,  # the report is paged (limit, after); the counts above cover every shape
-    }
+    return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks)
 
 
 def _kernel(row: dict | None) -> str | None:
@@ -144,7 +167,8 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
             "flydsl": flydsl, "env": env, "mismatches": notes}
 
 
-def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log: str) -> dict:
+def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log: str,
+                deploy_form: str | None = None) -> dict:
     """Per-shape counts of AITER's hit and miss lines in a server log taken after deploy."""
     fam = family_or_422(family)
     counts: dict[str, dict] = {}
@@ -163,14 +187,34 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
             c["files"].add(ev.file)
     camp = s.scalars(select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx,
                                             Campaign.cu_num == cu_num, Campaign.family == fam.name)).first()
-    captured = {}
+    predicted: dict[tuple, tuple[CampaignShape, bool, bool]] = {}
+    form = None
     if camp is not None:
-        captured = {x.shape_key: x for x in s.scalars(select(CampaignShape).where(
-            CampaignShape.campaign_id == camp.id, CampaignShape.shape_key.in_(list(counts) or [""])))}
-    report = [{"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
-               "shape_id": captured[k].id if k in captured else None,
-               "state": captured[k].state if k in captured else None} for k, c in counts.items()]
-    return {"family": fam.name, "env_var": fam.env_var, "campaign_id": camp.id if camp else None,
+        v = verdicts(s, camp.id, form=deploy_form)
+        form = v.used
+        for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
+            predicted.setdefault(_as_logged(v.ov.family, x.shape), (x, c.hit, c.fails))
+    report = []
+    for k, c in counts.items():
+        x, hit, fails = predicted.get(_as_logged(fam, c["shape"]), (None, None, False))
+        observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
+        logged = hit or fails  # a row AITER finds is logged as used even where its kernel then raises
+        report.append({"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
+                       "shape_id": x.id if x is not None else None, "state": x.state if x is not None else None,
+                       "observed": observed, "predicted_hit": hit, "predicted_fails": fails,
+                       "disagrees": hit is not None and observed != "mixed" and (observed == "hit") != logged})
+    return {"family": fam.name, "env_var": fam.env_var, "campaign_id": camp.id if camp else None, "form": form,
             "shapes": len(report), "hit_lines": sum(r["hits"] for r in report),
-            "miss_lines": sum(r["misses"] for r in report), "unparsable_lines": skipped, "report": report,
-            "note": "hit lines appear only with AITER_LOG_TUNED_CONFIG=1 set before `import aiter`"}
+            "miss_lines": sum(r["misses"] for r in report), "unparsable_lines": skipped,
+            "disagreements": sum(r["disagrees"] for r in report), "report": report,
+            "note": "hit lines appear only with AITER_LOG_TUNED_CONFIG=1 set before `import aiter`; 'predicted_hit' "
+                    f"is the service's verdict on the {form or 'layer'} form; a disagreement is a defect of the model"}
+
+
+def _as_logged(family: TableFamily, shape: dict[str, str]) -> tuple:
+    """A shape as AITER's log lines print it: raw M for GEMMs, the looked-up (padded) token for MoE."""
+    m = family.m_column
+    cells = dict(shape)
+    if m is not None and m in cells and family.padding.startswith("moe"):
+        cells[m] = str(m_candidates(family, cells)[0])
+    return tuple(sorted(cells.items()))

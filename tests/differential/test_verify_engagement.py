@@ -47,11 +47,17 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
     shutil.copytree(CONFIGS, tree / "aiter" / "configs")
     image_tables.report(Direct(client), DIGEST, tree / "aiter", commit=AITER_COMMIT, flydsl=False)
     shapes = random.Random(3).sample(shipped_shapes(CONFIGS, get_family(family_name)), 40)
+    m = family.m_column
+    # raw Ms as servers run them: AITER pads them (GEMM tries, MoE token), its log prints the padded token
+    shapes = [dict(x, **{m: str(max(1, int(x[m]) - 3))}) if i % 2 else x for i, x in enumerate(shapes)]
     cid = capture(client, shapes, family=family_name, gfx=gfx, cu_num=cu).json()["campaign_id"]
     tune_all(client, gfx, cu, us_of=lambda item: 0.25 + item["shape_id"] % 7, **CELLS[family_name])
 
+    procs = []
+
     def image_aiter():  # the image's AITER, imported after verify set the env var
         p = ax.AiterProcess(SRC, tree, ax.Identity(gfx, cu, False), "current", SRC / "csrc")
+        procs.append(p)
         return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None)
 
     plan = client.get(f"/v1/overlays/{DIGEST}/{family_name}/deploy").json()
@@ -65,4 +71,13 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
         assert eng["proof"]["disagreements"] == 0, (form, [(r["shape"], r["hit"], r["reason"], r["kernel"], r["proved_kernel"]) for r in eng["report"] if r["disagrees"]][:2])
         assert all(r["proved_hit"] == r["hit"] for r in eng["report"])
         assert eng["hits"] > 0, form
+        # AITER's own log lines of that run (AITER_LOG_TUNED_CONFIG=1), as a server would post them after deploy
+        log = "\n".join("[aiter] " + line for line in procs[-1].log.lines)
+        logs = client.post("/v1/engagement/logs", json={"image_digest": DIGEST, "gfx": gfx, "cu_num": cu,
+                                                        "family": family_name, "log": log, "form": form}).json()
+        seen = logs["report"]  # every line is one of the campaign's shapes, as AITER printed it
+        assert seen and all(r["shape_id"] is not None for r in seen), [r["shape"] for r in seen if not r["shape_id"]]
+        assert logs["unparsable_lines"] == 0
+        assert logs["disagreements"] == 0, [r for r in logs["report"] if r["disagrees"]][:2]
+        assert any(r["observed"] == "hit" for r in seen) and all(r["predicted_hit"] is not None for r in seen)
     assert family.env_var not in __import__("os").environ

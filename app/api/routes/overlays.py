@@ -93,4 +93,5 @@ def get_schemas(image_digest: str, db: DbDep, who: ReadAuth) -> list[dict]:
 def post_deploy_log(body: LogIn, db: DbDep, who: CaptureAuth) -> dict:
     who.check_digest(body.image_digest)
     with db.session(write=False) as s:
-        return engagement.post_deploy(s, body.image_digest, body.gfx, body.cu_num, body.family, body.log)
+        return engagement.post_deploy(s, body.image_digest, body.gfx, body.cu_num, body.family, body.log,
+                                      deploy_form=body.form)
