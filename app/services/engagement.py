@@ -112,6 +112,22 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
     return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks)
 
 
+def page_summary(s: Session, campaign_id: int) -> dict:
+    """For the campaign page: the prediction on the plan's first offered form beside the latest proof in the
+    image, with each shape's pair (predicted hit, proved hit or None) by shape id."""
+    v = verdicts(s, campaign_id)
+    proof = latest_proof(s, v.camp.id, v.used)
+    proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
+    by_shape = {x.id: (c.hit, proved.get(x.id)) for x, c in zip(v.shapes, v.checks)}
+    return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": len(v.shapes),
+            "predicted_hits": sum(c.hit for c in v.checks), "by_shape": by_shape,
+            "proof": None if proof is None else {
+                "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
+                "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,
+                "hits": sum(1 for h in proved.values() if h),
+                "disagreements": sum(1 for p, q in by_shape.values() if q is not None and p != q)}}
+
+
 def _kernel(row: dict | None) -> str | None:
     return (row or {}).get("kernelName") or (row or {}).get("kernelName1")
 

@@ -62,7 +62,8 @@ def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: Setti
         fam = get_family(summary["family"])
         name = overlays.overlay_filename(fam, summary["image_digest"])
         checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
-    return _page(request, "campaign.html", {"verifications": checks,
+        verdict = engagement.page_summary(s, campaign_id)
+    return _page(request, "campaign.html", {"verifications": checks, "verdict": verdict,
         "c": summary, "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
         "env_line": f"{fam.env_var}=/overlays/{name}",
         "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",

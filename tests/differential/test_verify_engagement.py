@@ -81,3 +81,16 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
         assert logs["disagreements"] == 0, [r for r in logs["report"] if r["disagrees"]][:2]
         assert any(r["observed"] == "hit" for r in seen) and all(r["predicted_hit"] is not None for r in seen)
     assert family.env_var not in __import__("os").environ
+    page = client.get(f"/campaigns/{cid}").text  # predicted beside proved, with the image's AITER commit
+    assert "Proved in the image" in page and AITER_COMMIT in page and "agrees with the prediction" in page
+    # a proof that disagrees on one shape is shown as a defect of the model, on the page and the report
+    eng = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    flipped = [{"shape_id": r["shape_id"], "hit": r["hit"] != (i == 0)} for i, r in enumerate(eng["report"])]
+    client.post(f"/v1/campaigns/{cid}/engagement/proofs", json={"form": eng["form"], "worker_id": "w",
+                                                                "aiter_commit": "f" * 40, "results": flipped})
+    assert client.get(f"/v1/campaigns/{cid}/engagement").json()["proof"]["disagreements"] == 1
+    page = client.get(f"/campaigns/{cid}").text
+    assert "1 shape(s) disagree with the prediction" in page and "f" * 40 in page
+    bad = client.post(f"/v1/campaigns/{cid}/engagement/proofs", json={
+        "form": "layer", "worker_id": "w", "results": [{"shape_id": 10**9, "hit": True}]})
+    assert bad.status_code == 422 and bad.json()["field"] == "results.0.shape_id"
