@@ -14,6 +14,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = 8 * 1024 * 1024
     lease_ttl_s: float = 60.0  # a lease dies this long after its last heartbeat
     lease_grace_s: float = 30.0  # past budget: no heartbeat extends a lease beyond budget + grace
+    max_capture_shapes: int = 20_000  # distinct shapes in one capture (a bigger one is refused: split it)
+    max_campaign_shapes: int = 200_000  # shapes one campaign may hold (a queue past this is not a tuning plan)
     max_attempts: int = 3  # a shape failing this many times is parked as failed
     default_shape_cost_s: float = 30.0  # until a campaign has measured costs
     sqlite_busy_ms: int = 5000

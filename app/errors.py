@@ -47,7 +47,9 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "none", "constrained-str", "list", 
 
 def field_of(loc: tuple | list) -> str | None:
     """A validation error's location as a dotted field name, without pydantic's union member tags."""
-    parts = [str(p) for p in loc if p != "body" and str(p) not in _TYPE_TAGS and "[" not in str(p)]
+    parts = [str(p) for p in loc if str(p) not in _TYPE_TAGS and "[" not in str(p)]
+    if parts and parts[0] in ("body", "path", "query", "header"):
+        parts = parts[1:]
     return ".".join(parts) or None
 
 

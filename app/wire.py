@@ -3,7 +3,7 @@
 One module that both sides import: the service's routes declare these as bodies and response models, and the
 worker (workers/client.py) validates what it sends and receives against them. It imports pydantic only, so a
 worker needs neither FastAPI nor SQLAlchemy. The input rules every wire model shares live here too: no NaN or
-Infinity, no NUL bytes or lone surrogates, bounded strings, ids and counts, bounded nesting; a violation is a
+Infinity, no NUL bytes or lone surrogates, bounded strings, ids and counts; a violation is a
 422 naming the field (app/errors.py), never a 500 from the database.
 """
 
@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 INT64_MAX = 2**63 - 1
-MAX_DEPTH = 16  # nested objects/arrays inside one field (rows, shapes, env)
 MAX_TEXT = 4096  # default bound on any string field without its own
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 GFX_RE = re.compile(r"^(gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31})$")
@@ -32,10 +31,8 @@ def _check_text(s: str) -> None:
         raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
 
 
-def check_clean(value: Any, depth: int = 0) -> Any:
-    """Every string inside (keys too) is valid text; floats finite; nesting bounded."""
-    if depth > MAX_DEPTH:
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+def check_clean(value: Any) -> Any:
+    """Every string inside (keys too) is valid text; floats finite; ints within 64 bits."""
     if isinstance(value, str):
         _check_text(value)
     elif isinstance(value, float):
@@ -46,11 +43,11 @@ def check_clean(value: Any, depth: int = 0) -> Any:
             raise ValueError("integer out of the 64-bit range")
     elif isinstance(value, dict):
         for k, v in value.items():
-            check_clean(k, depth + 1)
-            check_clean(v, depth + 1)
+            check_clean(k)
+            check_clean(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            check_clean(v, depth + 1)
+            check_clean(v)
     return value
 
 
@@ -67,7 +64,7 @@ Micros = Annotated[float, Field(gt=0, le=1e12)]  # a kernel time in microseconds
 
 
 class Wire(BaseModel):
-    """Base of every request model: finite floats, bounded clean strings, bounded nesting."""
+    """Base of every request model: finite floats, bounded clean strings."""
 
     model_config = ConfigDict(allow_inf_nan=False, str_max_length=MAX_TEXT)
 

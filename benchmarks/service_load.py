@@ -360,7 +360,8 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
     tmp = Path(tempfile.mkdtemp())
     big = csv_capture(a.shapes, 100)
     t_raw = raw_ingest(fresh_db(kind, pg_url, tmp, "rawingest"), big)
-    env = {"TUNER_LEASE_TTL_S": "600"}
+    env = {"TUNER_LEASE_TTL_S": "600", "TUNER_MAX_CAPTURE_SHAPES": str(max(a.shapes, a.queue)),
+           "TUNER_MAX_CAMPAIGN_SHAPES": str(4 * max(a.shapes, a.queue))}
     small = start_server(fresh_db(kind, pg_url, tmp, "small"), tmp / "small.log", env)
     large = start_server(fresh_db(kind, pg_url, tmp, "large"), tmp / "large.log", env)
     raws: list[Proc] = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text,
-                        UniqueConstraint)
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String,
+                        Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -92,7 +92,7 @@ class Capture(Base):
     aiter_commit: Mapped[str | None] = mapped_column(String(80))
     env: Mapped[dict] = mapped_column(JSON, default=dict)
     shapes: Mapped[int] = mapped_column(Integer)
-    calls: Mapped[int] = mapped_column(Integer)
+    calls: Mapped[int] = mapped_column(BigInteger)  # a hot decode shape passes 2^31 calls
     step_hist: Mapped[dict | None] = mapped_column(JSON)  # the step-count deltas it carried
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
@@ -105,7 +105,7 @@ class CampaignShape(Base):
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"))
     shape_key: Mapped[str] = mapped_column(String(1000))
     shape: Mapped[dict] = mapped_column(JSON)
-    calls: Mapped[int] = mapped_column(Integer, default=0)
+    calls: Mapped[int] = mapped_column(BigInteger, default=0)
     flops: Mapped[float] = mapped_column(Float)
     # the default path's time per call: the gfx's roofline estimate until a result measures it
     default_us: Mapped[float] = mapped_column(Float)

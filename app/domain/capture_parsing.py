@@ -18,22 +18,29 @@ MAX_SHAPES = 100_000
 class ParsedCapture:
     shapes: dict[str, tuple[Shape, int]] = field(default_factory=dict)  # key -> (shape, call count)
     notes: list[str] = field(default_factory=list)
+    limit: int = MAX_SHAPES  # distinct shapes one capture may carry (Settings.max_capture_shapes)
 
     def add(self, shape: Shape, count: int) -> None:
         old = self.shapes.get(shape.key)
         self.shapes[shape.key] = (shape, count + (old[1] if old else 0))
-        if len(self.shapes) > MAX_SHAPES:
-            raise ShapeError("shapes", f"more than {MAX_SHAPES} distinct shapes in one capture")
+        if len(self.shapes) > self.limit:
+            raise ShapeError("shapes", f"more than {self.limit} distinct shapes in one capture; send it in parts")
+
+
+MAX_COUNT = 1 << 40  # calls of one shape in one capture (~10^12): far above any server's, far below int64
 
 
 def _count(raw: object, where: str) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit():
-        raise ShapeError(where, f"expected a non-negative integer call count, got {raw!r}")
-    return int(raw)
+    s = str(raw).strip()
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not s.isdigit() or len(s) > 20:
+        raise ShapeError(where, f"expected a non-negative integer call count, got {str(raw)[:40]!r}")
+    if int(s) > MAX_COUNT:
+        raise ShapeError(where, f"call count {s} is above the cap {MAX_COUNT}")
+    return int(s)
 
 
-def from_json(family: TableFamily, shapes: list[dict[str, object]]) -> ParsedCapture:
-    out = ParsedCapture()
+def from_json(family: TableFamily, shapes: list[dict[str, object]], limit: int = MAX_SHAPES) -> ParsedCapture:
+    out = ParsedCapture(limit=limit)
     if not shapes:
         raise ShapeError("shapes", "empty: a capture needs at least one shape")
     for i, item in enumerate(shapes):
@@ -46,7 +53,7 @@ def from_json(family: TableFamily, shapes: list[dict[str, object]]) -> ParsedCap
     return out
 
 
-def from_untuned_csv(family: TableFamily, text: str) -> ParsedCapture:
+def from_untuned_csv(family: TableFamily, text: str, limit: int = MAX_SHAPES) -> ParsedCapture:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise ShapeError("untuned_csv", "empty: expected a header line and rows")
@@ -57,7 +64,7 @@ def from_untuned_csv(family: TableFamily, text: str) -> ParsedCapture:
         raise ShapeError("untuned_csv.header", f"{'; '.join(problems)} for family {family.name} "
                                                f"(expected {','.join(family.untuned_header)})")
     keep = [c for c in header if c in family.shape_columns]
-    out = ParsedCapture()
+    out = ParsedCapture(limit=limit)
     for lineno, row in enumerate(csv.reader(io.StringIO("\n".join(lines[1:]))), start=2):
         cells = [c.strip() for c in row]
         if len(cells) > len(header) and not any(cells[len(header):]):
@@ -73,12 +80,12 @@ def from_untuned_csv(family: TableFamily, text: str) -> ParsedCapture:
 
 
 def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: int,
-                strict: bool = True) -> ParsedCapture:
+                strict: bool = True, limit: int = MAX_SHAPES) -> ParsedCapture:
     """The family's shapes among parsed lookup lines, one call per line; lines naming another identity skipped.
     The service (a posted log) and the capture agent (a followed log) both count lines this way. strict: a
     line whose shape is not valid refuses the whole capture; else it is skipped with a note (the agent, which
     must keep following)."""
-    out = ParsedCapture()
+    out = ParsedCapture(limit=limit)
     other = mismatched = 0
     for ev in events:
         if ev.family != family.name:
@@ -102,8 +109,9 @@ def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: i
     return out
 
 
-def from_log(family: TableFamily, text: str, gfx: str, cu_num: int) -> ParsedCapture:
-    out = from_events(family, parse_log(text).events, gfx, cu_num)
+def from_log(family: TableFamily, text: str, gfx: str, cu_num: int, limit: int = MAX_SHAPES
+             ) -> ParsedCapture:
+    out = from_events(family, parse_log(text).events, gfx, cu_num, limit=limit)
     if not out.shapes:
         raise ShapeError("log", f"no AITER {family.name} lookup lines ('not found tuned config' or "
                                 f"'is tuned on cu_num') found in {len(text.splitlines())} line(s)")

@@ -58,6 +58,16 @@ def enum_prefix(col: str) -> str:
     return _ENUM_PREFIX[col]
 
 
+# Sane ranges of the size columns a capture carries (a column the family lacks is not checked). M/token: up to
+# 1M rows in one call; N/K/model_dim/inter_dim: the largest hidden sizes served today (~30k) with room to
+# spare; beyond these a value is a typo or an attack (2^31 makes a backend allocate exabytes), not a shape.
+DIM_BOUNDS: tuple[tuple[str, int, int], ...] = (
+    ("M", 1, 1 << 20), ("N", 1, 1 << 18), ("K", 1, 1 << 18), ("B", 1, 1 << 12),
+    ("m", 1, 1 << 20), ("n", 1, 1 << 18), ("k", 1, 1 << 18), ("b", 1, 1 << 12),
+    ("token", 1, 1 << 20), ("model_dim", 1, 1 << 18), ("inter_dim", 1, 1 << 18), ("expert", 1, 1 << 12),
+    ("topk", 1, 1 << 8))
+
+
 @dataclass(frozen=True)
 class TableFamily:
     name: str
@@ -101,6 +111,7 @@ class TableFamily:
     # workers.verify --engagement calls in the image (None: not probed yet)
     aiter_lookup: str | None = None
     aiter_file_attr: str | None = None
+    dim_bounds: tuple[tuple[str, int, int], ...] = DIM_BOUNDS  # (column, min, max) of captured sizes
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""

@@ -51,6 +51,7 @@ _FMOE = re.compile(r"\[fused_moe\] using (?:1stage|2stage)(?: xbf16)? (?P<cfg>de
 _FMOE_COLS = ("gfx", "cu_num", "token", "model_dim", "inter_dim", "expert", "topk", "act_type", "dtype",
               "q_dtype_a", "q_dtype_w", "q_type", "use_g1u1", "doweight_stage1")
 _FHMOE_EXTRA = ("shared_expert_id", "hidden_pad", "intermediate_pad", "gate_mode")
+_MAX_KEYS_TEXT = 4096
 _KERNEL1 = re.compile(r"kernelName1='([^']*)'")
 
 
@@ -112,6 +113,8 @@ def _gemm_event(fams: tuple[str, ...], hit: bool, m: re.Match[str]) -> list[LogE
 
 
 def _moe_event(m: re.Match[str]) -> LogEvent | None:
+    if len(m.group("keys")) > _MAX_KEYS_TEXT:  # AITER prints ~300 characters; more is not its line
+        return None
     items = _tuple_items(m.group("keys"))
     if len(items) not in (14, 18):
         return None
@@ -129,7 +132,9 @@ def parse_log(text: str) -> LogParse:
     out = LogParse()
     for line in text.splitlines():
         if "fused_moe] using" in line:
-            mo = _FMOE.search(line)
+            # one anchored match at the last marker: linear in the line (a search would retry the lazy
+            # `.*?` from every marker and go quadratic on a hostile line)
+            mo = _FMOE.match(line, line.rfind("[fused_moe] using"))
             ev = _moe_event(mo) if mo else None
             if ev:
                 out.events.append(ev)

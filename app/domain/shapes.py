@@ -111,6 +111,10 @@ def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape"
             values.append((col, _cell(col, v)))
         except (_Bad, TypeError):  # again through cell(): the same rules, raising with the field's name
             values.append((col, cell(col, v, f"{where}.{col}")))
+    got = dict(values)
+    for col, lo, hi in family.dim_bounds:
+        if col in got and not lo <= int(got[col]) <= hi:
+            raise ShapeError(f"{where}.{col}", f"{got[col]} is outside {family.name}'s range [{lo}, {hi}]")
     if family.remaps:  # stored as AITER looks it up (and as its tuner writes it)
         values = list(family.remap(dict(values)).items())
     return Shape(tuple(values))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,7 +24,8 @@ def family_or_422(name: str) -> TableFamily:
         raise Invalid(f"family: unknown table family {name!r}; known: {', '.join(FAMILIES)}", "family") from None
 
 
-def parse(body: CaptureIn) -> tuple[TableFamily, str, capture_parsing.ParsedCapture]:
+def parse(body: CaptureIn, limit: int = capture_parsing.MAX_SHAPES
+          ) -> tuple[TableFamily, str, capture_parsing.ParsedCapture]:
     fam = family_or_422(body.family)
     given = [k for k in ("shapes", "untuned_csv", "log") if getattr(body, k) is not None]
     if len(given) != 1:
@@ -34,11 +35,11 @@ def parse(body: CaptureIn) -> tuple[TableFamily, str, capture_parsing.ParsedCapt
         if fmt == "shapes" and not body.shapes and body.step_buckets:
             parsed = capture_parsing.ParsedCapture()  # a metrics-only update
         elif fmt == "shapes":
-            parsed = capture_parsing.from_json(fam, body.shapes or [])
+            parsed = capture_parsing.from_json(fam, body.shapes or [], limit)
         elif fmt == "untuned_csv":
-            parsed = capture_parsing.from_untuned_csv(fam, body.untuned_csv or "")
+            parsed = capture_parsing.from_untuned_csv(fam, body.untuned_csv or "", limit)
         else:
-            parsed = capture_parsing.from_log(fam, body.log or "", body.gfx, body.cu_num)
+            parsed = capture_parsing.from_log(fam, body.log or "", body.gfx, body.cu_num, limit)
     except ShapeError as e:
         raise Invalid(str(e), e.field) from None
     return fam, fmt, parsed
@@ -107,8 +108,9 @@ def reweigh(s: Session, camp: Campaign, fam: TableFamily) -> None:
                                       for r, w in zip(rows, weights)])
 
 
-def ingest(s: Session, body: CaptureIn) -> CaptureOut:
-    fam, fmt, parsed = parse(body)  # raises before anything is written
+def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SHAPES,
+           max_campaign_shapes: int | None = None) -> CaptureOut:
+    fam, fmt, parsed = parse(body, max_shapes)  # raises before anything is written
     delta = _step_delta(body)
     done = _already(s, body.capture_uid, fam)
     if done is not None:
@@ -133,6 +135,11 @@ def ingest(s: Session, body: CaptureIn) -> CaptureOut:
         est = estimate_us(fam, d, body.gfx, body.cu_num)
         rows.append((key, d, count, flops(fam, d), est, served.priority(count, None, est)))
     new = add_shape_calls(s, camp.id, rows, utcnow())
+    if new and max_campaign_shapes is not None:  # checked after the insert; raising rolls it all back
+        held = s.scalar(select(func.count()).select_from(CampaignShape).where(CampaignShape.campaign_id == camp.id))
+        if held > max_campaign_shapes:
+            raise Invalid(f"shapes: campaign {camp.id} would hold {held} shapes, above the cap of "
+                          f"{max_campaign_shapes}; tune or prune it first", "shapes")
     if delta:
         camp.step_hist = served.merge(camp.step_hist, delta)
     if camp.step_hist and (delta or rows):

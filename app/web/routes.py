@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from app.api.deps import DbDep, SettingsDep
+from app.api.deps import DbDep, IdPath, SettingsDep
 from app.auth import ReadAuth
 from app.domain.families import get_family
 from app.services import campaigns, engagement, overlays, verifications
@@ -53,7 +53,7 @@ def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> R
 
 
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
-def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth,
+def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth,
                   after: str | None = None) -> Response:
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
@@ -71,7 +71,7 @@ def campaign_page(campaign_id: int, request: Request, db: DbDep, settings: Setti
 
 
 @router.get("/campaigns/{campaign_id}/coverage.svg")
-def coverage_plot(campaign_id: int, db: DbDep, who: ReadAuth) -> Response:
+def coverage_plot(campaign_id: IdPath, db: DbDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
         pts = campaigns.coverage_points(s, campaign_id)

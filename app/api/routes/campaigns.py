@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import DbDep, SettingsDep
+from app.api.deps import DbDep, IdPath, SettingsDep
 from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, EngagementReport, ProofRecorded,
                                Requeued, ShapePage, WorkerInfo, csv_body)
 from app.api.schemas import EngagementProofIn
@@ -24,11 +24,11 @@ def list_campaigns(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict
 
 
 Limit = Annotated[int, Query(description="shapes per page")]
-After = Annotated[str | None, Query(description="the `next` cursor of the previous page")]
+After = Annotated[str | None, Query(max_length=200, description="the `next` cursor of the previous page")]
 
 
 @router.get("/v1/campaigns/{campaign_id}", response_model=CampaignDetail)
-def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAuth,
+def get_campaign(campaign_id: IdPath, db: DbDep, settings: SettingsDep, who: ReadAuth,
                  limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """The summary and one page of shapes by served time (`next`: the cursor of the following page)."""
     with db.session(write=False) as s:
@@ -39,7 +39,7 @@ def get_campaign(campaign_id: int, db: DbDep, settings: SettingsDep, who: ReadAu
 
 
 @router.get("/v1/campaigns/{campaign_id}/shapes", response_model=ShapePage)
-def list_shapes(campaign_id: int, db: DbDep, who: ReadAuth, limit: Limit = pages.DEFAULT_LIMIT,
+def list_shapes(campaign_id: IdPath, db: DbDep, who: ReadAuth, limit: Limit = pages.DEFAULT_LIMIT,
                 after: After = None) -> dict:
     with db.session(write=False) as s:
         engagement.campaign_or_404(s, campaign_id)
@@ -48,7 +48,7 @@ def list_shapes(campaign_id: int, db: DbDep, who: ReadAuth, limit: Limit = pages
 
 
 @router.get("/v1/campaigns/{campaign_id}/engagement", response_model=EngagementReport)
-def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = False, form: str | None = None,
+def get_engagement(campaign_id: IdPath, db: DbDep, who: ReadAuth, merged: bool = False, form: str | None = None,
                    limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """The verdict per captured shape on the table AITER builds from a deploy form (layer, merged,
     model_configs_dropin; default: the deploy plan's first offered form); the report one page at a time."""
@@ -58,7 +58,7 @@ def get_engagement(campaign_id: int, db: DbDep, who: ReadAuth, merged: bool = Fa
 
 
 @router.post("/v1/campaigns/{campaign_id}/engagement/proofs", status_code=201, response_model=ProofRecorded)
-def post_engagement_proof(campaign_id: int, body: EngagementProofIn, db: DbDep, who: WorkerAuth) -> dict:
+def post_engagement_proof(campaign_id: IdPath, body: EngagementProofIn, db: DbDep, who: WorkerAuth) -> dict:
     """AITER's own lookup run in the served image (python -m workers.verify --engagement), per captured shape."""
     with db.session() as s:
         who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
@@ -67,7 +67,7 @@ def post_engagement_proof(campaign_id: int, body: EngagementProofIn, db: DbDep, 
 
 @router.post("/v1/campaigns/{campaign_id}/engagement", response_model=EngagementReport,
              openapi_extra=csv_body("the table to check, as written (AITER tuned CSV)"))
-async def check_supplied_table(campaign_id: int, request: Request, db: DbDep, who: ReadAuth,
+async def check_supplied_table(campaign_id: IdPath, request: Request, db: DbDep, who: ReadAuth,
                                limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """Would this CSV (as written) engage in the campaign's image? Body: the table, text/csv."""
     text = (await request.body()).decode("utf-8", errors="replace")
@@ -80,19 +80,19 @@ async def check_supplied_table(campaign_id: int, request: Request, db: DbDep, wh
 
 
 @router.get("/v1/campaigns/{campaign_id}/bucket-plan", response_model=BucketPlan)
-def bucket_plan(campaign_id: int, db: DbDep, who: ReadAuth) -> dict:
+def bucket_plan(campaign_id: IdPath, db: DbDep, who: ReadAuth) -> dict:
     with db.session(write=False) as s:
         return buckets.report(s, campaign_id)
 
 
 @router.post("/v1/campaigns/{campaign_id}/bucket-plan/apply", response_model=BucketApply)
-def apply_bucket_plan(campaign_id: int, db: DbDep, who: AdminAuth) -> dict:
+def apply_bucket_plan(campaign_id: IdPath, db: DbDep, who: AdminAuth) -> dict:
     with db.session() as s:
         return buckets.apply(s, campaign_id)
 
 
 @router.post("/v1/campaigns/{campaign_id}/requeue-failed", response_model=Requeued)
-def requeue_failed(campaign_id: int, db: DbDep, who: AdminAuth) -> dict:
+def requeue_failed(campaign_id: IdPath, db: DbDep, who: AdminAuth) -> dict:
     with db.session() as s:
         engagement.campaign_or_404(s, campaign_id)
         return {"requeued": leasing.requeue_campaign_failures(s, campaign_id)}

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
-from app.api.deps import DbDep
+from app.api.deps import DbDep, SettingsDep
 from app.api.schemas import CaptureIn, CaptureOut
 from app.auth import CaptureAuth
 from app.errors import Invalid, field_of
@@ -56,14 +56,14 @@ _BODY = {"parameters": _QUERY, "requestBody": {"required": True, "content": {
 
 
 @router.post("/v1/captures", status_code=201, response_model=CaptureOut, openapi_extra=_BODY)
-async def post_capture(request: Request, db: DbDep, who: CaptureAuth) -> CaptureOut:
+async def post_capture(request: Request, db: DbDep, settings: SettingsDep, who: CaptureAuth) -> CaptureOut:
     raw = await request.body()
 
     def work() -> CaptureOut:  # parsing (up to MBs of log) and the database: off the event loop
         body = _body_model(request.headers.get("content-type", ""), raw, dict(request.query_params))
         who.check_digest(body.image_digest)
         with db.session() as s:
-            out = captures.ingest(s, body)
+            out = captures.ingest(s, body, settings.max_capture_shapes, settings.max_campaign_shapes)
         request.app.state.metrics.captures.labels(out.family, _format(body)).inc()
         return out
 
