@@ -92,6 +92,9 @@ class TableFamily:
     lookup_ignores: tuple[str, ...] = ()  # key columns the lookup effectively wildcards
     duplicate_keys: str = "raise"  # a repeated lookup key: "raise" (set_index().to_dict) or "first" (first row)
     backfill_gfx: bool = False  # a missing/0/empty gfx cell is taken from cu_num at load (fused_moe.py:2158)
+    # a table without a gfx column still loads: fmoe backfills it, CK loaders fall back to a cu_num-only key
+    # with a WARNING (gemm_op_a8w8.py:509-525); bf16's set_index(["gfx", ...]) raises instead
+    gfx_optional: bool = False
     dropped_rows: tuple[tuple[str, str], ...] = ()  # (column, value) rows the loader drops
     # a FlyDSL row where flydsl is absent: "skip" to the next M, "fails" (no fallback), "ignored" (not checked)
     flydsl_miss: str = "skip"
@@ -157,7 +160,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),
                         ("dtype", "torch.bfloat16"), ("outdtype", "dtype"))),
     TableFamily(
-        name="a8w8_gemm", env_var="AITER_CONFIG_GEMM_A8W8",
+        name="a8w8_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8",
         tuned_file="a8w8_tuned_gemm.csv", untuned_file="a8w8_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
@@ -167,20 +170,20 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE",
         math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
     TableFamily(
-        name="a8w8_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
+        name="a8w8_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
         tuned_file="a8w8_bpreshuffle_tuned_gemm.csv", untuned_file="a8w8_bpreshuffle_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True,
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle_tune.py"),
     TableFamily(
-        name="a8w8_blockscale_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
+        name="a8w8_blockscale_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
         tuned_file="a8w8_blockscale_tuned_gemm.csv", untuned_file="a8w8_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
     TableFamily(
-        name="a8w8_blockscale_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",
+        name="a8w8_blockscale_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",
         tuned_file="a8w8_blockscale_bpreshuffle_tuned_gemm.csv",
         untuned_file="a8w8_blockscale_bpreshuffle_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
@@ -189,20 +192,20 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py",
         tuner_args=("--preshuffle",)),
     TableFamily(
-        name="a4w4_blockscale_gemm", env_var="AITER_CONFIG_GEMM_A4W4",
+        name="a4w4_blockscale_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A4W4",
         tuned_file="a4w4_blockscale_tuned_gemm.csv", untuned_file="a4w4_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
         math="fp4", tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py"),
     TableFamily(
-        name="a8w8_batched_gemm", env_var="AITER_CONFIG_A8W8_BATCHED_GEMM",
+        name="a8w8_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_A8W8_BATCHED_GEMM",
         tuned_file="a8w8_tuned_batched_gemm.csv", untuned_file="a8w8_untuned_batched_gemm.csv",
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
         padding="exact", compiled=True, math="fp8", filled=("kernelName",), cpp_key=_h("gfx,cu_num,B,M,N,K"),
         tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
     TableFamily(
-        name="bf16_batched_gemm", env_var="AITER_CONFIG_BF16_BATCHED_GEMM",
+        name="bf16_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_BF16_BATCHED_GEMM",
         tuned_file="bf16_tuned_batched_gemm.csv", untuned_file="bf16_untuned_batched_gemm.csv",
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
@@ -217,7 +220,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,b,m,n,k"), shape_columns=_h("b,m,n,k"), m_column="m", compiled=True,
         math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py"),
     TableFamily(
-        name="fmoe", env_var="AITER_CONFIG_FMOE",
+        name="fmoe", gfx_optional=True, env_var="AITER_CONFIG_FMOE",
         tuned_file="tuned_fmoe.csv", untuned_file="untuned_fmoe.csv",
         # what gemm_moe_tune.py writes today; the shipped default lacks gfx and has _tag (see headers.py)
         tuned_header=_FMOE_KEY + _h("block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,"

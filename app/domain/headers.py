@@ -47,14 +47,6 @@ KNOWN_UNTUNED_VARIANTS: dict[str, tuple[str, ...]] = {
     "gdn_k5_opt": ("dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs",),
 }
 
-# Key columns a loader fills in when a table lacks them: fmoe backfills gfx from cu_num
-# (fused_moe.py _ensure_gfx_column); CK GEMM loaders fall back to a cu_num-only key with a WARNING.
-# The bf16 loader has no fallback: set_index(["gfx", ...]) raises KeyError.
-_BACKFILLED = {"fmoe": {"gfx"}, "a8w8_gemm": {"gfx"}, "a8w8_bpreshuffle_gemm": {"gfx"},
-               "a8w8_blockscale_gemm": {"gfx"}, "a8w8_blockscale_bpreshuffle_gemm": {"gfx"},
-               "a4w4_blockscale_gemm": {"gfx"}, "a8w8_batched_gemm": {"gfx"}, "bf16_batched_gemm": {"gfx"}}
-
-
 class HeaderError(ValueError):
     def __init__(self, family: str, missing: list[str], header: tuple[str, ...]):
         self.family, self.missing, self.header = family, missing, header
@@ -105,8 +97,7 @@ def tuned_schema(family: TableFamily, header: tuple[str, ...]) -> Schema:
     old_keys = _known_keys(family, header)
     if old_keys is not None:
         return Schema(family.name, header, old_keys, True)
-    optional = _BACKFILLED.get(family.name, set())
-    missing = [c for c in family.key_columns if c not in header and c not in optional]
+    missing = [c for c in family.key_columns if c not in header and not (c == "gfx" and family.gfx_optional)]
     if missing:
         raise HeaderError(family.name, missing, header)
     keys = tuple(c for c in family.key_columns if c in header)
