@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import random
 import shutil
 from pathlib import Path
@@ -28,7 +27,7 @@ from app.domain.headers import parse_header_line, tuned_schema
 from app.domain.keys import m_candidates
 from app.domain.shapes import ShapeError
 from app.domain.tables import Table, read_table, render_csv
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS
 from tests.differential import aiter_exec as ax
 from tests.differential.sources import aiter_src, old_release_tree
 

@@ -4,6 +4,7 @@ The proof posted beside the prediction must agree on every captured shape."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 
@@ -80,7 +81,7 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
         assert logs["unparsable_lines"] == 0
         assert logs["disagreements"] == 0, [r for r in logs["report"] if r["disagrees"]][:2]
         assert any(r["observed"] == "hit" for r in seen) and all(r["predicted_hit"] is not None for r in seen)
-    assert family.env_var not in __import__("os").environ
+    assert family.env_var not in os.environ  # verify put the environment back
     page = client.get(f"/campaigns/{cid}").text  # predicted beside proved, with the image's AITER commit
     assert "Proved in the image" in page and AITER_COMMIT in page and "agrees with the prediction" in page
     # a proof that disagrees on one shape is shown as a defect of the model, on the page and the report

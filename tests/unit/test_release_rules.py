@@ -39,3 +39,12 @@ def test_releases_are_told_apart_by_version_and_differ_as_data():
     assert RELEASE_0_1_7.merge_key(("M", "N", "K"), ("cu_num", "M", "N", "K", "us")) == ("M", "N", "K")
     assert CURRENT.merge_key(("M", "N", "K"), ("gfx", "cu_num", "M", "N", "K", "us")) == ("M", "N", "K", "cu_num",
                                                                                         "gfx")
+
+
+def test_no_drop_in_is_offered_while_the_images_tables_are_unknown():
+    bf16 = get_family("bf16_gemm")
+    overlay = Table(bf16.tuned_header, [], "svc_bf16_tuned_gemm.csv")
+    arts = deploy.artifacts(CURRENT, bf16, deploy.Shipped(None, [], None, False), overlay, "gfx942",
+                            bf16.key_columns)
+    assert arts["model_configs_dropin"].refused and "unknown" in arts["model_configs_dropin"].refused
+    assert arts["layer"].refused is None  # one path: AITER reads it as is
