@@ -62,8 +62,13 @@ def _dims(shape: dict[str, str]) -> dict[str, int]:
 def work(family: TableFamily, shape: dict[str, str]) -> tuple[float, float]:
     """(FLOPs, operand bytes) of one call: A, B read once, C written once (MoE: tokens x topk rows, all
     experts' weights touched at most once)."""
-    g = _dims(shape)
     b = _BYTES[_math(family, shape)]
+    mnk = [shape.get(c) for c in ("M", "N", "K", "B", "b")]
+    if all(isinstance(v, str) and v.isdigit() for v in mnk[:3]):  # the GEMMs without a dict per shape (ingest)
+        m, n, k = (int(v) for v in mnk[:3])
+        batch = next((int(v) for v in mnk[3:] if isinstance(v, str) and v.isdigit()), 1)
+        return 2.0 * batch * m * n * k, batch * ((m * k + n * k) * b + m * n * 2.0)
+    g = _dims(shape)
     if {"M", "N", "K"} <= g.keys() or {"m", "n", "k"} <= g.keys():
         batch = g.get("B", g.get("b", 1))
         m, n, k = (g["M"], g["N"], g["K"]) if "M" in g else (g["m"], g["n"], g["k"])
