@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 EXAMPLE_DIGEST = "sha256:" + "0" * 63 + "1"
@@ -26,13 +27,13 @@ def serve(args: argparse.Namespace) -> int:
     if args.database_url:
         settings.database_url = args.database_url
     # httptools parses HTTP and uvloop runs the event loop in C: a lease round trip's framework share halves
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info", http="httptools",
-                loop="uvloop", access_log=args.access_log)  # a log line per request costs ~5% of a lease
+    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port,
+                log_level="info", http="httptools", loop="uvloop",
+                access_log=args.access_log)  # a log line per request costs ~5% of a lease
     return 0
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    import os
     from pathlib import Path
 
     from app.config import Settings
@@ -42,15 +43,33 @@ def _token(args: argparse.Namespace) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+def _wait_up(url: str, timeout_s: float = 60) -> None:
+    """A service started a moment ago (`serve &`) is given time to migrate its database and listen."""
+    import time
+
+    import httpx
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(f"{url}/healthz", timeout=5).raise_for_status()
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.3)
+
+
 def example(args: argparse.Namespace) -> int:
     import httpx
+    url = args.service.rstrip("/")
+    _wait_up(url)
     tok = _token(args)
     headers = {"Authorization": f"Bearer {tok}"} if tok else {}
-    body = {"image_digest": EXAMPLE_DIGEST, "gfx": "gfx942", "cu_num": 304, "family": "bf16_gemm",
-            "host": "example", "aiter_version": "example", "shapes": EXAMPLE_SHAPES}
-    r = httpx.post(f"{args.service.rstrip('/')}/v1/captures", json=body, timeout=30, headers=headers)
+    body = {"image_digest": EXAMPLE_DIGEST, "gfx": args.gfx, "cu_num": args.cu_num, "family": "bf16_gemm",
+            "host": "example", "shapes": EXAMPLE_SHAPES}
+    r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
     print(r.status_code, json.dumps(r.json()))
-    camps = httpx.get(f"{args.service.rstrip('/')}/v1/campaigns", timeout=30).json()
+    camps = httpx.get(f"{url}/v1/campaigns", timeout=30, headers=headers).json()
     for c in camps:
         print(f"campaign {c['campaign_id']}: {c['family']} {c['gfx']}/{c['cu_num']} {c['shapes']} shapes, "
               f"{c['queued']} queued")
@@ -62,6 +81,7 @@ def token_cmd(args: argparse.Namespace) -> int:
     from app.config import Settings
     from app.db import migrate
     from app.db.session import Database
+    from app.errors import Invalid
     from app.services import tokens
     settings = Settings()
     migrate.upgrade(settings.database_url)
@@ -69,7 +89,11 @@ def token_cmd(args: argparse.Namespace) -> int:
     try:
         with db.session() as s:
             if args.action == "create":
-                tok, secret = tokens.create(s, args.name, args.role, args.digest or None)
+                try:
+                    tok, secret = tokens.create(s, args.name, args.role, args.digest or None)
+                except Invalid as e:
+                    print(f"error: {e.detail}", file=sys.stderr)
+                    return 2
                 print(json.dumps({"id": tok.id, "name": tok.name, "role": tok.role, "digests": tok.digests,
                                   "token": secret}))
             elif args.action == "list":
@@ -93,14 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="aiter-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the service (migrates its database first)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", help="default TUNER_HOST or 127.0.0.1")
+    s.add_argument("--port", type=int, help="default TUNER_PORT or 8000")
     s.add_argument("--database-url", default=None)
     s.add_argument("--access-log", action="store_true", help="log every request (Prometheus counts them anyway)")
     s.set_defaults(fn=serve)
     e = sub.add_parser("example-capture", help="post a tiny bf16 capture to a running service")
-    e.add_argument("--service", default="http://127.0.0.1:8000")
+    e.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"),
+                   help="default TUNER_SERVICE_URL (what workers read too) or http://127.0.0.1:8000")
     e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
+    e.add_argument("--gfx", default="gfx942", help="the identity workers will report: gfx942, gfx950, cpu, ...")
+    e.add_argument("--cu-num", type=int, default=304, help="their CU count (a CPU worker reports `nproc`)")
     e.set_defaults(fn=example)
     from app.capture.agent import add_arguments
     cap = sub.add_parser("capture", help="follow a server's log (and vLLM metrics) and post AITER's lookups")

@@ -11,6 +11,8 @@ class Settings(BaseSettings):
 
     database_url: str = Field("sqlite:///./data/tuner.db",
                               validation_alias=AliasChoices("DATABASE_URL", "TUNER_DATABASE_URL"))
+    host: str = "127.0.0.1"  # where `aiter-tuner serve` listens
+    port: int = 8000
     max_body_bytes: int = 8 * 1024 * 1024
     lease_ttl_s: float = 60.0  # a lease dies this long after its last heartbeat
     lease_grace_s: float = 30.0  # past budget: no heartbeat extends a lease beyond budget + grace

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -63,13 +64,25 @@ def _is_busy(exc: OperationalError) -> bool:
     return "database is locked" in msg or "database is busy" in msg or "could not serialize" in msg
 
 
-def install(app: FastAPI, retry_after_s: int) -> None:
+def _is_page(req: Request) -> bool:
+    """A dashboard page (HTML errors), not an API route (JSON problems)."""
+    path = req.url.path
+    return not path.startswith(("/v1/", "/metrics", "/healthz", "/openapi.json"))
+
+
+def install(app: FastAPI, retry_after_s: int,
+            page_404: Callable[[Request, str], Response] | None = None) -> None:
+    """page_404: renders the HTML 404 of a dashboard page (unknown campaign, unknown path)."""
     @app.exception_handler(DomainError)
-    async def _domain(_req: Request, exc: DomainError) -> JSONResponse:
+    async def _domain(req: Request, exc: DomainError) -> Response:
+        if exc.status == 404 and page_404 is not None and _is_page(req):
+            return page_404(req, exc.detail)
         return _problem(exc.status, exc.title, exc.detail, exc.field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404 and page_404 is not None and _is_page(req):
+            return page_404(req, f"There is no page at {req.url.path}.")
         title = {404: "not found", 405: "method not allowed", 400: "bad request"}.get(exc.status_code, "error")
         return _problem(exc.status_code, title, str(exc.detail), None, dict(exc.headers or {}) or None)
 

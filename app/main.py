@@ -9,11 +9,12 @@ from pathlib import Path
 
 from fastapi import FastAPI, Response
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import errors
 from app.api import responses
-from app.api.routes import campaigns, captures, health, leases, overlays
+from app.api.routes import campaigns, captures, health, leases, overlays, tokens as token_routes
 from app.config import Settings
 from app.db import migrate
 from app.db.session import Database
@@ -72,14 +73,17 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
         sweeper.cancel()
         db.dispose()
 
-    app = FastAPI(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan,
-                  responses=responses.errors(400, 401, 403, 404, 409, 413, 422, 503))
+    # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not a CDN: they work offline
+    app = FastAPIOffline(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan,
+                         favicon_url="/static/favicon.svg",
+                         responses=responses.errors(400, 401, 403, 404, 409, 413, 422, 503))
     app.state.settings, app.state.db = settings, db
     app.state.token_cache = TTLCache(settings.token_cache_s)
-    errors.install(app, settings.retry_after_s)
-    for r in (health.router, captures.router, leases.router, campaigns.router, overlays.router, web.router):
+    errors.install(app, settings.retry_after_s, web.not_found_page)
+    for r in (health.router, captures.router, leases.router, campaigns.router, overlays.router, token_routes.router,
+              web.router):
         app.include_router(r)
-    app.mount("/static", StaticFiles(directory=str(Path(web.__file__).parent / "static")), name="static")
+    app.mount("/static", StaticFiles(directory=str(web.STATIC)), name="static")
     app.state.metrics = metrics = Metrics(db)
 
     @app.get("/metrics", include_in_schema=False)

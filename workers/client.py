@@ -56,6 +56,7 @@ class ServiceClient:
         self._backoff = wait_exponential_jitter(multiplier=0.2, max=backoff_cap_s, jitter=0.5)
         self.stop = stop or threading.Event()  # set by the agent's signal handler: ends any wait
         self.retries = 0  # outages ridden out (503s, connection errors)
+        self.idle_reason: str | None = None  # why the last lease request got no work
 
     def close(self) -> None:
         self.http.close()
@@ -120,7 +121,13 @@ class ServiceClient:
 
     def lease(self, body: dict) -> dict | None:
         r = self._call("POST", "/v1/leases", json=self._send(wire.LeaseIn, body))
-        return None if r.status_code == 204 else self._answer(wire.LeaseOut, r)
+        if r.status_code == 204:  # no work: the service says why (logged once per new reason)
+            reason = r.headers.get("X-Tuner-Idle-Reason", "no work for this worker")
+            if reason != self.idle_reason:
+                log.info("%s", reason)
+            self.idle_reason = reason
+            return None
+        return self._answer(wire.LeaseOut, r)
 
     def heartbeat(self, lease_id: str) -> dict:
         return self._answer(wire.HeartbeatOut, self._call("POST", f"/v1/leases/{lease_id}/heartbeat", retry=False))

@@ -28,4 +28,14 @@ def detect(gpu: int | None) -> WorkerIdentity:
         arch = getattr(p, "gcnArchName", "") or ""
         gfx = arch.split(":", 1)[0] if arch.startswith("gfx") else f"sm_{p.major}{p.minor}"
         return WorkerIdentity(gfx, int(p.multi_processor_count), f"cuda:{gpu}", host)
-    return WorkerIdentity("cpu", os.cpu_count() or 1, "cpu", host)
+    return WorkerIdentity("cpu", cpu_count(), "cpu", host)
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on, as `nproc` prints them (a container's share, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_worker_id(ident: WorkerIdentity) -> str:
+    """<host>-<device>: node3-cuda0 on a GPU, vm1-cpu on a CPU (a worker id may not contain ':')."""
+    return f"{ident.host}-{ident.device.replace(':', '')}"

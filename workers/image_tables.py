@@ -4,11 +4,13 @@ overlays, tuner inputs and engagement checks follow this image's headers (AITER 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("aiter_tuner.worker")
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # tables go up in batches under the service's body limit
 
 
@@ -21,12 +23,23 @@ def aiter_package_dir() -> Path | None:
 
 
 def read_tables(configs: Path) -> dict[str, str]:
-    """Every tuned and untuned CSV under configs/, by path relative to it: configs/ sorted, then model_configs/
-    in AITER's own glob order (file system order), which decides first-match ties between them."""
+    """Every tuned and untuned CSV under configs/ that AITER can load, by path relative to it: configs/ sorted,
+    then model_configs/ in AITER's own glob order (file system order), which decides first-match ties between
+    them. Each is read with pandas.read_csv, as AITER reads them (aiter/jit/core.py:280, tuned_gemm.py:87): one
+    pandas cannot parse makes AITER raise where it loads it, so it is left out (and logged), not reported."""
+    import pandas as pd  # AITER's own dependency: there in every image with AITER
     top = [p for p in sorted(configs.glob("*.csv")) if "tuned" in p.name]
     mc = [p for p in (configs / "model_configs").glob("*.csv") if "tuned" in p.name] \
         if (configs / "model_configs").is_dir() else []
-    return {str(p.relative_to(configs)): p.read_text(errors="replace") for p in top + mc}
+    out = {}
+    for p in top + mc:
+        try:
+            pd.read_csv(p)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            log.warning("%s: AITER cannot load it (pandas: %s); not reported", p, str(e).strip()[:200])
+            continue
+        out[str(p.relative_to(configs))] = p.read_text(errors="replace")
+    return out
 
 
 def aiter_version(pkg: Path) -> str | None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.settings import WorkerSettings
+
 LABEL = "aiter-tuner.pool"
 
 
@@ -49,19 +51,23 @@ def host_device_gids(paths: tuple[str, ...] = ("/dev/kfd", "/dev/dri")) -> list[
 
 def resolve_digest(image_attrs: dict[str, Any], ref: str) -> str:
     """The registry manifest digest from RepoDigests; a local image falls back to its Id."""
-    repo = _repo(ref)
+    repo = _repository(ref)
     digests = [rd.partition("@") for rd in image_attrs.get("RepoDigests") or []]
     for name, _, digest in digests:
-        if name == repo:
+        if _repository(name) == repo:
             return digest
     return digests[0][2] if digests else image_attrs["Id"]
 
 
-def _repo(ref: str) -> str:
-    if "@" in ref:
-        return ref.split("@", 1)[0]
-    last = ref.rsplit("/", 1)[-1]
-    return ref.rsplit(":", 1)[0] if ":" in last else ref
+def _repository(ref: str) -> tuple[str, str]:
+    """(registry, repository) of an image reference, as docker itself splits and normalises it
+    (rocm/vllm:tag, docker.io/rocm/vllm@sha256:..., localhost:5000/x:tag)."""
+    from docker.auth import resolve_repository_name
+    from docker.utils import parse_repository_tag
+    repo, _ = parse_repository_tag(ref)
+    if "@" in ref and ":" in repo.rsplit("/", 1)[-1]:  # name:tag@digest: drop the tag too
+        repo, _ = parse_repository_tag(repo)
+    return resolve_repository_name(repo)
 
 
 def kfd_render_minors(topology: str = "/sys/class/kfd/kfd/topology/nodes") -> dict[int, int]:
@@ -75,17 +81,18 @@ def kfd_render_minors(topology: str = "/sys/class/kfd/kfd/topology/nodes") -> di
 
 
 def container_kwargs(cfg: PoolConfig, gpu: int, digest: str) -> dict[str, Any]:
-    env = {"TUNER_SERVICE_URL": cfg.service_url, "TUNER_IMAGE_DIGEST": digest, "TUNER_BUDGET_S": str(cfg.budget_s),
-           "TUNER_BACKEND": cfg.backend, "TUNER_WORKER_ID": f"{cfg.pool}-gpu{gpu}", "PYTHONPATH": "/opt/aiter-tuner",
-           **cfg.extra_env}
+    worker = WorkerSettings(service_url=cfg.service_url, image_digest=digest, budget_s=cfg.budget_s,
+                            backend=cfg.backend, worker_id=f"{cfg.pool}-gpu{gpu}", gpu=0, token=cfg.token)
+    env = {**worker.env("service_url", "image_digest", "budget_s", "backend", "worker_id"),
+           "PYTHONPATH": "/opt/aiter-tuner", **cfg.extra_env}
     if cfg.token:
-        env["TUNER_TOKEN"] = cfg.token
+        env.update(worker.env("token"))
     if cfg.pin_render_node and gpu in cfg.render_minors:
         devices = ["/dev/kfd", f"/dev/dri/renderD{cfg.render_minors[gpu]}"]
-        env["TUNER_GPU"] = "0"  # the only GPU this container can see
+        env.update(worker.env("gpu"))  # 0: the only GPU this container can see
     else:
         devices = ["/dev/kfd", "/dev/dri"]
-        env.update(HIP_VISIBLE_DEVICES=str(gpu), ROCR_VISIBLE_DEVICES=str(gpu), TUNER_GPU="0")
+        env.update(HIP_VISIBLE_DEVICES=str(gpu), ROCR_VISIBLE_DEVICES=str(gpu), **worker.env("gpu"))
     return {
         "image": cfg.image, "command": ["python3", "-m", "workers"], "detach": True,
         "name": f"aiter-tuner-{cfg.pool}-gpu{gpu}", "environment": env, "devices": devices,

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from app.wire import (Candidate, HeartbeatOut, Identity, LeasedShape, LeaseIn, LeaseOut, ReleaseIn, ReleaseOut,
                       ResultIn, ResultOut, Wire, check_digest)
@@ -90,3 +91,20 @@ class EngagementProofIn(Wire):
     flydsl: bool | None = None
     error: str | None = Field(None, max_length=20_000)  # what AITER raised while resolving the table
     results: list[ProvedShape] = Field(default_factory=list, max_length=200_000)
+
+
+class TokenIn(BaseModel):
+    name: str = Field(min_length=1, max_length=120)
+    role: Literal["capture", "worker", "admin", "read"]
+    digests: list[Annotated[str, AfterValidator(check_digest)]] | None = Field(
+        None, description="scope to these image digests (None: every image)")
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: str
+    digests: list[str] | None
+    created_at: datetime
+    revoked: bool
+    token: str | None = None  # the secret: in the answer to create only, never stored or shown again

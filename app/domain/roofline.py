@@ -25,6 +25,7 @@ class Device:
     hbm_tbs: float  # HBM bandwidth, TB/s
     cache_tbs: float  # last-level cache bandwidth, TB/s (upper bound on warm-cache operand streaming)
     launch_us: float = 4.0  # typical launch + tail of one kernel
+    processor: str = "GPU"  # what the time a worker spends here is called ("CPU time" on a CPU identity)
 
 
 DEVICES: dict[str, Device] = {
@@ -35,7 +36,7 @@ DEVICES: dict[str, Device] = {
     # H200 (the portable torch backend's GPU): 132 SMs
     "sm_90": Device(132, {"bf16": 989.4, "fp8": 1978.9, "fp4": 1978.9}, 4.8, 12.0),
     # A CPU identity reports cores as cu_num: a generous 2 TFLOP/s per core bounds any x86/arm core today
-    "cpu": Device(1, {"bf16": 2.0, "fp8": 2.0, "fp4": 2.0}, 0.5, 2.0, launch_us=0.5),
+    "cpu": Device(1, {"bf16": 2.0, "fp8": 2.0, "fp4": 2.0}, 0.5, 2.0, launch_us=0.5, processor="CPU"),
 }
 # An unknown gfx gets the fastest device we know, so a bound never refuses a real measurement.
 _FASTEST = Device(1, {"bf16": 2516.6, "fp8": 5033.2, "fp4": 10066.3}, 8.0, 17.2)
@@ -49,6 +50,11 @@ def _device(gfx: str, cu_num: int) -> tuple[Device, float]:
     if dev is None:
         return _FASTEST, 1.0
     return dev, min(1.0, max(cu_num, 1) / dev.units) if dev.units > 1 else max(cu_num, 1)
+
+
+def processor(gfx: str) -> str:
+    """'CPU' or 'GPU': the word for a worker's time on this identity (an unknown gfx is a GPU)."""
+    return DEVICES[gfx].processor if gfx in DEVICES else "GPU"
 
 
 def _math(family: TableFamily, shape: dict[str, str]) -> str:

@@ -38,9 +38,10 @@ def _truthy(raw: object) -> bool:
     if isinstance(raw, bool):
         return raw
     s = str(raw).strip()
-    if s in ("True", "true", "1"):
+    # pandas.read_csv, which AITER reads its tables with, takes TRUE/FALSE too (qwen3_5_397b_untuned_gemm.csv)
+    if s in ("True", "true", "TRUE", "1"):
         return True
-    if s in ("False", "false", "0"):
+    if s in ("False", "false", "FALSE", "0"):
         return False
     raise _Bad(f"expected True/False, got {raw!r}")
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.wire import DIGEST_RE
 from app.db.models import Token, utcnow
+from app.errors import Conflict, Invalid, NotFound
 
 ROLES = ("capture", "worker", "admin", "read")
 
@@ -20,7 +22,10 @@ def digest_of(secret: str) -> str:
 def create(s: Session, name: str, role: str, digests: list[str] | None = None, secret: str | None = None
            ) -> tuple[Token, str]:
     if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}")
+        raise Invalid(f"role: must be one of {', '.join(ROLES)}", "role")
+    for d in digests or ():
+        if not DIGEST_RE.match(d):
+            raise Invalid(f"digests: {d!r} is not an image digest (sha256: and 64 lowercase hex digits)", "digests")
     secret = secret or "atk_" + secrets.token_urlsafe(32)
     tok = Token(name=name, role=role, token_hash=digest_of(secret), digests=digests or None)
     s.add(tok)
@@ -45,9 +50,27 @@ def revoke(s: Session, token_id: int) -> bool:
     return True
 
 
+def revoke_keeping_an_admin(s: Session, token_id: int) -> Token:
+    """Revoke over HTTP: the last live admin token is kept, so the service never locks its admins out
+    (rotate by creating the new admin token first)."""
+    tok = s.get(Token, token_id)
+    if tok is None or tok.revoked_at is not None:
+        raise NotFound(f"token_id: no live token {token_id}", "token_id")
+    if tok.role == "admin" and s.scalar(select(func.count()).select_from(Token).where(
+            Token.role == "admin", Token.revoked_at.is_(None))) == 1:
+        raise Conflict(f"token_id: {token_id} is the last admin token; create another admin token first",
+                       "token_id")
+    tok.revoked_at = utcnow()
+    return tok
+
+
+def row(t: Token) -> dict:
+    return {"id": t.id, "name": t.name, "role": t.role, "digests": t.digests, "created_at": t.created_at.isoformat(),
+            "revoked": t.revoked_at is not None}
+
+
 def listing(s: Session) -> list[dict]:
-    return [{"id": t.id, "name": t.name, "role": t.role, "digests": t.digests, "created_at": t.created_at.isoformat(),
-             "revoked": t.revoked_at is not None} for t in s.scalars(select(Token).order_by(Token.id))]
+    return [row(t) for t in s.scalars(select(Token).order_by(Token.id))]
 
 
 def has_admin(s: Session) -> bool:

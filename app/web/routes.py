@@ -6,17 +6,19 @@ import hashlib
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.api.deps import DbDep, IdPath, SettingsDep
 from app.auth import ReadAuth
 from app.domain.families import get_family
 from app.services import campaigns, engagement, overlays, verifications
+from app.domain.roofline import processor
 from app.web.plots import coverage_svg
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+STATIC = Path(__file__).parent / "static"
 
 
 def _fmt_s(v: float | None) -> str:
@@ -26,6 +28,7 @@ def _fmt_s(v: float | None) -> str:
 
 
 templates.env.filters["dur"] = _fmt_s
+templates.env.filters["processor"] = processor  # gfx -> "GPU" or "CPU": the word for a worker's time there
 
 
 def _page(request: Request, name: str, ctx: dict) -> Response:
@@ -73,9 +76,26 @@ def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: Se
 @router.get("/campaigns/{campaign_id}/coverage.svg")
 def coverage_plot(campaign_id: IdPath, db: DbDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
-        engagement.campaign_or_404(s, campaign_id)
+        camp = engagement.campaign_or_404(s, campaign_id)
         pts = campaigns.coverage_points(s, campaign_id)
-    return Response(coverage_svg(pts), media_type="image/svg+xml")
+    return Response(coverage_svg(pts, processor(camp.gfx)), media_type="image/svg+xml")
+
+
+def not_found_page(request: Request, detail: str) -> HTMLResponse:
+    """The HTML 404 for a page (API routes under /v1 keep their JSON problem)."""
+    return templates.TemplateResponse(request, "404.html", {"detail": detail, "partial": False}, status_code=404)
+
+
+@router.get("/tokens", response_class=HTMLResponse)
+def tokens_page(request: Request) -> HTMLResponse:
+    """Admin tokens in the browser: the page calls /v1/tokens with an admin token the user pastes in."""
+    return _page(request, "tokens.html", {"live": False})
+
+
+@router.get("/favicon.ico")
+def favicon() -> FileResponse:
+    """Browsers ask for /favicon.ico before reading the page's <link rel="icon">."""
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
 
 @router.get("/workers", response_class=HTMLResponse)

@@ -37,6 +37,14 @@ def test_digest_comes_from_repo_digests():
     assert resolve_digest({"Id": "sha256:" + "c" * 64, "RepoDigests": []}, "local:dev") == "sha256:" + "c" * 64
 
 
+def test_references_are_matched_as_docker_normalises_them():
+    other = "sha256:" + "e" * 64
+    attrs = {"Id": "x", "RepoDigests": ["localhost:5000/rocm/vllm@" + other, "rocm/vllm@" + DIGEST]}
+    for ref in ("docker.io/rocm/vllm:rocm7", "rocm/vllm:rocm7@" + DIGEST, "index.docker.io/rocm/vllm"):
+        assert resolve_digest(attrs, ref) == DIGEST, ref
+    assert resolve_digest(attrs, "localhost:5000/rocm/vllm:dev") == other
+
+
 def test_kfd_topology_maps_gpu_index_to_render_node(tmp_path):
     for node, props in {"0": "simd_count 0\ndrm_render_minor 0", "1": "simd_count 1216\ndrm_render_minor 128",
                         "2": "simd_count 1216\ndrm_render_minor 136"}.items():

@@ -8,18 +8,23 @@ from app.api.deps import DbDep, SettingsDep
 from app.auth import Principal, WorkerAuth
 from app.api.deps import LeaseId
 from app.wire import HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn, ReleaseOut, ResultIn, ResultOut
-from app.services import leasing
+from app.services import idle, leasing
 
 router = APIRouter(tags=["leases"])
 
 
-@router.post("/v1/leases", response_model=LeaseOut, responses={204: {"description": "no work for this identity"}})
+IDLE_HEADER = "X-Tuner-Idle-Reason"
+
+
+@router.post("/v1/leases", response_model=LeaseOut,
+             responses={204: {"description": f"no work for this identity; the {IDLE_HEADER} header says why"}})
 def lease(body: LeaseIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> LeaseOut | Response:
     who.check_digest(body.image_digest)
     with db.session() as s:
         out = leasing.lease_batch(s, body, settings, who.token_id)
     if out is None:
-        return Response(status_code=204)
+        with db.session(write=False) as s:
+            return Response(status_code=204, headers={IDLE_HEADER: idle.idle_reason(s, body)})
     return Response(out.model_dump_json(), media_type="application/json")  # built above: no second validation
 
 

@@ -1,0 +1,45 @@
+"""Dashboard pages explain themselves: the device's own time unit, labelled plots, empty states, HTML 404s."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import capture
+from tests.integration.test_leasing_api import tune_all
+
+
+def test_a_cpu_campaign_speaks_of_cpu_time_and_a_gpu_one_of_gpu_time(client):
+    cpu = capture(client, [{"M": 1, "N": 64, "K": 64}], gfx="cpu", cu_num=2).json()["campaign_id"]
+    gpu = capture(client, [{"M": 1, "N": 64, "K": 64}]).json()["campaign_id"]
+    tune_all(client, "cpu", 2)
+    tune_all(client)
+    cpu_page, gpu_page = client.get(f"/campaigns/{cpu}").text, client.get(f"/campaigns/{gpu}").text
+    assert "CPU time spent" in cpu_page and "GPU" not in cpu_page
+    assert "GPU time spent" in gpu_page and "CPU" not in gpu_page
+    svg = client.get(f"/campaigns/{cpu}/coverage.svg").text
+    assert re.search(r'class="xlabel">CPU time spent \((s|min|h)\)<', svg)
+    assert "GPU" not in svg and "share of served time covered" in svg
+    assert len(re.findall(r'class="xtick"', svg)) >= 2 and len(re.findall(r'class="ytick"', svg)) == 5
+    assert "GPU time spent" in client.get(f"/campaigns/{gpu}/coverage.svg").text
+
+
+def test_a_campaign_without_results_shows_empty_states_not_an_empty_plot(client):
+    cid = capture(client, [{"M": 1, "N": 64, "K": 64}]).json()["campaign_id"]
+    page = client.get(f"/campaigns/{cid}").text
+    assert 'id="download-none"' in page and 'id="download"' not in page
+    assert 'id="coverage-none"' in page and "coverage.svg" not in page
+    tune_all(client)
+    page = client.get(f"/campaigns/{cid}").text
+    assert 'id="download"' in page and "(1 rows)" in page and "coverage.svg" in page
+
+
+def test_unknown_pages_are_html_404s_and_api_routes_stay_json(client):
+    for path in ("/campaigns/999", "/no/such/page", "/campaigns/999/coverage.svg"):
+        r = client.get(path)
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), path
+        assert 'id="not-found"' in r.text and 'href="/"' in r.text
+    assert "no campaign 999" in client.get("/campaigns/999").text
+    for path in ("/v1/campaigns/999", "/v1/nothing"):
+        r = client.get(path)
+        assert r.status_code == 404 and r.headers["content-type"].startswith("application/"), path
+        assert r.json()["status" if path == "/v1/campaigns/999" else "detail"]

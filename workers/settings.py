@@ -1,0 +1,56 @@
+"""The worker's settings, one object: flags over the environment (TUNER_<NAME>, and AITER's own AITER_ROOT,
+AITER_COMMIT, AITER_PACKAGE_DIR) over defaults, validated by pydantic. The pool manager writes the same names
+into each container's environment (env()).
+
+A plain pydantic model, not pydantic-settings: the worker runs from a read-only mount inside the served image
+(workers/pool.py), where pydantic is there (vLLM and SGLang need it) and pydantic-settings need not be."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_AITER_ENV = {"aiter_root": "AITER_ROOT", "aiter_commit": "AITER_COMMIT", "aiter_package": "AITER_PACKAGE_DIR"}
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    service_url: str = "http://127.0.0.1:8000"
+    gpu: int = Field(0, ge=0, description="GPU index (within HIP_VISIBLE_DEVICES); ignored without a GPU")
+    budget_s: float = Field(300.0, gt=0, description="time budget of one leased batch")
+    backend: Literal["aiter", "torch"] = "aiter"
+    image_digest: str | None = Field(None, description="digest of the image this container runs")
+    worker_id: str | None = Field(None, description="default: <host>-<device>, e.g. node3-cuda0 or vm1-cpu")
+    token: str | None = None
+    aiter_root: str | None = Field(None, description="AITER's source tree (default: found from the aiter package)")
+    aiter_commit: str | None = None
+    aiter_package: str | None = Field(None, description="the installed aiter package dir (default: by import)")
+    once: bool = False
+    max_batches: int | None = None
+    max_shapes: int | None = None
+    repeats: int = 15
+    candidate_limit_s: float = 10.0
+    poll_s: float = 5.0
+    spool_dir: str | None = Field(None, description="finished results wait here until the service takes them "
+                                                    "(default: per worker, under ~)")
+
+    @staticmethod
+    def env_name(field: str) -> str:
+        return _AITER_ENV.get(field, f"TUNER_{field.upper()}")
+
+    @classmethod
+    def load(cls, flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] = os.environ
+             ) -> WorkerSettings:
+        """Flags given on the command line (None: not given) override the environment."""
+        values: dict[str, Any] = {f: environ[cls.env_name(f)] for f in cls.model_fields
+                                  if environ.get(cls.env_name(f))}
+        values.update({k: v for k, v in (flags or {}).items() if v is not None})
+        return cls(**values)
+
+    def env(self, *fields: str) -> dict[str, str]:
+        """These settings as the environment a worker container reads them from."""
+        return {self.env_name(f): str(getattr(self, f)) for f in fields}
