@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.browser.conftest import ARTIFACTS
 from tests.conftest import DIGEST, ROOT
 from workers.identity import cpu_count
 
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CPU = {"gfx": "cpu", "cu_num": cpu_count()}  # the identity a worker on this machine reports
 SHAPES = [{"M": m, "N": 256, "K": 512, "count": c} for m, c in ((8, 50), (16, 30), (32, 10), (64, 5))]
 
@@ -34,22 +32,7 @@ def campaign(live_server):
     return cid
 
 
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: scripts/test.sh installs Debian's chromium")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        pg = browser.new_page(viewport={"width": 1280, "height": 900})
-        yield pg
-        browser.close()
-
-
 def test_a_person_sees_progress_downloads_the_overlay_and_sees_workers(live_server, campaign, page):
-    ARTIFACTS.mkdir(exist_ok=True)
     page.goto(live_server.url + "/")
     row = page.locator(f"tr.campaign[data-campaign='{campaign}']")
     assert row.locator("td.captured").inner_text() == "4"
