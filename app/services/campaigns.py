@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Campaign, CampaignShape, Image, Lease, Result, Worker, utcnow
+from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result, Worker, utcnow
 from app.domain.lease_states import ShapeState
 from app.domain.served import rule as priority_rule
 from app.services import pages
@@ -133,4 +133,14 @@ def coverage_points(s: Session, campaign_id: int) -> list[tuple[float, float]]:
             seen.add(sid)
             covered += priority
         out.append((spent, covered / total if total else 0.0))
+    return out
+
+
+def aiter_claims(s: Session) -> dict[str, list[str]]:
+    """Per image, the AITER versions its servers' captures claimed (apart from what its workers reported)."""
+    out: dict[str, list[str]] = {}
+    q = (select(Campaign.image_digest, Capture.aiter_version).join(Capture, Capture.campaign_id == Campaign.id)
+         .where(Capture.aiter_version.is_not(None)).distinct().order_by(Campaign.image_digest, Capture.aiter_version))
+    for digest, version in s.execute(q):
+        out.setdefault(digest, []).append(version)
     return out

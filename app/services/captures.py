@@ -115,7 +115,8 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
     done = _already(s, body.capture_uid, fam)
     if done is not None:
         return done
-    ensure_image(s, body.image_digest, body.aiter_version, body.aiter_commit)
+    # what a server claims about AITER stays on its capture; the image's version is what its workers read there
+    ensure_image(s, body.image_digest)
     camp = ensure_campaign(s, body.image_digest, body.gfx, body.cu_num, fam.name)
     cap = Capture(campaign_id=camp.id, host=body.host, source_format=fmt, aiter_version=body.aiter_version,
                   aiter_commit=body.aiter_commit, env=body.env, shapes=len(parsed.shapes),

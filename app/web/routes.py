@@ -47,10 +47,12 @@ def _page(request: Request, name: str, ctx: dict) -> Response:
 def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
         camps = campaigns.summaries(s, settings.default_shape_cost_s)
+        claims = campaigns.aiter_claims(s)
     images: dict[str, dict] = {}
     for c in camps:
         img = images.setdefault(c["image_digest"], {"digest": c["image_digest"], "aiter_version": c["aiter_version"],
-                                                    "campaigns": []})
+                                                    "aiter_commit": c["aiter_commit"],
+                                                    "claimed": claims.get(c["image_digest"], []), "campaigns": []})
         img["campaigns"].append(c)
     return _page(request, "index.html", {"images": list(images.values())})
 

@@ -43,3 +43,19 @@ def test_unknown_pages_are_html_404s_and_api_routes_stay_json(client):
         r = client.get(path)
         assert r.status_code == 404 and r.headers["content-type"].startswith("application/"), path
         assert r.json()["status" if path == "/v1/campaigns/999" else "detail"]
+
+
+def test_the_image_shows_the_aiter_its_workers_read_apart_from_what_captures_claimed(client):
+    from tests.conftest import DIGEST
+    capture(client, [{"M": 1, "N": 64, "K": 64}], aiter_version="0.1.13")
+    capture(client, [{"M": 2, "N": 64, "K": 64}], aiter_version="0.1.13'; DROP TABLE images;--")
+    section = client.get("/").text
+    assert "not yet (no worker has reported" in section
+    assert "captures claimed: 0.1.13, 0.1.13&#39;; DROP TABLE images;--" in section
+    r = client.put(f"/v1/images/{DIGEST}/tables", json={"aiter_version": "0.1.12.dev3+e4048607a5",
+                                                         "aiter_commit": "e4048607a535", "tables": {}})
+    assert r.status_code == 200, r.text
+    capture(client, [{"M": 3, "N": 64, "K": 64}], aiter_version="9.9.9")  # a later claim changes nothing
+    home = client.get("/").text
+    assert '<b class="reported">0.1.12.dev3+e4048607a5</b>' in home and "e4048607a5" in home
+    assert "captures claimed: 0.1.13, 0.1.13&#39;; DROP TABLE images;--, 9.9.9" in home
