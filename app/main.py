@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -45,16 +46,19 @@ async def _sweep_forever(db: Database, settings: Settings) -> None:
 
 def bootstrap_admin(db: Database, settings: Settings) -> None:
     """First start: an admin token from TUNER_ADMIN_TOKEN, or a generated one printed and saved (0600)."""
+    path = Path(settings.admin_token_file)
+    if path.exists():  # an admin token file readable by others is fixed at every start
+        os.chmod(path, 0o600)
     with db.session() as s:
         if tokens.has_admin(s):
             return
         _, secret = tokens.create(s, "bootstrap-admin", "admin", secret=settings.admin_token)
     if settings.admin_token:
         return
-    path = Path(settings.admin_token_file)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(secret + "\n")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
     print(f"aiter-tuner: first start, admin token (also in {path}): {secret}", file=sys.stderr, flush=True)
 
 

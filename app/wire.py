@@ -57,6 +57,22 @@ def check_digest(v: str) -> str:
     return v
 
 
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9._+/-]+")
+
+
+def relative_plain_path(v: str) -> str:
+    """A path that is pasted into a shell line: letters, digits and ._+-/ only, no '..' (no quoting needed)."""
+    if not _PLAIN_PATH.fullmatch(v) or ".." in v.split("/") or v.startswith("/"):
+        raise ValueError("expected a relative path of letters, digits and . _ + - / (no '..', no shell characters)")
+    return v
+
+
+def absolute_plain_path(v: str) -> str:
+    if not v.startswith("/") or not _PLAIN_PATH.fullmatch(v) or ".." in v.split("/"):
+        raise ValueError("expected an absolute path of letters, digits and . _ + - / (no '..', no shell characters)")
+    return v
+
+
 Id = Annotated[int, Field(ge=1, le=INT64_MAX)]  # a database id: never past PostgreSQL's BIGINT
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Seconds = Annotated[float, Field(ge=0, le=7 * 24 * 3600)]

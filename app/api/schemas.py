@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from app.wire import (Candidate, HeartbeatOut, Identity, LeasedShape, LeaseIn, LeaseOut, ReleaseIn, ReleaseOut,
-                      ResultIn, ResultOut, Wire, check_digest)
+                      ResultIn, ResultOut, Wire, absolute_plain_path, check_digest, relative_plain_path)
 
 __all__ = ["Candidate", "HeartbeatOut", "Identity", "LeasedShape", "LeaseIn", "LeaseOut", "ReleaseIn",
            "ReleaseOut", "ResultIn", "ResultOut", "check_digest"]
@@ -51,8 +51,11 @@ class CaptureOut(BaseModel):
 class ImageTablesIn(Wire):
     aiter_version: str | None = None
     aiter_commit: str | None = None
-    configs_dir: str | None = Field(None, max_length=500)  # absolute path of aiter/configs/ in the image
-    tables: dict[Annotated[str, Field(max_length=300)], Annotated[str, Field(max_length=BIG_TEXT)]] = Field(
+    # absolute path of aiter/configs/ in the image; it is echoed into the line operators paste, so no shell
+    # metacharacters (quotes, $, `, ;, &, |, spaces...) and no '..'
+    configs_dir: Annotated[str, AfterValidator(absolute_plain_path)] | None = Field(None, max_length=500)
+    tables: dict[Annotated[str, Field(max_length=300), AfterValidator(relative_plain_path)],
+                 Annotated[str, Field(max_length=BIG_TEXT)]] = Field(
         max_length=2000)  # path under aiter/configs/ -> CSV text
     flydsl: bool | None = None  # AITER's is_flydsl_available() in the image
 

@@ -21,6 +21,7 @@ from app.domain import lease_states as ls, served
 from app.domain.families import get_family
 from app.domain.improvement import row_helps
 from app.domain.keys import runtime_value
+from app.domain.roofline import floor_us
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 from app.ttl_cache import TTLCache
@@ -239,6 +240,18 @@ def _check_row(s: Session, camp: Campaign, shape: CampaignShape, row: dict) -> d
     return {c: cells[c] for c in schema.header}
 
 
+def _check_timing(camp: Campaign, shape: CampaignShape, body: ResultIn) -> None:
+    """A time below what the device can possibly do (peak matrix rate, operands at cache bandwidth) is not a
+    measurement: refused, so it never becomes a winner nor lands in an overlay."""
+    fam = get_family(camp.family)
+    for field, us in (("us", body.us), ("default_us", body.default_us)):
+        if us is not None and body.status != "failed":
+            floor = floor_us(fam, shape.shape, camp.gfx, camp.cu_num)
+            if us < floor:
+                raise Invalid(f"{field}: {us} us is below the roofline floor of {floor:.3g} us for this shape on "
+                              f"{camp.gfx} with {camp.cu_num} CUs", field)
+
+
 @dataclass
 class Refused:
     """A result the service refused: the shape's try is counted (and committed); the route answers the error."""
@@ -289,6 +302,7 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
     assert camp is not None
     try:
         row = _check_row(s, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
+        _check_timing(camp, shape, body)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if not late:
             set_shape(shape, ls.result_refused(shape_facts(shape), lease.id, e.detail, settings.max_attempts))

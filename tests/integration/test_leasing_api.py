@@ -21,12 +21,20 @@ def ok_row(lease_body, item, us=10.0, **over):
             "err_ratio": 0.0, "elapsed_s": 2.0}
 
 
+def plausible_us(body, item, us):
+    """At least the roofline floor of the shape on the lease's device (a faster time is refused)."""
+    from app.domain.families import get_family
+    from app.domain.roofline import floor_us
+    return max(us, 1.01 * floor_us(get_family(body["family"]), item["shape"], body["gfx"], body["cu_num"]))
+
+
 def tune_all(client, gfx="gfx942", cu_num=304, us_of=lambda item: 2.0, **row):
-    """Lease and post a verified result for every queued shape of this identity."""
+    """Lease and post a verified result for every queued shape of this identity (times raised to plausible)."""
     while (r := lease(client, budget_s=80_000, gfx=gfx, cu_num=cu_num)).status_code == 200:
         body = r.json()
         for item in body["shapes"]:
-            res = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, us_of(item), **row))
+            us = plausible_us(body, item, us_of(item))
+            res = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, us, **row))
             assert res.status_code == 200, res.text
     assert r.status_code == 204, r.text
 

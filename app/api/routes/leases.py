@@ -8,6 +8,7 @@ from app.api.deps import DbDep, SettingsDep
 from app.auth import Principal, WorkerAuth
 from app.api.deps import LeaseId
 from app.wire import HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn, ReleaseOut, ResultIn, ResultOut
+from app.metrics import BACKENDS, bounded
 from app.services import idle, leasing
 
 router = APIRouter(tags=["leases"])
@@ -41,10 +42,11 @@ def post_result(lease_id: LeaseId, body: ResultIn, request: Request, db: DbDep, 
     with db.session() as s:
         out = leasing.post_result(s, lease_id, body, settings, _owner(who))
     if isinstance(out, leasing.Refused):  # committed: the refused try counts
-        request.app.state.metrics.results.labels(body.backend, "refused", "false").inc()
+        request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), "refused", "false").inc()
         raise out.error
     if not out.duplicate:
-        request.app.state.metrics.results.labels(body.backend, body.status, str(out.verified).lower()).inc()
+        request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), body.status,
+                                                 str(out.verified).lower()).inc()
     return out
 
 
