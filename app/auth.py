@@ -24,6 +24,9 @@ class Principal:
     name: str
     digests: tuple[str, ...] | None  # None: every image
 
+    def may_see(self, digest: str) -> bool:
+        return self.digests is None or digest in self.digests
+
     def check_digest(self, digest: str) -> None:
         if self.digests is not None and digest not in self.digests:
             raise Forbidden(f"image_digest: token {self.name!r} is not scoped to {digest}", "image_digest")
@@ -74,3 +77,25 @@ CaptureAuth = Annotated[Principal, require("capture")]
 WorkerAuth = Annotated[Principal, require("worker")]
 AdminAuth = Annotated[Principal, require("admin")]
 ReadAuth = Annotated[Principal, require("read", "capture", "worker", read=True)]
+
+
+class ClosedDocs:
+    """With reads closed, the API document, its UIs and static files need a token too (/healthz stays open)."""
+
+    PATHS = ("/docs", "/redoc", "/openapi.json", "/static")
+
+    def __init__(self, app, settings):  # type: ignore[no-untyped-def]
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if (scope["type"] == "http" and self.settings.auth and not self.settings.read_open
+                and scope["path"].startswith(self.PATHS)):
+            from starlette.requests import Request
+
+            from app.errors import DomainError, problem_response
+            try:
+                if await _principal(Request(scope)) is None:
+                    raise Unauthorized("authorization: a token is required", "authorization")
+            except DomainError as e:
+                return await problem_response(e)(scope, receive, send)
+        await self.app(scope, receive, send)

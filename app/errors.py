@@ -59,6 +59,10 @@ def _problem(status: int, title: str, detail: str, field: str | None, headers: d
                         headers=headers, media_type="application/problem+json")
 
 
+def problem_response(exc: DomainError) -> JSONResponse:
+    return _problem(exc.status, exc.title, exc.detail, exc.field)
+
+
 def _is_busy(exc: OperationalError) -> bool:
     msg = str(exc.orig).lower()
     return "database is locked" in msg or "database is busy" in msg or "could not serialize" in msg

@@ -20,6 +20,7 @@ from app.config import Settings
 from app.db import migrate
 from app.db.session import Database
 from app.limits import BodyLimit
+from app.auth import ClosedDocs, ReadAuth
 from app.metrics import LatencyMiddleware, Metrics
 from app.web import routes as web
 from app.services import leasing, tokens
@@ -91,9 +92,10 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.state.metrics = metrics = Metrics(db)
 
     @app.get("/metrics", include_in_schema=False)
-    def prometheus() -> Response:
+    def prometheus(who: ReadAuth) -> Response:  # with reads closed, a token is needed here too
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(LatencyMiddleware, metrics=metrics)
+    app.add_middleware(ClosedDocs, settings=settings)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -61,3 +61,38 @@ def test_metrics_labels_stay_bounded_whatever_clients_send(client):
     text = client.get("/metrics").text
     assert "M1X" not in text and "invented-backend" not in text
     assert 'method="other"' in text
+
+
+def test_digest_scopes_hold_on_reads_and_admin_actions_and_closed_reads_close_everything(db_url, tmp_path):
+    from app.db.session import Database
+    from app.services import tokens
+    from tests.conftest import OTHER_DIGEST
+    settings = Settings(database_url=db_url, auth=True, read_open=False, admin_token="atk_admin",
+                        admin_token_file=str(tmp_path / "admin_token"))
+    with TestClient(create_app(settings)) as c:
+        db = Database(db_url)
+        with db.session() as s:
+            read_other = tokens.create(s, "read-other", "read", [OTHER_DIGEST])[1]
+            admin_other = tokens.create(s, "admin-other", "admin", [OTHER_DIGEST])[1]
+            read_all = tokens.create(s, "read-all", "read")[1]
+        db.dispose()
+        admin = {"Authorization": "Bearer atk_admin"}
+        c.headers.update(admin)
+        assert capture(c, [{"M": 1, "N": 64, "K": 64}]).status_code == 201
+        del c.headers["Authorization"]
+        (camp,) = c.get("/v1/campaigns", headers=admin).json()
+        cid = camp["campaign_id"]
+        for tok in (read_other, admin_other):
+            h = {"Authorization": f"Bearer {tok}"}
+            assert c.get("/v1/campaigns", headers=h).json() == []
+            for path in (f"/v1/campaigns/{cid}", f"/v1/campaigns/{cid}/shapes", f"/v1/campaigns/{cid}/engagement",
+                         f"/v1/campaigns/{cid}/bucket-plan", f"/v1/images/{DIGEST}/schemas"):
+                r = c.get(path, headers=h)
+                assert r.status_code == 403 and r.json()["field"] == "image_digest", (path, r.text)
+        h = {"Authorization": f"Bearer {admin_other}"}
+        for path in (f"/v1/campaigns/{cid}/requeue-failed", f"/v1/campaigns/{cid}/bucket-plan/apply"):
+            assert c.post(path, headers=h).status_code == 403, path
+        assert c.get("/healthz").status_code == 200
+        for path in ("/metrics", "/docs", "/openapi.json", "/v1/campaigns"):
+            assert c.get(path).status_code == 401, path
+            assert c.get(path, headers={"Authorization": f"Bearer {read_all}"}).status_code == 200, path

@@ -11,16 +11,21 @@ from app.api.deps import DbDep, IdPath, SettingsDep
 from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, EngagementReport, ProofRecorded,
                                Requeued, ShapePage, WorkerInfo, csv_body)
 from app.api.schemas import EngagementProofIn
-from app.auth import AdminAuth, ReadAuth, WorkerAuth
+from app.auth import AdminAuth, Principal, ReadAuth, WorkerAuth
 from app.services import buckets, campaigns, engagement, leasing, pages
 
 router = APIRouter(tags=["campaigns"])
 
 
+def _scoped(s, who: Principal, campaign_id: int) -> None:  # type: ignore[no-untyped-def]
+    """The campaign exists and the token's digest scope covers it (reads and admin actions alike)."""
+    who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
+
+
 @router.get("/v1/campaigns", response_model=list[CampaignSummary])
 def list_campaigns(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict]:
     with db.session(write=False) as s:
-        return campaigns.summaries(s, settings.default_shape_cost_s)
+        return [c for c in campaigns.summaries(s, settings.default_shape_cost_s) if who.may_see(c["image_digest"])]
 
 
 Limit = Annotated[int, Query(description="shapes per page")]
@@ -32,7 +37,7 @@ def get_campaign(campaign_id: IdPath, db: DbDep, settings: SettingsDep, who: Rea
                  limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """The summary and one page of shapes by served time (`next`: the cursor of the following page)."""
     with db.session(write=False) as s:
-        engagement.campaign_or_404(s, campaign_id)
+        _scoped(s, who, campaign_id)
         summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id)
         rows, nxt = campaigns.shapes(s, campaign_id, pages.check_limit(limit), after)
         return {**summary, "shape_list": rows, "next": nxt}
@@ -42,7 +47,7 @@ def get_campaign(campaign_id: IdPath, db: DbDep, settings: SettingsDep, who: Rea
 def list_shapes(campaign_id: IdPath, db: DbDep, who: ReadAuth, limit: Limit = pages.DEFAULT_LIMIT,
                 after: After = None) -> dict:
     with db.session(write=False) as s:
-        engagement.campaign_or_404(s, campaign_id)
+        _scoped(s, who, campaign_id)
         rows, nxt = campaigns.shapes(s, campaign_id, pages.check_limit(limit), after)
         return {"shapes": rows, "next": nxt}
 
@@ -53,6 +58,7 @@ def get_engagement(campaign_id: IdPath, db: DbDep, who: ReadAuth, merged: bool =
     """The verdict per captured shape on the table AITER builds from a deploy form (layer, merged,
     model_configs_dropin; default: the deploy plan's first offered form); the report one page at a time."""
     with db.session(write=False) as s:
+        _scoped(s, who, campaign_id)
         return engagement.pre_deploy(s, campaign_id, merged=merged, form=form, limit=pages.check_limit(limit),
                                      after=after)
 
@@ -74,6 +80,7 @@ async def check_supplied_table(campaign_id: IdPath, request: Request, db: DbDep,
 
     def work() -> dict:  # CSV parsing and the database: off the event loop
         with db.session(write=False) as s:
+            _scoped(s, who, campaign_id)
             return engagement.pre_deploy(s, campaign_id, table_csv=text, limit=pages.check_limit(limit), after=after)
 
     return await run_in_threadpool(work)
@@ -82,23 +89,25 @@ async def check_supplied_table(campaign_id: IdPath, request: Request, db: DbDep,
 @router.get("/v1/campaigns/{campaign_id}/bucket-plan", response_model=BucketPlan)
 def bucket_plan(campaign_id: IdPath, db: DbDep, who: ReadAuth) -> dict:
     with db.session(write=False) as s:
+        _scoped(s, who, campaign_id)
         return buckets.report(s, campaign_id)
 
 
 @router.post("/v1/campaigns/{campaign_id}/bucket-plan/apply", response_model=BucketApply)
 def apply_bucket_plan(campaign_id: IdPath, db: DbDep, who: AdminAuth) -> dict:
     with db.session() as s:
+        _scoped(s, who, campaign_id)
         return buckets.apply(s, campaign_id)
 
 
 @router.post("/v1/campaigns/{campaign_id}/requeue-failed", response_model=Requeued)
 def requeue_failed(campaign_id: IdPath, db: DbDep, who: AdminAuth) -> dict:
     with db.session() as s:
-        engagement.campaign_or_404(s, campaign_id)
+        _scoped(s, who, campaign_id)
         return {"requeued": leasing.requeue_campaign_failures(s, campaign_id)}
 
 
 @router.get("/v1/workers", response_model=list[WorkerInfo])
 def list_workers(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict]:
     with db.session(write=False) as s:
-        return campaigns.workers(s, settings.stale_worker_s)
+        return [w for w in campaigns.workers(s, settings.stale_worker_s) if who.may_see(w["image_digest"])]

@@ -85,6 +85,7 @@ def put_tables(image_digest: str, body: ImageTablesIn, db: DbDep, who: WorkerAut
 @router.get("/v1/images/{image_digest}/schemas", response_model=list[FamilySchema])
 def get_schemas(image_digest: str, db: DbDep, who: ReadAuth) -> list[dict]:
     """Per family: the header, key columns and untuned header this image's AITER uses."""
+    who.check_digest(image_digest)
     with db.session(write=False) as s:
         return schemas_of(s, _digest(image_digest))
 
