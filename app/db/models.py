@@ -139,6 +139,7 @@ class Worker(Base):
     aiter_commit: Mapped[str | None] = mapped_column(String(80))
     first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    token_id: Mapped[int | None] = mapped_column(Integer)  # the worker token that registered this id: only it acts as it
 
 
 class Lease(Base):

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.api.schemas import LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
@@ -57,6 +57,8 @@ _WRITE = (update(_T).where(_T.c.id == bindparam("b_id"), _T.c.state == bindparam
 # Built once: the hot statements skip construction and cache-key work on every request.
 _W = Worker.__table__
 _TOUCH = update(_W).where(_W.c.id == bindparam("b_wid"))
+# a worker token acts only as the worker ids it registered (an id another token registered is not overwritten)
+_TOUCH_OWN = _TOUCH.where(or_(_W.c.token_id.is_(None), _W.c.token_id == bindparam("b_tok")))
 _TOP = (select(CampaignShape.priority)
         .where(CampaignShape.campaign_id == Campaign.id, CampaignShape.state == ls.ShapeState.QUEUED.value)
         .order_by(CampaignShape.priority.desc()).limit(1).correlate(Campaign).scalar_subquery())
@@ -102,11 +104,16 @@ def sweep_expired(s: Session, settings: Settings, now: datetime | None = None) -
     return len(dead)
 
 
-def _touch_worker(s: Session, body: LeaseIn, now: datetime) -> None:
+def _touch_worker(s: Session, body: LeaseIn, now: datetime, token_id: int | None = None) -> None:
+    """token_id: the worker token acting (None: an admin or auth off, which may act as any worker)."""
     seen = {"image_digest": body.image_digest, "gfx": body.gfx, "cu_num": body.cu_num, "host": body.host,
             "backends": body.backends, "aiter_commit": body.aiter_commit, "last_seen_at": now}
-    if not s.execute(_TOUCH, {"b_wid": body.worker_id, **seen}).rowcount:
-        s.execute(insert(Worker.__table__), {"id": body.worker_id, "first_seen_at": now, **seen})
+    stmt, params = (_TOUCH, {}) if token_id is None else (_TOUCH_OWN, {"b_tok": token_id})
+    if not s.execute(stmt, {"b_wid": body.worker_id, **params, **seen}).rowcount:
+        if token_id is not None and s.get(Worker, body.worker_id) is not None:
+            raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
+        s.execute(insert(Worker.__table__), {"id": body.worker_id, "first_seen_at": now, "token_id": token_id,
+                                             **seen})
 
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
@@ -147,11 +154,13 @@ def _pick_campaign(s: Session, body: LeaseIn) -> Campaign | None:
     return best[0] if best else None
 
 
-def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | None = None) -> LeaseOut | None:
+def lease_batch(s: Session, body: LeaseIn, settings: Settings, token_id: int | None = None,
+                bind_worker: bool = False) -> LeaseOut | None:
+    """bind_worker: the token is a worker's, so the worker id must be its own (first come, bound)."""
     now = utcnow()
     if _sweep_due(s, settings):
         sweep_expired(s, settings, now)
-    _touch_worker(s, body, now)
+    _touch_worker(s, body, now, token_id if bind_worker else None)
     camp = _pick_campaign(s, body)
     if camp is None:
         return None

@@ -153,3 +153,15 @@ def test_reads_can_be_open(db_url, tmp_path):
     with TestClient(create_app(s)) as c:
         assert c.get("/v1/campaigns").status_code == 200
         assert c.post("/v1/captures", json=CAPTURE).status_code == 401
+
+
+def test_a_worker_id_is_bound_to_the_token_that_registered_it(env):
+    c, secrets, _ = env
+    assert c.post("/v1/captures", json=CAPTURE, headers=h(secrets["capture"])).status_code == 201
+    assert c.post("/v1/leases", json={**LEASE, "max_shapes": 1}, headers=h(secrets["worker"])).status_code == 200
+    r = c.post("/v1/leases", json={**LEASE, "host": "impostor"}, headers=h(secrets["worker2"]))
+    assert r.status_code == 403 and r.json()["field"] == "worker_id", r.text
+    (w,) = c.get("/v1/workers", headers=h(secrets["admin"])).json()
+    assert w["host"] is None  # not overwritten by the other token
+    ok = c.post("/v1/leases", json={**LEASE, "worker_id": "w2", "max_shapes": 1}, headers=h(secrets["worker2"]))
+    assert ok.status_code == 200

@@ -22,7 +22,7 @@ IDLE_HEADER = "X-Tuner-Idle-Reason"
 def lease(body: LeaseIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> LeaseOut | Response:
     who.check_digest(body.image_digest)
     with db.session() as s:
-        out = leasing.lease_batch(s, body, settings, who.token_id)
+        out = leasing.lease_batch(s, body, settings, who.token_id, bind_worker=who.role == "worker")
     if out is None:
         with db.session(write=False) as s:
             return Response(status_code=204, headers={IDLE_HEADER: idle.idle_reason(s, body)})
