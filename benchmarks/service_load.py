@@ -353,11 +353,11 @@ def timed_get(base: str, path: str, **kw) -> tuple[float, httpx.Response]:  # ty
 
 
 def median_get(base: str, path: str, n: int = 3, **kw) -> tuple[float, httpx.Response]:  # type: ignore[no-untyped-def]
-    """The median of n timed GETs after one untimed (templates compile on first use)."""
-    timed_get(base, path, **dict(kw))
+    """The median of n timed GETs after a first one (templates compile, caches fill), and that first's ms."""
+    cold = timed_get(base, path, **dict(kw))[0]
     runs = [timed_get(base, path, **dict(kw)) for _ in range(n)]
     runs.sort(key=lambda x: x[0])
-    return runs[n // 2]
+    return runs[n // 2][0], runs[n // 2][1], cold
 
 
 def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple]) -> None:
@@ -378,11 +378,11 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
         # the raw baseline just before and just after, the faster one counts (the machine's load drifts)
         t_raw = min(raw_before, raw_ingest(fresh_db(kind, pg_url, tmp, "rawingest2"), big))
         cid = out["campaign_id"]
-        ms_page, page = median_get(large.url, f"/campaigns/{cid}")
+        ms_page, page, cold_page = median_get(large.url, f"/campaigns/{cid}")
         tag = page.headers["etag"]
-        ms_304, same = median_get(large.url, f"/campaigns/{cid}", headers={"If-None-Match": tag})
-        ms_api, api = median_get(large.url, f"/v1/campaigns/{cid}")
-        ms_eng, eng = median_get(large.url, f"/v1/campaigns/{cid}/engagement", n=1)
+        ms_304, same, _ = median_get(large.url, f"/campaigns/{cid}", headers={"If-None-Match": tag})
+        ms_api, api, _ = median_get(large.url, f"/v1/campaigns/{cid}")
+        ms_eng, eng, _ = median_get(large.url, f"/v1/campaigns/{cid}/engagement", n=1)
         fill = a.queue - 2000 - a.shapes
         if fill > 0:
             post_csv(large.url, csv_capture(fill, 100 + a.shapes // 4096 + 2))
@@ -427,6 +427,8 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
          f"{pct(ol_raw[1], .5):.1f} / {pct(ol_raw[1], .99):.1f} ms; {ol_raw[2]}", None, "", None),
         (e, f"campaign page, {a.shapes // 1000}k shapes (HTML)", f"{ms_page:.0f} ms, {len(page.content) / 1e3:.0f} kB",
          "", None, "< 300 ms, < 1 MB", ms_page < 300 and len(page.content) < 1e6),
+        (e, "  the same page's first view (verdict computed)", f"{cold_page:.0f} ms", "", None, "< 300 ms",
+         cold_page < 300),
         (e, "  live refresh, page unchanged", f"{same.status_code}, {len(same.content)} B, {ms_304:.0f} ms", "", None,
          "304", same.status_code == 304),
         (e, "  API campaign (first page of shapes)", f"{ms_api:.0f} ms, {len(api.content) / 1e3:.0f} kB", "", None,
