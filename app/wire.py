@@ -184,3 +184,26 @@ class ReleaseIn(Wire):
 class ReleaseOut(BaseModel):
     lease_id: str
     requeued: int
+
+
+class BuildIn(Wire):
+    """The compile lane's report: seconds a worker spent warming AITER's JIT build for an image and family,
+    before its first batch and outside any lease (its own budget)."""
+
+    image_digest: Annotated[str, AfterValidator(check_digest)]
+    family: str = Field(min_length=1, max_length=64)
+    worker_id: Name
+    seconds: Seconds
+    ok: bool
+    aiter_commit: str | None = Field(None, max_length=80)
+    output_tail: str = Field("", max_length=20_000)
+
+
+class BuildOut(BaseModel):
+    id: int
+    image_digest: str
+    family: str
+    worker_id: str
+    seconds: float
+    ok: bool
+    created_at: datetime

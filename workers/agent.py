@@ -41,6 +41,7 @@ class AgentConfig:
     max_batches: int | None = None
     max_shapes: int | None = None
     spool_dir: str | None = None  # where finished results wait for delivery (default: per worker, under ~)
+    compile_budget_s: float = 1800.0  # the compile lane's own budget (0: no lane), outside every lease
 
 
 @dataclass
@@ -119,6 +120,7 @@ class Agent:
         self.client, self.backend, self.ident, self.cfg = client, backend, ident, cfg
         self.stop = client.stop  # one event: a signal also ends any wait for the service
         self.stats = Stats()
+        self.warmed: set[str] = set()  # families whose JIT build this worker has warmed for its image
         self.spool = Spool(Path(cfg.spool_dir) if cfg.spool_dir
                            else default_spool_dir(cfg.worker_id, str(client.http.base_url)))
 
@@ -154,8 +156,33 @@ class Agent:
                     break
                 self.stop.wait(self.cfg.poll_s)
                 continue
+            if self.needs_build(lease):
+                self.compile_lane(lease)
+                continue
             self.run_lease(lease)
         return self.stats
+
+    def needs_build(self, lease: dict[str, Any]) -> bool:
+        return (self.cfg.compile_budget_s > 0 and hasattr(self.backend, "warm")
+                and lease["family"] not in self.warmed)
+
+    def compile_lane(self, lease: dict[str, Any]) -> None:
+        """Before the first batch of a family: give the batch back untouched (uncounted), warm AITER's JIT build
+        on its first shape under the lane's own budget, post the build seconds, then lease again. A JIT build
+        that ran inside a lease would count against it and against the tuner's --timeout (ROCm/aiter#5264)."""
+        try:
+            self.client.release(lease["lease_id"])
+        except (LeaseLost, ServiceError) as e:
+            log.warning("compile lane: release before the build failed: %s", e)
+        self.warmed.add(lease["family"])
+        report = self.backend.warm(lease, self.cfg.compile_budget_s, self.stop.is_set)  # type: ignore[attr-defined]
+        log.info("compile lane: %s built in %.1f s (ok=%s)", lease["family"], report["seconds"], report["ok"])
+        try:
+            self.client.post_build({"image_digest": self.cfg.image_digest, "family": lease["family"],
+                                    "worker_id": self.cfg.worker_id, "aiter_commit": self.cfg.aiter_commit,
+                                    **report})
+        except ServiceError as e:  # a report that does not arrive is logged, never fatal
+            log.error("compile lane: build report not accepted: %s", e)
 
     def deliver_spool(self) -> None:
         """Results finished earlier (an outage, a crash) go out first, in the order they finished."""

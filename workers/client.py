@@ -140,5 +140,8 @@ class ServiceClient:
         body = self._send(wire.ReleaseIn, {"started": started or []})
         return self._answer(wire.ReleaseOut, self._call("POST", f"/v1/leases/{lease_id}/release", json=body))
 
+    def post_build(self, body: dict) -> dict:
+        return self._answer(wire.BuildOut, self._call("POST", "/v1/builds", json=self._send(wire.BuildIn, body)))
+
     def put_tables(self, digest: str, body: dict) -> dict:
         return self._json(self._call("PUT", f"/v1/images/{digest}/tables", json=body))

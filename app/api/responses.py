@@ -39,6 +39,9 @@ class CampaignSummary(Open):
     leased: int
     tuned: int
     failed: int
+    default_best: int = 0  # tuned with no row: nothing beat the default by AITER's margin
+    tuned_with_row: int = 0
+    build_s: float = 0.0  # compile lane: JIT build seconds for this image and family, apart from race time
 
 
 class ShapePage(Open):

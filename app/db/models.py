@@ -197,6 +197,21 @@ class Token(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class Build(Base):
+    """A worker's compile lane: AITER's JIT build warmed for an image and family, outside any lease."""
+
+    __tablename__ = "builds"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    image_digest: Mapped[str] = mapped_column(ForeignKey("images.digest"), index=True)
+    family: Mapped[str] = mapped_column(String(64))
+    worker_id: Mapped[str] = mapped_column(String(128))
+    seconds: Mapped[float] = mapped_column(Float)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    aiter_commit: Mapped[str | None] = mapped_column(String(80))
+    output_tail: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class Verification(Base):
     """AITER's own replay of an overlay through the production op in the image (a tuner's --run_config)."""
 

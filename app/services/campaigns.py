@@ -9,6 +9,7 @@ from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result
 from app.domain.lease_states import ShapeState
 from app.domain.served import rule as priority_rule
 from app.services import pages
+from app.services import builds
 from app.services.leasing import est_shape_cost
 
 STATES = tuple(st.value for st in ShapeState)
@@ -54,7 +55,8 @@ def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -
                     "tuned_with_row": c["tuned"] - default_best.get(camp.id, 0),
                     "progress": (c["tuned"] + c["failed"] + c["covered"]) / total if total else 0.0,
                     "served_time_covered": tot[1] / tot[0] if tot[0] else 0.0,
-                    "gpu_s_spent": float(spent.get(camp.id) or 0.0),
+                    "gpu_s_spent": float(spent.get(camp.id) or 0.0),  # race time: results' elapsed_s
+                    "build_s": builds.seconds(s, camp.image_digest, camp.family)[0],  # compile lane, apart
                     "gpu_s_left_est": (c["queued"] + c["leased"]) * cost, "est_shape_cost_s": cost,
                     "priority_rule": priority_rule(camp.step_hist),
                     "steps_seen": sum((camp.step_hist or {}).values())})

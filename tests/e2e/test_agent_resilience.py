@@ -145,3 +145,30 @@ def test_an_absent_service_is_waited_for_until_a_stop(tmp_path):
                   "budget_s": 10})
     assert type(e.value).__name__ == "Stopped" and time.monotonic() - t0 >= 2.0 and cl.retries >= 5
     assert not isinstance(e.value, httpx.HTTPError)
+
+
+class Building(Scripted):
+    """A backend with a compile lane: warm() stands in for AITER's JIT build and looks at the queue meanwhile."""
+
+    def __init__(self, srv, cid):
+        super().__init__()
+        self.srv, self.cid, self.warms, self.leased_while_building = srv, cid, [], None
+
+    def warm(self, lease, budget_s, should_stop):  # type: ignore[no-untyped-def]
+        self.warms.append((lease["family"], budget_s))
+        with self.srv.client() as c:
+            self.leased_while_building = c.get(f"/v1/campaigns/{self.cid}").json()["leased"]
+        time.sleep(0.3)
+        return {"seconds": 0.3, "ok": True, "output_tail": "built"}
+
+
+def test_the_compile_lane_builds_once_per_family_outside_any_lease(server, tmp_path):
+    cid = capture(server, range(1, 5))
+    backend = Building(server, cid)
+    agent(server, backend, tmp_path, compile_budget_s=600).run()
+    assert backend.warms == [("bf16_gemm", 600)]  # once, before the first batch, with the lane's own budget
+    assert backend.leased_while_building == 0  # the batch went back before the build began
+    by_m = states(server, cid)
+    assert {x["state"] for x in by_m.values()} == {"tuned"} and {x["attempts"] for x in by_m.values()} == {1}
+    with server.client() as c:
+        assert c.get(f"/v1/campaigns/{cid}").json()["build_s"] == 0.3

@@ -100,3 +100,18 @@ def test_default_is_best_is_tuned_without_a_row_and_counted(client):
     assert camp["tuned"] == 3 and camp["default_best"] == 2 and camp["tuned_with_row"] == 1
     page = client.get(f"/campaigns/{camp['campaign_id']}").text
     assert "1 with a row that helps" in page and "2 default is best" in page
+
+
+def test_the_compile_lane_is_counted_apart_from_race_time(client):
+    capture(client, [{"M": 1, "N": 1280, "K": 8192}])
+    tune_all(client)
+    body = {"image_digest": DIGEST, "family": "bf16_gemm", "worker_id": "w1", "seconds": 95.5, "ok": True,
+            "output_tail": "[aiter] build [module_gemm_a16w16_asm] ..."}
+    r = client.post("/v1/builds", json=body)
+    assert r.status_code == 201 and r.json()["seconds"] == 95.5
+    assert client.post("/v1/builds", json=dict(body, seconds=-1)).json()["field"] == "seconds"
+    assert client.post("/v1/builds", json=dict(body, family="nope")).json()["field"] == "family"
+    (camp,) = client.get("/v1/campaigns").json()
+    assert camp["build_s"] == 95.5 and camp["gpu_s_spent"] == 2.0  # race time stays the results' own
+    page = client.get(f"/campaigns/{camp['campaign_id']}").text
+    assert "1.6 min building AITER" in page.split('id="build-time"')[1]

@@ -86,3 +86,10 @@ def test_parse_benchmark_reads_aiters_printed_table(standin, monkeypatch):
     got = aiter_tuner.parse_benchmark(out, FAM, lease_)
     assert got == {1: {"kernel_us": 7.0, "e2e_us": 8.0, "status": "OK"},
                    2: {"kernel_us": 7.0, "e2e_us": 8.0, "status": "OK"}}
+
+
+def test_the_compile_lane_runs_the_tuner_once_on_one_shape(standin):
+    backend = AiterBackend(root=standin, python=sys.executable, poll_s=0.05)
+    report = backend.warm(lease(1, 32), 120.0)
+    assert report["ok"] and 0 < report["seconds"] < 120 and "Tuning Finished" in report["output_tail"]
+    assert AiterBackend(root=standin, python=sys.executable, poll_s=0.05).warm(lease(1), 0.01)["ok"] is False

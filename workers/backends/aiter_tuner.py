@@ -195,6 +195,25 @@ class AiterBackend:
             cmd = tuner_command(family, self.root, untuned, tuned, timeout, self.mp, self.python, self.extra)
             self._drive(batch, family, cmd, tuned, emit, cwd=self.root)
 
+    def warm(self, lease: dict[str, Any], budget_s: float, should_stop: Any = lambda: False) -> dict[str, Any]:
+        """The compile lane: run the tuner once on the lease's first shape with one warm-up and one iteration,
+        so AITER's JIT builds (and caches) every module the family's tuner and its op need, under this budget
+        alone. Returns the wire's build report fields."""
+        if self.root is None:
+            return {"seconds": 0.0, "ok": False, "output_tail": "AITER not found"}
+        family = get_family(lease["family"])
+        with tempfile.TemporaryDirectory(prefix="aiter-build-") as tmp:
+            one = Path(tmp, family.untuned_file)
+            header = tuple(lease.get("untuned_header") or family.untuned_header)
+            one.write_text(untuned_csv(family, lease["shapes"][:1], header))
+            cmd = tuner_command(family, self.root, one, Path(tmp, family.tuned_file), int(budget_s), 1, self.python,
+                                ("--warmup", "1", "--iters", "1", *self.extra))
+            t0 = time.monotonic()
+            batch = Batch(lease, t0 + budget_s, should_stop)
+            rc, lines, how = self._run(cmd, batch, t0 + budget_s)
+            tail = "\n".join(lines[-60:])[-20_000:]
+            return {"seconds": time.monotonic() - t0, "ok": how == "done" and rc == 0, "output_tail": tail}
+
     # -- two phases: screen every candidate cheaply, confirm the finalists through the production op ----------
 
     def _two_phase(self, batch: Batch, family: TableFamily, tmp: Path, untuned: Path, tuned: Path,

@@ -11,7 +11,8 @@ from app.api.schemas import ImageTablesIn, LogIn, VerificationIn, check_digest
 from app.api.responses import DeployPlan, FamilySchema, LogReport, OverlayInfo, TablesStored, Verification
 from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
-from app.services import engagement, overlays, verifications
+from app import wire
+from app.services import builds, engagement, overlays, verifications
 from app.services.schemas import schemas_of, store_image_tables
 
 router = APIRouter(tags=["overlays"])
@@ -66,6 +67,14 @@ def post_verification(body: VerificationIn, db: DbDep, who: WorkerAuth) -> dict:
     who.check_digest(body.image_digest)
     with db.session() as s:
         return verifications.record(s, body)
+
+
+@router.post("/v1/builds", status_code=201, response_model=wire.BuildOut)
+def post_build(body: wire.BuildIn, db: DbDep, who: WorkerAuth) -> dict:
+    """A worker's compile lane: seconds spent warming AITER's JIT build, outside any lease."""
+    who.check_digest(body.image_digest)
+    with db.session() as s:
+        return builds.record(s, body)
 
 
 @router.get("/v1/overlays/{image_digest}/{family}/verifications", response_model=list[Verification])
