@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     max_capture_shapes: int = 20_000  # distinct shapes in one capture (a bigger one is refused: split it)
     max_campaign_shapes: int = 200_000  # shapes one campaign may hold (a queue past this is not a tuning plan)
     max_attempts: int = 3  # a shape failing this many times is parked as failed
+    min_improvement_pct: float = 3.0  # a row reaches the overlay only past this gain over the default (AITER's)
     default_shape_cost_s: float = 30.0  # until a campaign has measured costs
     sqlite_busy_ms: int = 5000
     retry_after_s: int = 1

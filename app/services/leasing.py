@@ -268,12 +268,13 @@ class Refused:
     shape_state: str
 
 
-def _kind(body: ResultIn, row: dict | None, err_max: float) -> ls.ResultKind:
+def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct: float) -> ls.ResultKind:
     if body.status == "failed":
         return ls.ResultKind.FAILED
     timed = (body.us is not None and math.isfinite(body.us) and body.us > 0
              and body.err_ratio is not None and 0 <= body.err_ratio <= err_max)
-    if body.status == "default_best" or (timed and row is not None and not row_helps(body.us, body.default_us)):
+    if body.status == "default_best" or (timed and row is not None and not row_helps(body.us, body.default_us,
+                                                                                       min_improvement_pct)):
         # nothing beat the default path by AITER's margin: tuned, and no row (the overlay carries only rows
         # that help)
         return ls.ResultKind.DEFAULT_BEST if timed else ls.ResultKind.UNVERIFIED
@@ -318,7 +319,7 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
             _finish_if_empty(s, lease)
         return Refused(e, shape.state)
     err_max = ERR_MAX.get(camp.family, ERR_MAX_DEFAULT)
-    kind = _kind(body, row, err_max)
+    kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
         raise Conflict(f"lease_id: lease {lease_id} expired; only a tuned result is still taken", "lease_id")
     verified = kind is ls.ResultKind.VERIFIED

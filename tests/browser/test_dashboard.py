@@ -25,7 +25,7 @@ def campaign(live_server):
     # tune three of four shapes with a real worker, then leave the last one queued
     out = subprocess.run([sys.executable, "-m", "workers", "--service", live_server.url, "--backend", "torch",
                           "--budget-s", "90", "--image-digest", DIGEST, "--worker-id", "browser-w", "--once",
-                          "--max-shapes", "3", "--max-batches", "1", "--repeats", "5"],
+                          "--max-shapes", "3", "--max-batches", "1", "--repeats", "5", "--min-improvement-pct", "-100"],
                          cwd=ROOT, env=dict(os.environ, TUNER_TOKEN=live_server.token("worker", "b")),
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr

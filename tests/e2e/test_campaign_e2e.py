@@ -24,7 +24,7 @@ def worker(url, wid, budget, *extra, token):
     env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=token)
     return subprocess.Popen([sys.executable, "-m", "workers", "--service", url, "--backend", "torch",
                              "--budget-s", str(budget), "--image-digest", DIGEST, "--worker-id", wid,
-                             "--repeats", "10", "--poll-s", "0.2", *extra],
+                             "--repeats", "10", "--poll-s", "0.2", "--min-improvement-pct", "-100", *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -457,7 +457,7 @@ class TorchBackend:
             return ShapeResult(sid, "failed", error="negative control passed: the error check cannot see errors",
                                **done, elapsed_s=time.monotonic() - t0, finished_at=now_iso())
         us = win.median * 1e6
-        helps = win.name != DEFAULT and row_helps(us, done["default_us"], self.min_improvement_pct)
+        helps = row_helps(us, done["default_us"], self.min_improvement_pct)  # the default itself: 0% gain
         row = self._row(batch.lease, shape, win, us) if helps else None
         return ShapeResult(sid, "ok" if helps else "default_best", row=row, us=us, err_ratio=win.err,
                            kernel_name=win.name, **done, elapsed_s=time.monotonic() - t0, finished_at=now_iso())
