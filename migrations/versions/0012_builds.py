@@ -1,15 +1,15 @@
 """builds: the compile lane's JIT build seconds per image and family
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 """
 from alembic import op
 import sqlalchemy as sa
 import app.db.models
 
 
-revision = '0011'
-down_revision = '0010'
+revision = '0012'
+down_revision = '0011'
 branch_labels = None
 depends_on = None
 
