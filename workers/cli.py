@@ -17,9 +17,11 @@ from workers.settings import WorkerSettings
 def make_backend(cfg: WorkerSettings, device: str):  # type: ignore[no-untyped-def]
     if cfg.backend == "torch":
         from workers.backends.torch_race import TorchBackend
-        return TorchBackend(device=device, repeats=cfg.repeats, candidate_limit_s=cfg.candidate_limit_s)
+        return TorchBackend(device=device, repeats=cfg.repeats, candidate_limit_s=cfg.candidate_limit_s,
+                            race=cfg.race, min_improvement_pct=cfg.min_improvement_pct)
     from workers.backends.aiter_tuner import AiterBackend
-    return AiterBackend(root=Path(cfg.aiter_root) if cfg.aiter_root else None)
+    return AiterBackend(root=Path(cfg.aiter_root) if cfg.aiter_root else None, two_phase=cfg.race == "halving",
+                        min_improvement_pct=cfg.min_improvement_pct)
 
 
 def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
@@ -47,8 +49,10 @@ def parser() -> argparse.ArgumentParser:
     for name, kind in (("gpu", int), ("budget_s", float), ("image_digest", str), ("worker_id", str),
                        ("aiter_root", str), ("aiter_commit", str), ("aiter_package", str), ("token", str),
                        ("max_batches", int), ("max_shapes", int), ("repeats", int), ("candidate_limit_s", float),
-                       ("poll_s", float), ("spool_dir", str)):
+                       ("poll_s", float), ("spool_dir", str), ("compile_budget_s", float),
+                       ("min_improvement_pct", float)):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=fields[name].description)
+    p.add_argument("--race", choices=["halving", "exhaustive"], help=fields["race"].description)
     p.add_argument("--once", action="store_true", default=None, help="exit when the service has no work")
     return p
 
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     worker_id = cfg.worker_id or default_worker_id(ident)
     client = ServiceClient(cfg.service_url, token=cfg.token)
     agent_cfg = AgentConfig(worker_id=worker_id, image_digest=cfg.image_digest, budget_s=cfg.budget_s,
+                            compile_budget_s=cfg.compile_budget_s,
                             aiter_commit=cfg.aiter_commit, once=bool(cfg.once), poll_s=cfg.poll_s,
                             max_batches=cfg.max_batches, max_shapes=cfg.max_shapes, spool_dir=cfg.spool_dir)
     agent = Agent(client, backend, ident, agent_cfg)

@@ -22,6 +22,12 @@ class WorkerSettings(BaseModel):
     service_url: str = "http://127.0.0.1:8000"
     gpu: int = Field(0, ge=0, description="GPU index (within HIP_VISIBLE_DEVICES); ignored without a GPU")
     budget_s: float = Field(300.0, gt=0, description="time budget of one leased batch")
+    compile_budget_s: float = Field(1800.0, ge=0, description="the compile lane's own budget: warming AITER's JIT "
+                                    "build per family, outside every lease (0: no lane)")
+    race: Literal["halving", "exhaustive"] = Field("halving", description="halving (torch: successive halving; "
+                                                   "aiter: screen, then confirm) or exhaustive (one full run)")
+    min_improvement_pct: float = Field(3.0, description="a row only past this gain over the default path "
+                                       "(AITER's --min_improvement_pct)")
     backend: Literal["aiter", "torch"] = "aiter"
     image_digest: str | None = Field(None, description="digest of the image this container runs")
     worker_id: str | None = Field(None, description="default: <host>-<device>, e.g. node3-cuda0 or vm1-cpu")
