@@ -1,15 +1,15 @@
 """builds: the compile lane's JIT build seconds per image and family
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 """
 from alembic import op
 import sqlalchemy as sa
 import app.db.models
 
 
-revision = '0012'
-down_revision = '0011'
+revision = '0013'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 
