@@ -59,7 +59,7 @@ def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: date
     """COPY into a temporary table, then one INSERT ... SELECT ... ON CONFLICT; xmax = 0 marks a new row.
     Rows go in key order so concurrent captures of overlapping shapes lock them in the same order."""
     with dbapi.cursor() as cur:
-        cur.execute("CREATE TEMP TABLE shape_in (shape_key text, shape text, calls integer, flops float8, "
+        cur.execute("CREATE TEMP TABLE shape_in (shape_key text, shape text, calls bigint, flops float8, "
                     "default_us float8, priority float8) ON COMMIT DROP")
         with cur.copy("COPY shape_in FROM STDIN") as cp:
             for key, shape, calls, f, us, pri in rows:
