@@ -164,12 +164,13 @@ class Agent:
 
     def needs_build(self, lease: dict[str, Any]) -> bool:
         return (self.cfg.compile_budget_s > 0 and hasattr(self.backend, "warm")
-                and lease["family"] not in self.warmed)
+                and getattr(self.backend, "builds", True) and lease["family"] not in self.warmed)
 
     def compile_lane(self, lease: dict[str, Any]) -> None:
-        """Before the first batch of a family: give the batch back untouched (uncounted), warm AITER's JIT build
-        on its first shape under the lane's own budget, post the build seconds, then lease again. A JIT build
-        that ran inside a lease would count against it and against the tuner's --timeout (ROCm/aiter#5264)."""
+        """Before the first batch of a family: give the batch back untouched (uncounted), warm the backend's
+        builds (AITER's JIT on its first shape; torch on a GPU: every Triton config) under the lane's own budget,
+        post the build seconds, then lease again. A JIT build that ran inside a lease would count against it and
+        against the tuner's --timeout (ROCm/aiter#5264)."""
         try:
             self.client.release(lease["lease_id"])
         except (LeaseLost, ServiceError) as e:

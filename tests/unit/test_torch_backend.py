@@ -32,7 +32,7 @@ def run(backend, lease, budget=60.0, stop=lambda: False):
 
 def test_races_real_kernels_and_emits_a_row_in_the_tuned_schema():
     """Without the default in the race there is no baseline: the winner's row goes in (AITER's no_baseline)."""
-    only = ["torch_addmm_out", "torch_splitk2_fp32acc", "torch_mm_bt_contig"]
+    only = ["torch_splitk4_fp32acc", "torch_splitk2_fp32acc", "torch_mm_bt_contig"]
     (res,) = run(TorchBackend(repeats=5, only=only), lease_for((16, 256, 512, True)))
     assert res.status == "ok", res.error
     assert {c["name"] for c in res.candidates} == set(only) and res.kernel_name in only
@@ -87,6 +87,76 @@ def test_a_tie_goes_to_the_default_and_no_row_is_emitted(monkeypatch):
     (res,) = run(TorchBackend(schedule=torch_race.Schedule(final=5, tie_floor=0.0, z=0.0)),
                  lease_for((8, 64, 128, False)))
     assert res.kernel_name == "faster" and res.status == "ok" and res.row["kernelName"] == "faster"
+
+
+def test_the_default_and_the_incumbent_survive_every_round_even_when_slowest(monkeypatch):
+    """The screen may drop anything but the default and the incumbent: they reach the final round (and the
+    tie rule) however slow they look. Guards `or e.name in protected` in TorchBackend._survivors."""
+    def rigged(a, b, bias, d):
+        def slow(name, s):
+            def run():
+                time.sleep(s)
+                return torch.nn.functional.linear(a, b, bias).to(d)
+            return torch_race.Candidate(name, "torch", 0, run)
+        fast = [torch_race.Candidate(f"fast{i}", "torch", 0, lambda: torch.nn.functional.linear(a, b, bias).to(d))
+                for i in range(8)]
+        return [slow("torch_linear", 0.02), slow("old_winner", 0.03), *fast]
+    monkeypatch.setattr(torch_race, "candidates", rigged)
+    lease = lease_for((8, 64, 128, False))
+    lease["shapes"][0]["incumbent"] = "old_winner"
+    (res,) = run(TorchBackend(repeats=4), lease)
+    by = {c["name"]: c for c in res.candidates}
+    rounds = len(torch_race.Schedule().rounds)
+    assert by["torch_linear"]["rounds"] == by["old_winner"]["rounds"] == rounds
+    assert res.race["finalists"] < len(res.candidates)  # the screen did drop others
+    assert res.default_us is not None and by["torch_linear"]["us"] == res.default_us
+
+
+def _entry(name, us, n=30, jitter=0.001):
+    e = torch_race.Entry(torch_race.Candidate(name, "torch", 0, lambda: None))
+    e.final = [us * 1e-6 * (1 + jitter * ((i % 5) - 2)) for i in range(n)]
+    e.err = 0.0
+    return e
+
+
+def test_with_the_shipped_schedule_a_gain_inside_noise_goes_to_the_default():
+    """The rule as shipped (no widened band): 0.6% faster than the default is a tie the default keeps, 3% is
+    a win; with an incumbent, the default still comes first. Guards the tie loop in TorchBackend._decide."""
+    backend = TorchBackend()
+    race = backend._decide(torch_race.Race([_entry("torch_linear", 100.0), _entry("x", 99.4)], "halving"),
+                           ["torch_linear"])
+    assert race.fastest.name == "x" and race.winner.name == "torch_linear"
+    race = backend._decide(torch_race.Race([_entry("torch_linear", 100.0), _entry("x", 97.0)], "halving"),
+                           ["torch_linear"])
+    assert race.winner.name == "x"
+    race = backend._decide(torch_race.Race([_entry("torch_linear", 100.0), _entry("inc", 99.6), _entry("x", 99.3)],
+                                           "halving"), ["torch_linear", "inc"])
+    assert race.winner.name == "torch_linear"
+
+
+def test_every_pass_samples_every_replay_once_in_a_fresh_order():
+    """Interleaved samples in a shuffled order, so no candidate always follows the same neighbour."""
+    seen: list[int] = []
+    replays = [((lambda i=i: seen.append(i)), 1) for i in range(6)]
+    got = torch_race.Timer(torch.device("cpu"), seed=1).sample(replays, 8)
+    assert [len(ts) for ts in got] == [8] * 6
+    passes = [tuple(seen[i:i + 6]) for i in range(0, len(seen), 6)]
+    assert all(sorted(p) == list(range(6)) for p in passes)
+    assert len(set(passes)) > 1
+
+
+def test_the_compile_lane_calls_every_candidate_once_per_dtype_and_bias(monkeypatch):
+    calls: list[tuple[str, bool]] = []
+
+    def rigged(a, b, bias, d):
+        return [torch_race.Candidate(n, "torch", 0, lambda n=n: calls.append((n, bias is not None)))
+                for n in ("torch_linear", "other")]
+    monkeypatch.setattr(torch_race, "candidates", rigged)
+    backend = TorchBackend()
+    assert not backend.builds  # nothing to build on a CPU: the agent runs no lane
+    report = backend.warm(lease_for((8, 64, 128, False), (16, 64, 128, True)), 60.0)
+    assert report["ok"] and sorted(calls) == sorted([("torch_linear", False), ("other", False),
+                                                     ("torch_linear", True), ("other", True)])
 
 
 def test_a_row_only_where_it_beats_the_default_by_the_margin():

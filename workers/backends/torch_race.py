@@ -14,6 +14,7 @@ compares against). Rows are written in the lease's tuned header.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -60,27 +61,23 @@ def _split_k_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, pa
 
 def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
                ) -> list[Candidate]:
-    m, n = a.shape[0], b.shape[0]
-    out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    """The library paths first (the default first of all), then, on a GPU, every Triton config. Each library
+    entry is a distinct call into BLAS. `torch.addmm(bias, a, b.t(), out=...)` is not one: F.linear on 2-D
+    input already makes that very call (at::addmm with a bias, at::matmul -> mm without; torch's
+    aten/src/ATen/native/Linear.cpp), so it raced the default's own kernel against itself and handed the race
+    a 1-2% placement difference as a win (H200 runs of benchmarks/early_stop.py, which lists the kernels each
+    library entry launches)."""
 
     def linear() -> torch.Tensor:
         return torch.nn.functional.linear(a, b, bias).to(out_dtype)
 
-    def addmm_out() -> torch.Tensor:
-        if bias is None:
-            torch.mm(a, b.t(), out=out)
-        else:
-            torch.addmm(bias, a, b.t(), out=out)
-        return out.to(out_dtype)
-
     bt = b.t().contiguous()
 
-    def mm_pretransposed() -> torch.Tensor:
+    def mm_pretransposed() -> torch.Tensor:  # the weight stored K x N: the NN layout, another BLAS kernel
         y = a @ bt
         return (y + bias if bias is not None else y).to(out_dtype)
 
-    cands = [Candidate(DEFAULT, "torch", 0, linear), Candidate("torch_addmm_out", "torch", 0, addmm_out),
-             Candidate("torch_mm_bt_contig", "torch", 0, mm_pretransposed)]
+    cands = [Candidate(DEFAULT, "torch", 0, linear), Candidate("torch_mm_bt_contig", "torch", 0, mm_pretransposed)]
     for parts in (2, 4):
         if a.shape[1] >= 64 * parts:
             cands.append(Candidate(f"torch_splitk{parts}_fp32acc", "torch", parts,
@@ -103,7 +100,9 @@ class Schedule:
     rounds: tuple[tuple[int, float], ...] = ((1, 0.15), (3, 0.25))
     final: int = 30
     floor: float = 0.01  # the narrowest band a round keeps (relative)
-    tie_floor: float = 0.005  # the narrowest band inside which the default (or incumbent) keeps a tie
+    # the narrowest band inside which the default (or incumbent) keeps a tie: a gain under 1% is not one a second
+    # race reproduces (benchmarks/early_stop.py prints how far kernel/default ratios move between two races)
+    tie_floor: float = 0.01
     z: float = 3.0
     protect_samples: int = 3
 
@@ -155,14 +154,18 @@ class Timer:
     Python launch overhead is not counted (AITER times device kernels with the profiler); eager calls are
     the fallback for a candidate that cannot be captured. Samples are recorded with events and read after
     one synchronise per batch, never one per sample. Every sample starts from a flushed L2 (outside the timed
-    window), so a sample's time does not depend on how many other candidates are being interleaved."""
+    window), so a sample's time does not depend on how many other candidates are being interleaved. The
+    round-robin order is shuffled on every pass: in a fixed order each candidate always follows the same
+    neighbour, and whatever that neighbour leaves behind (clocks, power, dirty lines) became a steady bias of
+    1-2% between candidates that run the very same kernel."""
 
     GRAPH_CALLS = 10
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, seed: int = 0):
         self.cuda = device.type == "cuda"
         self.device = device
         self._scrub: torch.Tensor | None = None
+        self._order = random.Random(seed)
 
     def _flush(self) -> None:
         if self._scrub is None:
@@ -182,18 +185,21 @@ class Timer:
         return fn, 1
 
     def sample(self, replays: list[tuple[Callable[[], Any], int]], n: int) -> list[list[float]]:
-        """n samples of each replay, round-robin; seconds per call."""
+        """n samples of each replay, round-robin in a fresh random order each pass; seconds per call."""
         out: list[list[float]] = [[] for _ in replays]
+        passes = [self._order.sample(range(len(replays)), len(replays)) for _ in range(n)]
         if not self.cuda:
-            for _ in range(n):
-                for i, (fn, calls) in enumerate(replays):
+            for order in passes:
+                for i in order:
+                    fn, calls = replays[i]
                     t0 = time.perf_counter()
                     fn()
                     out[i].append((time.perf_counter() - t0) / calls)
             return out
         marks = []
-        for _ in range(n):
-            for i, (fn, calls) in enumerate(replays):
+        for order in passes:
+            for i in order:
+                fn, calls = replays[i]
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 self._flush()
                 start.record()
@@ -272,7 +278,46 @@ class TorchBackend:
         self.kind = race  # halving | exhaustive
         self.schedule = schedule or Schedule(final=repeats)
         self.min_improvement_pct = min_improvement_pct
-        self.timer = Timer(self.device)
+        self.timer = Timer(self.device, seed)
+
+    @property
+    def builds(self) -> bool:
+        """Whether the compile lane has anything to build: Triton configs, on a GPU."""
+        if self.device.type != "cuda":
+            return False
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def warm(self, lease: dict[str, Any], budget_s: float, should_stop: Callable[[], bool] = lambda: False
+             ) -> dict[str, Any]:
+        """The compile lane (outside every lease): call every candidate once for each dtype of the lease's
+        shapes, with and without bias, so each Triton config compiles once per process here and never inside
+        a race (M is not specialised; triton_gemm.py). Returns the wire's build report fields."""
+        t0, failed, built = time.monotonic(), [], 0
+        kinds: dict[tuple[str, str], tuple[str, str]] = {}  # (dtype, outdtype) -> one shape's (N, K)
+        for item in lease["shapes"]:
+            s = item["shape"]
+            if s.get("dtype") in _DTYPES and s.get("outdtype") in _DTYPES:
+                kinds.setdefault((s["dtype"], s["outdtype"]), (s["N"], s["K"]))
+        for (dtype, outdtype), (n, k) in kinds.items():
+            for bias in ("False", "True"):
+                shape = {"M": "64", "N": n, "K": k, "bias": bias, "dtype": dtype, "outdtype": outdtype}
+                a, b, bv = self.inputs(shape)
+                for c in candidates(a, b, bv, _DTYPES[outdtype]):
+                    if should_stop() or time.monotonic() - t0 > budget_s:
+                        return {"seconds": time.monotonic() - t0, "ok": False,
+                                "output_tail": f"stopped after {built} builds"}
+                    try:
+                        c.fn()
+                        built += 1
+                    except Exception as ex:  # a config that cannot build fails its race later, not the lane
+                        failed.append(f"{c.name}: {type(ex).__name__}: {str(ex)[:200]}")
+        self.timer.sync()
+        tail = "\n".join([f"{built} candidate builds", *failed])[-20_000:]
+        return {"seconds": time.monotonic() - t0, "ok": not failed, "output_tail": tail}
 
     def run(self, batch: Batch, emit: Emit) -> None:
         for item in batch.lease["shapes"]:
