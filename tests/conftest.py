@@ -146,11 +146,13 @@ class LiveServer:
         return json.loads(out)["token"]
 
 
-def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None) -> LiveServer:
-    port = free_port()
+def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None, port: int | None = None,
+                 args: tuple[str, ...] = ()) -> LiveServer:
+    """port: a restart on the port workers already use; args: more `serve` flags (--access-log)."""
+    port = port or free_port()
     env = dict(os.environ, DATABASE_URL=db_url, TUNER_ADMIN_TOKEN=ADMIN, **(env_extra or {}))
     out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

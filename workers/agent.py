@@ -202,7 +202,7 @@ class Agent:
             out = self.client.post_result(lease_id, payload)
         except LeaseLost as e:  # dead lease, and another worker has the shape now (the service took what it could)
             self.stats.superseded += 1
-            log.warning("result for shape %s not taken: %s", sid, e)
+            log.warning("result for shape %s (lease %s) superseded, not taken: %s", sid, lease_id, e)
             self.spool.done(path)
             return False
         except Refused as e:
@@ -215,6 +215,7 @@ class Agent:
             self.stats.results.append({"shape_id": sid, "status": "refused", "field": e.field})
             return True
         self.spool.done(path)
+        log.info("result for shape %s (lease %s) delivered: result %s", sid, lease_id, out.get("result_id"))
         self.stats.posted += 1
         self.stats.results.append({"shape_id": sid, "status": payload.get("status"), **out})
         return True
@@ -243,6 +244,7 @@ class Agent:
             finished.add(res.shape_id)
             path = self.spool.put(lid, res.payload(self.backend.name, self.cfg.aiter_commit))
             self.stats.spooled += 1
+            log.info("shape %s finished (%s) for lease %s, spooled", res.shape_id, res.status, lid)
             try:
                 if not self._deliver(path, lid, json.loads(path.read_text())["payload"]):
                     hb.lost.set()  # the lease is dead: stop working on its shapes

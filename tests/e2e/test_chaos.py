@@ -1,0 +1,236 @@
+"""Chaos: a real server on a SQLite file and three real CPU workers (torch backend, GEMMs of 0.01-0.4 s) tune 200 shapes
+while workers are SIGKILLed (and restarted) and SIGSTOPped (and continued) at random, the server is killed -9
+and restarted on the same database, and another process holds the database's write lock for 75 s.
+
+Afterwards: every shape tuned exactly once (one verified result each), no finished result lost (each one a
+worker logged as spooled is in the database, or the worker was told another lease had tuned the shape), no
+shape parked, every worker alive until asked to stop, and no 5xx from the server but 503 (database busy).
+Select it with `-m chaos`; TUNER_CHAOS_SEED replays a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import DIGEST, ROOT, start_server
+from workers.identity import cpu_count
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
+
+N_SHAPES, N_WORKERS, LOCK_S = 200, 3, 75.0
+SERVER_ENV = {"TUNER_LEASE_TTL_S": "4", "TUNER_LEASE_GRACE_S": "20", "TUNER_MIN_IMPROVEMENT_PCT": "-100",
+              "TUNER_MAX_ATTEMPTS": "30"}  # chaos costs tries; none of it may park a shape
+FINISHED = re.compile(r"shape (\d+) finished \((\w+)\) for lease ([0-9a-f-]+), spooled")
+DELIVERED = re.compile(r"result for shape (\d+) \(lease ([0-9a-f-]+)\) delivered: result (\d+)")
+SUPERSEDED = re.compile(r"result for shape (\d+) \(lease ([0-9a-f-]+)\) superseded")
+ACCESS = re.compile(r'"[A-Z]+ (\S+) HTTP/[\d.]+" (\d{3})')
+
+
+@dataclass
+class Worker:
+    wid: str
+    proc: subprocess.Popen
+    stopped: bool = False
+
+
+@dataclass
+class Fleet:
+    """Worker processes by id; each (re)start logs to its own file, a restart keeps the id and its spool."""
+    url: str
+    token: str
+    tmp: Path
+    workers: dict[str, Worker] = field(default_factory=dict)
+    logs: list[Path] = field(default_factory=list)
+    kills: int = 0
+    stops: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def spool(self, wid: str) -> Path:
+        return self.tmp / "spool" / wid
+
+    def start(self, wid: str) -> None:
+        log = self.tmp / f"{wid}-{len(self.logs)}.log"
+        self.logs.append(log)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=self.token, OMP_NUM_THREADS="1")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers", "--service", self.url, "--backend", "torch", "--image-digest", DIGEST,
+             "--worker-id", wid, "--budget-s", "2", "--repeats", "3", "--poll-s", "0.2", "--compile-budget-s", "0",
+             "--min-improvement-pct", "-100", "--spool-dir", str(self.spool(wid))],
+            cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        self.workers[wid] = Worker(wid, proc)
+
+    def kill_and_restart(self, rng: random.Random) -> None:
+        with self.lock:
+            w = rng.choice([w for w in self.workers.values() if not w.stopped])
+            w.proc.send_signal(signal.SIGKILL)
+            w.proc.wait()
+            self.kills += 1
+        time.sleep(rng.uniform(0.2, 1.5))
+        with self.lock:
+            self.start(w.wid)
+
+    def stop_and_continue(self, rng: random.Random) -> None:
+        with self.lock:
+            w = rng.choice([w for w in self.workers.values() if not w.stopped])
+            w.proc.send_signal(signal.SIGSTOP)
+            w.stopped, self.stops = True, self.stops + 1
+        time.sleep(rng.uniform(1.0, 9.0))  # past the 4 s lease TTL about half the time
+        with self.lock:
+            w.proc.send_signal(signal.SIGCONT)
+            w.stopped = False
+
+    def continue_all(self) -> None:
+        with self.lock:
+            for w in self.workers.values():
+                w.proc.send_signal(signal.SIGCONT)
+                w.stopped = False
+
+
+def chaos(fleet: Fleet, rng: random.Random, until: threading.Event) -> None:
+    """A worker SIGKILLed or SIGSTOPped every 2-5 s, from several threads, so stops and kills overlap."""
+    threads = []
+    while not until.wait(rng.uniform(2.0, 5.0)):
+        act = fleet.kill_and_restart if rng.random() < 0.5 else fleet.stop_and_continue
+        t = threading.Thread(target=act, args=(random.Random(rng.random()),), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+
+
+def hold_write_lock(db: str, seconds: float, held: threading.Event) -> None:
+    """Another process's writer: BEGIN EXCLUSIVE for `seconds` (WAL readers go on, every writer waits)."""
+    conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    conn.execute("BEGIN EXCLUSIVE")
+    held.set()
+    time.sleep(seconds)
+    conn.execute("ROLLBACK")
+    conn.close()
+
+
+def progress(url: str, cid: int) -> dict:
+    try:
+        with httpx.Client(base_url=url, timeout=3) as c:
+            return c.get(f"/v1/campaigns/{cid}").json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def wait_for(pred, timeout: float, every: float = 0.5):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if v := pred():
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path):
+    seed = int(os.environ.get("TUNER_CHAOS_SEED") or random.randrange(2**32))
+    rng, t0 = random.Random(seed), time.monotonic()
+    db = tmp_path / "tuner.db"
+    srv = start_server(f"sqlite:///{db}", tmp_path / "server-0.log", SERVER_ENV, args=("--access-log",))
+    port, server_logs, restarts = int(srv.url.rsplit(":", 1)[1]), [tmp_path / "server-0.log"], 0
+    with srv.client() as c:
+        r = c.post("/v1/captures", json={"image_digest": DIGEST, "family": "bf16_gemm", "gfx": "cpu",
+                                         "cu_num": cpu_count(), "host": "chaos",
+                                         "shapes": [{"M": m, "N": 512, "K": 512} for m in range(1, N_SHAPES + 1)]})
+        assert r.status_code == 201, r.text
+        cid = r.json()["campaign_id"]
+    fleet = Fleet(srv.url, srv.token("worker", "chaos-pool", DIGEST), tmp_path)  # one token shared by the pool
+    for i in range(N_WORKERS):
+        fleet.start(f"chaos-{i}")
+    stop_chaos, lock_held = threading.Event(), threading.Event()
+    chaos_thread = threading.Thread(target=chaos, args=(fleet, random.Random(rng.random()), stop_chaos))
+    locker = None
+    try:
+        wait_for(lambda: progress(srv.url, cid).get("tuned", 0) >= 5, timeout=90)
+        chaos_thread.start()
+        time.sleep(rng.uniform(2, 6))
+        srv.proc.send_signal(signal.SIGKILL)  # the server dies mid-flight, restarts on the same file and port
+        srv.proc.wait()
+        time.sleep(1.5)
+        server_logs.append(tmp_path / "server-1.log")
+        srv = start_server(f"sqlite:///{db}", server_logs[-1], SERVER_ENV, port=port, args=("--access-log",))
+        restarts += 1
+        time.sleep(rng.uniform(2, 5))
+        tuned_at_lock = progress(srv.url, cid).get("tuned", 0)
+        locker = threading.Thread(target=hold_write_lock, args=(str(db), LOCK_S, lock_held))
+        locker.start()
+        assert lock_held.wait(10)
+        locker.join()
+        time.sleep(8)  # chaos goes on a while after the lock too
+        stop_chaos.set()
+        chaos_thread.join()
+        fleet.continue_all()
+        wait_for(lambda: progress(srv.url, cid).get("tuned") == N_SHAPES, timeout=240)
+        # spooled results of killed workers go out on their successors' next turns
+        wait_for(lambda: not list((tmp_path / "spool").glob("*/*.json")), timeout=30)
+        alive = {w.wid: w.proc.poll() is None for w in fleet.workers.values()}
+        for w in fleet.workers.values():
+            w.proc.send_signal(signal.SIGTERM)
+        codes = {w.wid: w.proc.wait(timeout=60) for w in fleet.workers.values()}
+    finally:
+        stop_chaos.set()
+        fleet.continue_all()
+        for w in fleet.workers.values():
+            if w.proc.poll() is None:
+                w.proc.kill()
+        srv.proc.terminate()
+        srv.proc.wait(timeout=30)
+    wall = time.monotonic() - t0
+
+    logs = "\n".join(p.read_text() for p in fleet.logs)
+    finished = {(int(s), lid) for s, _st, lid in FINISHED.findall(logs)}
+    delivered = {(int(s), lid) for s, lid, _r in DELIVERED.findall(logs)}
+    superseded = {(int(s), lid) for s, lid in SUPERSEDED.findall(logs)}
+    statuses = [int(code) for text in (p.read_text() for p in server_logs) for _path, code in ACCESS.findall(text)]
+    errors_5xx = [c for c in statuses if c >= 500]
+    with sqlite3.connect(db) as conn:
+        shapes = dict(conn.execute("SELECT id, state FROM shapes").fetchall())
+        max_attempts = conn.execute("SELECT max(attempts) FROM shapes").fetchone()[0]
+        stored = {(s, lid) for s, lid in conn.execute("SELECT shape_id, lease_id FROM results")}
+        tuned_by = conn.execute("SELECT shape_id, count(*) FROM results WHERE verified = 1 OR status = 'default_best' "
+                                "GROUP BY shape_id").fetchall()
+        verified = dict(conn.execute("SELECT shape_id, count(*) FROM results WHERE verified = 1 "
+                                     "GROUP BY shape_id").fetchall())
+    lost = (finished - superseded - stored) | (delivered - stored)
+    duplicates = sum(n - 1 for _s, n in tuned_by if n > 1)
+    print(f"\nchaos figures (seed {seed}; this machine: {os.cpu_count()}-core VM, no GPU, torch on CPU):\n"
+          f"  shapes {len(shapes)}, tuned {sum(st == 'tuned' for st in shapes.values())}, "
+          f"parked {sum(st == 'failed' for st in shapes.values())}, max attempts on a shape {max_attempts}\n"
+          f"  results stored {len(stored)}, verified {sum(verified.values())}, duplicates {duplicates}, "
+          f"finished by workers {len(finished)}, superseded (another lease tuned the shape) "
+          f"{len(superseded)}, lost {len(lost)}\n"
+          f"  workers {N_WORKERS}: SIGKILLs {fleet.kills} (each restarted), SIGSTOPs {fleet.stops}, worker starts "
+          f"{len(fleet.logs)}, alive at the end {sum(alive.values())}/{N_WORKERS}, exit codes on SIGTERM "
+          f"{sorted(codes.values())}\n"
+          f"  server kill -9 + restarts {restarts}, write lock held {LOCK_S:.0f} s (tuned when it began "
+          f"{tuned_at_lock}), requests {len(statuses)}, 5xx {len(errors_5xx)} (all 503: "
+          f"{all(c == 503 for c in errors_5xx)})\n"
+          f"  wall time {wall:.0f} s")
+
+    assert set(shapes.values()) == {"tuned"} and len(shapes) == N_SHAPES, "every shape tuned, none parked"
+    assert all(verified.get(sid) == 1 for sid in shapes) and duplicates == 0, "one verified result per shape"
+    assert not lost, f"finished results not in the database: {sorted(lost)[:10]}"
+    assert all(shapes[s] == "tuned" and (s, lid) not in stored for s, lid in superseded)
+    assert all(alive.values()) and set(codes.values()) == {0}, (alive, codes)
+    assert all(c == 503 for c in errors_5xx), f"5xx other than 503: {sorted(set(errors_5xx))}"
+    assert errors_5xx, "the write lock must have been felt (503s)"
+    assert fleet.kills >= 3 and fleet.stops >= 3 and "refused the result" not in logs
+    with_json = [json.loads(line) for line in logs.splitlines() if line.startswith('{"worker_id"')]
+    assert len(with_json) == N_WORKERS  # each surviving worker printed its summary
