@@ -70,6 +70,26 @@ def aiter_src() -> Path:
     return cached
 
 
+def aiter_tree_with(*rels: str) -> Path:
+    """AITER's sources holding the files rels: aiter_src() where it has them (../shared/aiter-src carries only part
+    of the tree), else the download of the same pinned commit. Skips loudly, as aiter_src() does, when neither has
+    them."""
+    src = aiter_src()
+    if all((src / r).exists() for r in rels):
+        return src
+    cached = ROOT / ".cache" / f"aiter-src-{AITER_COMMIT[:10]}"
+    if not cached.is_dir() and not _AITER_SRC_MISSING:
+        try:
+            _download_aiter_src(cached)
+        except Exception as e:  # noqa: BLE001 - any failure means: no sources, skip loudly
+            _AITER_SRC_MISSING.append(f"{', '.join(rels)}: {type(e).__name__}: {e}")
+    if all((cached / r).exists() for r in rels):
+        return cached
+    if not _AITER_SRC_MISSING:
+        _AITER_SRC_MISSING.append(f"{', '.join(rels)} not both in {src} and in {cached}")
+    pytest.skip(f"AITER's sources not found: {', '.join(rels)} ({_AITER_SRC_MISSING[0]})")
+
+
 @pytest.fixture(scope="session")
 def aiter_src_dir() -> Path:
     return aiter_src()

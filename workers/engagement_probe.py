@@ -65,22 +65,58 @@ def bf16_probe(tuned_gemm: Any) -> Probe:
     return probe
 
 
-def a8w8_probe(gemm_op_a8w8: Any, tuned_file: str, cpp_kernel: Callable[[dict], Any] | None = None) -> Probe:
-    """Python supplies splitK from its row; where the compiled table's kernel can be told (cpp_kernel), a hit
-    also needs that kernel to be the row's."""
-    if "get_GEMM_config_with_quant_type" in vars(gemm_op_a8w8):
-        def look(s):
-            return gemm_op_a8w8.get_GEMM_config_with_quant_type(int(s["M"]), int(s["N"]), int(s["K"]),
-                                                                _torch_dtype(s["q_dtype_w"]), tuned_file)
-    else:  # 0.1.7: keyed without q_dtype_w
-        def look(s):
-            return gemm_op_a8w8.get_CKGEMM_config(int(s["M"]), int(s["N"]), int(s["K"]), tuned_file)
+def libtype_dispatch(op_source: str, op: str) -> tuple[dict[str, bool], str]:
+    """How AITER's op uses the row its lookup returned, read from the op's own code: the libtypes it compares the
+    row's libtype with (True where that branch also needs is_flydsl_available()), and what any other libtype
+    gets: "fails" where the chain ends in `assert 0`, else "default" (it falls through to the default kernel)."""
+    import ast
+    fn = next(n for n in ast.walk(ast.parse(op_source)) if isinstance(n, ast.FunctionDef) and n.name == op)
+
+    def is_libtype(e: ast.AST) -> bool:
+        return (isinstance(e, ast.Name) and e.id == "libtype") or (
+            isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and e.slice.value == "libtype")
+    runs: dict[str, bool] = {}
+    other = "default"
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.If):
+            continue
+        names = [c.comparators[0].value for c in ast.walk(node.test) if isinstance(c, ast.Compare)
+                 and is_libtype(c.left) and isinstance(c.ops[0], ast.Eq) and isinstance(c.comparators[0], ast.Constant)]
+        if not names:
+            continue
+        flydsl = any(isinstance(c, ast.Call) and getattr(c.func, "id", "") == "is_flydsl_available"
+                     for c in ast.walk(node.test))
+        runs.update({n: flydsl for n in names})
+        if any(isinstance(x, ast.Assert) and isinstance(x.test, ast.Constant) and not x.test.value
+               for x in node.orelse):
+            other = "fails"
+    return runs, other
+
+
+def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
+                 cpp_kernel: Callable[[dict], Any] | None = None, op_source: str | None = None) -> Probe:
+    """Any lookup whose arguments family.aiter_args names (the GEMM families). Where the op dispatches on the
+    row's libtype (family.aiter_op), a hit needs the op to run that libtype (libtype_dispatch, from the op's
+    source); where the compiled table's kernel can be told (cpp_kernel), it must be the row's (Python supplies
+    only splitK)."""
+    runs, other = (libtype_dispatch(op_source, family.aiter_op) if family.aiter_op and op_source
+                   else ({}, "hit"))
+
+    def arg(s: dict, a: str) -> Any:
+        if a == "@file":
+            return tuned_file
+        return _torch_dtype(s[a]) if a == "q_dtype_w" else int(s[a])
 
     def probe(s):
-        cfg = look(s)
+        cfg = fn(*(arg(s, a) for a in family.aiter_args))
         hit = cfg is not None
+        # another op reads these rows without a libtype switch (int8 bpreshuffle rows: gemm_a8w8_ASM)
+        other_op = any(s.get(c) == v for c, v in family.libtype_use_unless)
+        if hit and runs and not other_op:
+            lt = str(cfg.get("libtype"))
+            hit = (lt in runs and (flydsl or not runs[lt])) or (lt not in runs and other == "hit")
         if hit and cpp_kernel is not None:
-            hit = cpp_kernel(s) == int(cfg["kernelId"])
+            hit = cpp_kernel(s, cfg) == int(cfg["kernelId"])
         return hit, cfg
     return probe
 
@@ -113,19 +149,21 @@ def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool
     return probe
 
 
-def cpp_padding(csrc: Path) -> Callable[[int], int] | None:
-    """The compiled a8w8 table's own M padding, cut verbatim out of rowwise_dispatch (ck_gemm_a8w8/gemm_a8w8.cu:
-    nextPow2 and the `int padded_m = M; ...` block) and built with g++; None without g++ or the source."""
-    path = csrc / "ck_gemm_a8w8" / "gemm_a8w8.cu"
-    if not path.exists():
+def _cpp_block(csrc: Path, family: Any) -> tuple[str, str] | None:
+    """nextPow2 and the `int padded_m = M; ...` block of the compiled dispatch, cut verbatim (gemm_a8w8.cu
+    rowwise_dispatch; batched_gemm_*.cu batched_rowwise_dispatch: the tuner script's folder)."""
+    folder = family.tuner_script.split("/")[1] if family.tuner_script else "ck_gemm_a8w8"
+    path = next(iter(sorted((csrc / folder).glob("*.cu"), key=lambda p: "tune" in p.name)), None) \
+        if (csrc / folder).is_dir() else None
+    if path is None:
         return None
     text = path.read_text()
     pow2 = re.search(r"static constexpr int nextPow2\(unsigned int num\)\s*\{.*?\n\}", text, re.S)
     block = re.search(r"(int padded_m\s*=\s*M;.*?)\n\s*// Second check", text, re.S)
-    if pow2 is None or block is None:
-        return None
-    src = ("#include <climits>\n" + pow2.group(0) + '\nextern "C" int cppPaddedM(int M) {\n'
-           + block.group(1) + "\n  return padded_m;\n}\n")
+    return None if pow2 is None or block is None else (pow2.group(0), block.group(1))
+
+
+def _cc(src: str, symbol: str) -> Any:
     out = Path(tempfile.gettempdir()) / f"aiter_cpp_padding_{hashlib.sha256(src.encode()).hexdigest()[:12]}.so"
     if not out.exists():
         c = out.with_suffix(f".{os.getpid()}.cpp")
@@ -137,41 +175,67 @@ def cpp_padding(csrc: Path) -> Callable[[int], int] | None:
         except (OSError, subprocess.SubprocessError):
             return None
         os.replace(tmp, out)
-    lib = ctypes.CDLL(str(out))
-    lib.cppPaddedM.argtypes = [ctypes.c_int]
-    lib.cppPaddedM.restype = ctypes.c_int
-    return lib.cppPaddedM
+    fn = getattr(ctypes.CDLL(str(out)), symbol)
+    fn.restype = ctypes.c_int
+    return fn
 
 
-def cpp_kernel_of(chip_info: Any, tuned_file: str, gfx: str, cu_num: int, padded: Callable[[int], int]
-                  ) -> Callable[[dict], Any]:
-    """Which kernelId the compiled a8w8 table runs: AITER's build_tune_dict over the resolved CSV (0.1.7: its
-    gen_instances' plain cu_num-filtered (M,N,K) dict), then rowwise_dispatch's exact-then-padded find."""
+def cpp_tries(csrc: Path, family: Any) -> Callable[[int, int, int], list[int]] | None:
+    """The compiled table's M tries for (M, N, K), from AITER's C++ built with g++: family.cpp_padding "ck" cuts
+    the dispatch's own padding block; "gemm" is getPaddedM (py_itfs_cu/gemm_common.cu) gl0 then gl1, as
+    gemm_a8w8_bpreshuffle.cu:137-159 calls it. None without g++ or the source."""
+    if family.cpp_padding == "gemm":
+        path = csrc / "py_itfs_cu" / "gemm_common.cu"
+        if not path.exists():
+            return None
+        body = path.read_text().replace('#include "gemm_common.h"', "")
+        fn = _cc('#include <climits>\nextern "C" int getPaddedM(int M, int N, int K, int gl);\n' + body, "getPaddedM")
+        if fn is None:
+            return None
+        fn.argtypes = [ctypes.c_int] * 4
+        return lambda m, n, k: [m, fn(m, n, k, 0), fn(m, n, k, 1)]
+    cut = _cpp_block(csrc, family)
+    if cut is None:
+        return None
+    fn = _cc("#include <climits>\n" + cut[0] + '\nextern "C" int cppPaddedM(int M) {\n' + cut[1]
+             + "\n  return padded_m;\n}\n", "cppPaddedM")
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_int]
+    return lambda m, n, k: [m, fn(m)]
+
+
+def cpp_kernel_of(chip_info: Any, family: Any, tuned_file: str, gfx: str, cu_num: int,
+                  tries: Callable[[int, int, int], list[int]], libtype: str | None) -> Callable[[dict, dict], Any]:
+    """Which kernelId the compiled table runs: AITER's build_tune_dict (build_tune_dict_batched for B-keyed
+    tables; the libtype filter its gen_instances passes) over the resolved CSV (0.1.7: its gen_instances' plain
+    cu_num-filtered (M,N,K) dict), then the dispatch's exact-then-padded find."""
     import pandas as pd
     df = pd.read_csv(tuned_file)
 
     class Ids(dict):
         def get(self, k, default=None):
             return int(k)
-    build = vars(chip_info).get("build_tune_dict")
+    batched = "B" in family.cpp_key
+    build = vars(chip_info).get("build_tune_dict_batched" if batched else "build_tune_dict")
     if callable(build) and "gfx" in df.columns:
-        table = build(df, {}, Ids())
+        table = build(df, {}, Ids(), libtype=libtype)
         head: tuple = (gfx, cu_num)
     else:
         table = {(int(r["M"]), int(r["N"]), int(r["K"])): int(r["kernelId"])
                  for _, r in df.iterrows() if int(r["cu_num"]) == cu_num}
         head = ()
 
-    def kernel(s):
+    def kernel(s, cfg):
+        if libtype is not None and cfg.get("libtype") != libtype:
+            return int(cfg["kernelId"])  # another library runs this row: the compiled table is not consulted
         M, N, K = int(s["M"]), int(s["N"]), int(s["K"])
-        for m in (M, padded(M)):
-            if head + (m, N, K) in table:
-                return table[head + (m, N, K)]
+        b = (int(s["B"]),) if batched else ()
+        for m in tries(M, N, K):
+            if head + b + (m, N, K) in table:
+                return table[head + b + (m, N, K)]
         return None
     return kernel
-
-
-PROBES = {"get_GEMM_A16W16_config": "bf16", "get_GEMM_config_with_quant_type": "a8w8", "get_2stage_cfgs": "fmoe"}
 
 
 def resolved_file(core: Any, attr: str) -> str:
@@ -185,13 +249,25 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     """load('aiter/x.py') -> that module of the AITER at hand; enums: where ActivationType/QuantType live."""
     path, fn = family.aiter_lookup.split(":")
     mod = load(path)
-    kind = PROBES[fn]
-    if kind == "bf16":
+    if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
-    if kind == "fmoe":
+    if fn == "get_2stage_cfgs":
         return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl)
     cpp = None
-    pad = cpp_padding(csrc) if family.cpp_key is not None and csrc is not None else None
-    if pad is not None:
-        cpp = cpp_kernel_of(load("aiter/jit/utils/chip_info.py"), tuned_file, gfx, cu_num, pad)
-    return a8w8_probe(mod, tuned_file, cpp)
+    tries = cpp_tries(csrc, family) if family.cpp_key is not None and csrc is not None else None
+    if tries is not None:
+        cpp = cpp_kernel_of(load("aiter/jit/utils/chip_info.py"), family, tuned_file, gfx, cu_num, tries,
+                            compiled_libtype(csrc, family))
+    op_source = None
+    if family.aiter_op:  # the file AITER's lookup was compiled from holds the op
+        op_source = Path(inspect.unwrap(vars(mod)[fn]).__code__.co_filename).read_text()
+    return lookup_probe(vars(mod)[fn], family, tuned_file, flydsl, cpp, op_source)
+
+
+def compiled_libtype(csrc: Path, family: Any) -> str | None:
+    """The libtype the module's gen_instances.py builds its table from (build_tune_dict(..., libtype="ck"))."""
+    folder = family.tuner_script.split("/")[1] if family.tuner_script else ""
+    gen = csrc / folder / "gen_instances.py"
+    m = re.search(r"build_tune_dict(?:_batched)?\((?:[^()]|\([^()]*\))*?libtype=\"(\w+)\"", gen.read_text()) \
+        if gen.exists() else None
+    return m.group(1) if m else None

@@ -101,13 +101,24 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             row = index.get(k)
             if row is None:
                 continue
-            if is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored":
+            if is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored" and not family.other_op(shape):
                 if family.flydsl_miss == "skip":  # tuned_gemm.py:163-177: next padded-M candidate
                     skipped.append(m)
                     continue
+                if family.flydsl_miss == "default":
+                    res = ShapeEngagement(raw, False, tried, m, row, reason=(
+                        "FlyDSL row, but flydsl is not importable in the serving image: the op falls back to its "
+                        "default kernel"))
+                    break
                 res = ShapeEngagement(raw, False, tried, m, row, reason=(
                     "FlyDSL row, but flydsl is not importable in the serving image: AITER has no fallback and "
                     "raises in the MoE stage"), fails=True)
+                break
+            use = row_use(family, shape, row)
+            if use != "hit":
+                res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=(
+                    f"the op does not run a {row.get('libtype')!r} row: it "
+                    + ("raises" if use == "fails" else "falls back to its default kernel")))
                 break
             res = ShapeEngagement(raw, True, tried, m, row)
             if cpp is not None:
@@ -123,15 +134,23 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     return out
 
 
+def row_use(family: TableFamily, shape: dict[str, str], row: dict[str, str]) -> str:
+    """What the op does with the row its lookup returned: "hit", "default" or "fails" (family.libtype_use)."""
+    if not family.libtype_use or family.other_op(shape):
+        return "hit"
+    return dict(family.libtype_use).get(str(row.get("libtype", "")), family.libtype_other)
+
+
 def _cpp_index(family: TableFamily, gfx: str, cu_num: int, rows: list[dict[str, str]]) -> dict | None:
-    """build_tune_dict: rows of the build target only, a plain dict, so the last row of a key wins."""
+    """build_tune_dict: rows of the build target (and the compiled libtype) only, a plain dict, so the last row
+    of a key wins."""
     if family.cpp_key is None:
         return None
     cols = ("gfx", "cu_num") if "gfx" in family.cpp_key else ("cu_num",)  # the build target's rows only
     target = row_key(cols, {"gfx": gfx, "cu_num": str(cu_num)})
     index = {}
     for r in rows:
-        if row_key(cols, r) != target:
+        if row_key(cols, r) != target or (family.cpp_libtype and r.get("libtype") != family.cpp_libtype):
             continue
         index[row_key(family.cpp_key, r)] = r
     return index
@@ -139,15 +158,16 @@ def _cpp_index(family: TableFamily, gfx: str, cu_num: int, rows: list[dict[str, 
 
 def _check_cpp(family: TableFamily, cpp: dict, gfx: str, cu_num: int, res: ShapeEngagement) -> None:
     """Python takes splitK from its row; the kernel the compiled C++ table runs must be that row's."""
-    assert family.cpp_key is not None
+    assert family.cpp_key is not None and res.row is not None
+    if family.cpp_libtype and res.row.get("libtype") != family.cpp_libtype:
+        return  # another library runs this row; the compiled table is not consulted
     mcol = family.m_column or "M"
-    raw = int(res.shape[mcol])
+    tries = cpp_m_candidates(family, res.shape)
     row = None
-    for m in cpp_m_candidates(raw):
+    for m in tries:
         row = cpp.get(row_key(family.cpp_key, dict(res.shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
         if row is not None:
             break
-    assert res.row is not None
     if row is not None and row.get("kernelId") == res.row.get("kernelId"):
         return
     res.hit = False
@@ -159,7 +179,7 @@ def _check_cpp(family: TableFamily, cpp: dict, gfx: str, cu_num: int, res: Shape
     else:
         where = "no row (its heuristic kernel)"
     res.reason = (f"Python takes splitK from the row at {mcol}={res.matched_m} (kernelId {res.row.get('kernelId')}), "
-                  f"but the compiled C++ table (padding {cpp_m_candidates(raw)}, key {','.join(family.cpp_key)}) "
+                  f"but the compiled C++ table (padding {tries}, key {','.join(family.cpp_key)}) "
                   f"runs the kernel of {where}: a mismatched pair; tune the row at the M both sides look up")
 
 

@@ -96,7 +96,8 @@ class TableFamily:
     # with a WARNING (gemm_op_a8w8.py:509-525); bf16's set_index(["gfx", ...]) raises instead
     gfx_optional: bool = False
     dropped_rows: tuple[tuple[str, str], ...] = ()  # (column, value) rows the loader drops
-    # a FlyDSL row where flydsl is absent: "skip" to the next M, "fails" (no fallback), "ignored" (not checked)
+    # a FlyDSL row where flydsl is absent: "skip" to the next M, "fails" (no fallback), "default" (the op runs its
+    # default kernel, no next-M retry), "ignored" (not checked)
     flydsl_miss: str = "skip"
     # cells that must be filled in a deployed row, and (column, value) rows that are exempt from a column
     filled: tuple[str, ...] = ("kernelName", "libtype")
@@ -115,6 +116,29 @@ class TableFamily:
     aiter_lookup: str | None = None
     aiter_file_attr: str | None = None
     dim_bounds: tuple[tuple[str, int, int], ...] = DIM_BOUNDS  # (column, min, max) of captured sizes
+    # what the generic probe passes AITER's lookup, in order: a column (as int), "q_dtype_w" (a torch dtype),
+    # "@file" (the table AITER resolved); empty for the lookups with a probe of their own (bf16, fmoe)
+    aiter_args: tuple[str, ...] = ()
+    # the op (in the lookup's file) that dispatches on the row's libtype; what it does is libtype_use below
+    aiter_op: str | None = None
+    # what the op does with the row its lookup returned, by the row's libtype (the op's dispatch after the
+    # lookup, e.g. gemm_op_a8w8.py:739-750): "hit" runs the row, "default" falls back to the op's default kernel,
+    # "fails" raises (an assert); a libtype not listed gets libtype_other. Not applied to shapes that match
+    # libtype_use_unless (another op reads the same table: int8 bpreshuffle rows go to gemm_a8w8_ASM, :621-640)
+    libtype_use: tuple[tuple[str, str], ...] = ()
+    libtype_other: str = "hit"
+    libtype_use_unless: tuple[tuple[str, str], ...] = ()
+    # the compiled table's M tries: "ck" exact then 16 / nextPow2 / 20480 (gemm_a8w8.cu rowwise_dispatch,
+    # batched_gemm_*.cu), "gemm" getPaddedM gl0 then gl1 (gemm_a8w8_bpreshuffle.cu:137-159); and the one libtype
+    # its rows are built from (build_tune_dict(libtype=...), gen_instances.py)
+    cpp_padding: str = "ck"
+    cpp_libtype: str | None = None
+    # an error ratio above this is not a valid winner (the tuner's --errRatio default: GEMM 0.05, MoE 0.1)
+    err_max: float = 0.05
+    # headers seen in released tables besides tuned_header, with the key columns that release's loader indexes
+    # on ("" = understood by its columns); shape-only untuned headers the tuner accepts (missing flags default)
+    tuned_variants: tuple[tuple[str, str], ...] = ()
+    untuned_variants: tuple[str, ...] = ()
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -123,6 +147,10 @@ class TableFamily:
             if out.get(col) == captured:
                 out[col] = used
         return out
+
+    def other_op(self, shape: dict[str, str]) -> bool:
+        """The shape is served by another op that reads this table without a libtype switch."""
+        return any(shape.get(c) == v for c, v in self.libtype_use_unless)
 
     def unfilled(self, row: dict[str, str]) -> list[str]:
         exempt = {c for c, when, val in self.filled_unless if str(row.get(when, "")).strip() == val}
@@ -143,6 +171,18 @@ _CK_RESULT = "kernelId,splitK,us,kernelName,tflops,bw,errRatio"
 _FMOE_SHAPE = _h("token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
                  "doweight_stage1")
 _FMOE_KEY = ("gfx", "cu_num") + _FMOE_SHAPE
+# Headers of released tables other than a family's tuned_header. "0.1.7" is the amd-aiter 0.1.7.post2 wheel (Nov
+# 2025): no gfx column anywhere, bf16 with cu_num after scaleAB and no bpreshuffle, a8w8 keyed without q_dtype_w
+# (its tuned_gemm.py:62, ops/gemm_op_a8w8.py:220/:254, ops/gemm_op_a4w4.py:40, ops/batched_gemm_op_*.py,
+# fused_moe.py:527).
+_CK_OLD = "cu_num,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio"
+_CK_OLD_VARIANT = ((_CK_OLD, "cu_num,M,N,K"),)
+_BATCHED_OLD_VARIANT = (("cu_num,B,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio", "cu_num,B,M,N,K"),)
+_FMOE_OLD_KEYS = ("cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,"
+                  "use_g1u1,doweight_stage1")
+_FMOE_HEAD = _FMOE_OLD_KEYS + ",block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage"
+# a CK GEMM lookup (gemm_op_a8w8.py get_CKGEMM_config, gemm_op_a4w4.py get_GEMM_config): M,N,K and the table
+_MNK_FILE = ("M", "N", "K", "@file")
 
 FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
     TableFamily(
@@ -158,7 +198,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
         shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),
-                        ("dtype", "torch.bfloat16"), ("outdtype", "dtype"))),
+                        ("dtype", "torch.bfloat16"), ("outdtype", "dtype")),
+        tuned_variants=(("M,N,K,bias,dtype,outdtype,scaleAB,cu_num,libtype,solidx,splitK,us,kernelName,err_ratio,"
+                         "tflops,bw", "cu_num,M,N,K,bias,dtype,outdtype,scaleAB"),),
+        untuned_variants=("M,N,K,bias,dtype,outdtype,scaleAB", "M,N,K")),
     TableFamily(
         name="a8w8_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8",
         tuned_file="a8w8_tuned_gemm.csv", untuned_file="a8w8_untuned_gemm.csv",
@@ -167,20 +210,37 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True, filled=("kernelName",),
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
         cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
-        aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE",
-        math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
+        aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
+        tuned_variants=_CK_OLD_VARIANT, math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
         tuned_file="a8w8_bpreshuffle_tuned_gemm.csv", untuned_file="a8w8_bpreshuffle_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True,
+        aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
+        aiter_file_attr="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
+        # gemm_a8w8_bpreshuffle (fp8, :739-750): ck, cktile and (FlyDSL importable) flydsl rows run; any other
+        # libtype, or flydsl without FlyDSL, falls through to the default ck kernel, no next-M retry. int8 rows
+        # are gemm_a8w8_ASM's (:621-640), which runs any row it finds.
+        aiter_op="gemm_a8w8_bpreshuffle",
+        libtype_use=(("ck", "hit"), ("cktile", "hit"), ("flydsl", "hit")), libtype_other="default",
+        libtype_use_unless=(("q_dtype_w", "torch.int8"),), flydsl_miss="default",
+        # ck rows also pick the kernel in the compiled (gfx,cu_num,M,N,K) table, padded as Python pads
+        cpp_key=_GEMM_KEY, cpp_padding="gemm", cpp_libtype="ck",
+        tuned_variants=(("cu_num,M,N,K,q_dtype_w,kernelId,splitK,us,kernelName,tflops,bw,errRatio",
+                         "cu_num,M,N,K,q_dtype_w"),),
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle_tune.py"),
     TableFamily(
         name="a8w8_blockscale_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
         tuned_file="a8w8_blockscale_tuned_gemm.csv", untuned_file="a8w8_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
+        aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config", aiter_args=_MNK_FILE,
+        aiter_file_attr="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_FILE",
+        # gemm_a8w8_blockscale (:839-866): ck and cktile rows run (by kernelName); any other libtype asserts
+        aiter_op="gemm_a8w8_blockscale",
+        libtype_use=(("ck", "hit"), ("cktile", "hit")), libtype_other="fails", tuned_variants=_CK_OLD_VARIANT,
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
     TableFamily(
         name="a8w8_blockscale_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",
@@ -188,6 +248,14 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         untuned_file="a8w8_blockscale_bpreshuffle_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
+        aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config", aiter_args=_MNK_FILE,
+        aiter_file_attr="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_FILE",
+        # gemm_a8w8_blockscale_bpreshuffle (:1021-1081): triton, cktile, ck, asm, opus and (FlyDSL importable)
+        # flydsl rows run; anything else falls through to the default ck kernel
+        aiter_op="gemm_a8w8_blockscale_bpreshuffle",
+        libtype_use=tuple((t, "hit") for t in ("triton", "cktile", "ck", "asm", "opus", "flydsl")),
+        libtype_other="default", flydsl_miss="default", tuned_variants=_CK_OLD_VARIANT,
+        untuned_variants=("M,N,K,q_dtype_w",),
         # --preshuffle swaps the output default inside run(): always pass -o (aiter-tuning.md 5.1)
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py",
         tuner_args=("--preshuffle",)),
@@ -196,6 +264,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_file="a4w4_blockscale_tuned_gemm.csv", untuned_file="a4w4_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
+        aiter_lookup="aiter/ops/gemm_op_a4w4.py:get_GEMM_config", aiter_args=("M", "N", "K"),
+        aiter_file_attr="AITER_CONFIG_GEMM_A4W4_FILE", tuned_variants=_CK_OLD_VARIANT,
         math="fp4", tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py"),
     TableFamily(
         name="a8w8_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_A8W8_BATCHED_GEMM",
@@ -203,6 +273,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
         padding="exact", compiled=True, math="fp8", filled=("kernelName",), cpp_key=_h("gfx,cu_num,B,M,N,K"),
+        aiter_lookup="aiter/ops/batched_gemm_op_a8w8.py:get_CKBatchedGEMM_config", aiter_args=("B", "M", "N", "K"),
+        aiter_file_attr="AITER_CONFIG_A8W8_BATCHED_GEMM_FILE", tuned_variants=_BATCHED_OLD_VARIANT,
         tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
     TableFamily(
         name="bf16_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_BF16_BATCHED_GEMM",
@@ -210,6 +282,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
         padding="exact", compiled=True, filled=("kernelName",), cpp_key=_h("gfx,cu_num,B,M,N,K"),
+        aiter_lookup="aiter/ops/batched_gemm_op_bf16.py:get_CKBatchedGEMM_config", aiter_args=("B", "M", "N", "K"),
+        aiter_file_attr="AITER_CONFIG_BF16_BATCHED_GEMM_FILE", tuned_variants=_BATCHED_OLD_VARIANT,
         tuner_script="csrc/ck_batched_gemm_bf16/batched_gemm_bf16_tune.py"),
     TableFamily(
         # fp8 e8m0 mxscale BMM: lowercase columns, no cu_num, no shipped default or untuned file
@@ -218,6 +292,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         untuned_file="batched_gemm_a8w8_blockscale_mxscale_untuned.csv",
         tuned_header=_h("gfx,b,m,n,k,libtype," + _CK_RESULT), untuned_header=_h("b,m,n,k"),
         key_columns=_h("gfx,b,m,n,k"), shape_columns=_h("b,m,n,k"), m_column="m", compiled=True,
+        aiter_lookup="aiter/ops/batched_gemm_op_a8w8.py:lookup_mxscale_bmm_config", aiter_args=("b", "m", "n", "k"),
+        aiter_file_attr="AITER_CONFIG_BATCHED_GEMM_A8W8_BLOCKSCALE_MXSCALE_FILE",
+        err_max=0.02,  # opus_bmm_mxscale_tune.py:32
         math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py"),
     TableFamily(
         name="fmoe", gfx_optional=True, env_var="AITER_CONFIG_FMOE",
@@ -233,7 +310,13 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         dropped_rows=(("_tag", "flydsl_fallback"),), flydsl_miss="fails", overlay_first=True,
         filled=("kernelName1", "kernelName2"), filled_unless=(("kernelName2", "run_1stage", "1"),),
         remaps=(("q_type", "QuantType.per_128x128", "QuantType.per_1x128"),),
-        aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_file_attr="AITER_CONFIG_FMOE_FILE",
+        aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_file_attr="AITER_CONFIG_FMOE_FILE", err_max=0.1,
+        tuned_variants=(
+            (_FMOE_HEAD + ",tflops,bw", _FMOE_OLD_KEYS),
+            # the current release's own default and model_configs files (gfx backfilled from cu_num)
+            (_FMOE_HEAD + ",tflops,bw,_tag", ""), (_FMOE_HEAD + ",tflops,bw,xbf16,_tag", ""),
+            (_FMOE_HEAD + ",xbf16,tflops,bw,_tag", ""), (_FMOE_HEAD + ",xbf16,flat,tflops,bw,_tag", ""),
+            ("gfx," + _FMOE_HEAD + ",xbf16,flat,tflops,bw,_tag", "")),
         deploy_notes=("fused_moe_dp_shared_expert.py reads aiter/configs/tuned_fmoe.csv directly and ignores the "
                       "env var; rows that differ from a shipped row only in act_type are matched first-wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py"),
@@ -247,7 +330,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_FMOE_KEY + _h("shared_expert_id,hidden_pad,intermediate_pad,gate_mode"),
         shape_columns=_FMOE_SHAPE + _h("shared_expert_id,hidden_pad,intermediate_pad,gate_mode"),
         m_column="token", padding="moe_exact", time_column=None, err_columns=(),  # no us, no tuner
-        duplicate_keys="raise", backfill_gfx=True, filled=("kernelName1", "kernelName2"),
+        duplicate_keys="raise", backfill_gfx=True, filled=("kernelName1", "kernelName2"), err_max=0.1,
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
         name="grouped_fmoe", env_var="AITER_CONFIG_GROUPED_FMOE",
@@ -262,7 +345,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,"
                        "q_type"),
         shape_columns=_FMOE_SHAPE + ("gate_mode",), m_column="token", padding="moe", err_columns=(),
-        gfx_source="get_gfx", duplicate_keys="first", filled=("kernelName1", "kernelName2"),
+        gfx_source="get_gfx", duplicate_keys="first", filled=("kernelName1", "kernelName2"), err_max=0.1,
         deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "
                       "wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py", tuner_args=("--grouped-gemm",)),
@@ -276,7 +359,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,H,Hg,V,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,total_chunks,"
                        "max_seq_chunks"),
         shape_columns=_h("H,Hg,V,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,total_chunks,max_seq_chunks"),
-        m_column=None, padding="exact", err_columns=(), tuner_script="csrc/gdn_k5/chunk_gdn_h_opt_tune.py"),
+        m_column=None, padding="exact", err_columns=(), tuner_script="csrc/gdn_k5/chunk_gdn_h_opt_tune.py",
+        untuned_variants=("dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs",)),
 ]}
 
 
@@ -296,6 +380,8 @@ class AiterRelease:
     model_configs_suffix: str = ".csv"  # the model_configs glob: *<merge name>*<suffix>
     default_files: tuple[tuple[str, str], ...] = ()  # (family, default file name) when not family.tuned_file
     no_untuned_file: tuple[str, ...] = ("a8w8_blockscale_mxscale_batched_gemm",)  # merged without any dedup
+    # families whose op calls the Python lookup only to log it: the compiled table alone picks the kernel
+    lookup_unused: tuple[str, ...] = ()
     overrides: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = field(default=())
 
     def family(self, name: str) -> TableFamily:
@@ -323,10 +409,21 @@ RELEASE_0_1_7 = AiterRelease(
     model_configs_suffix="",
     # core.py:183-186: the bf16 default is aiter/configs/tuned_gemm.csv, a file the wheel does not ship
     default_files=(("bf16_gemm", "tuned_gemm.csv"),),
+    lookup_unused=("a8w8_bpreshuffle_gemm", "a8w8_blockscale_gemm", "a8w8_blockscale_bpreshuffle_gemm"),
     overrides=(
         ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"))),  # no FlyDSL check in its lookup
-        # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}
-        ("a8w8_gemm", (("cpp_key", ("M", "N", "K")),)),
+        # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}; Python
+        # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242)
+        ("a8w8_gemm", (("cpp_key", ("M", "N", "K")), ("aiter_lookup", "aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config"),
+                       ("aiter_args", _MNK_FILE))),
+        # batched: tables without gfx; the compiled table is taken to key {B, M, N, K} over the device's cu_num rows
+        # as a8w8's does (its .cu is not in what the tests unpack from the wheel: modelled, not executed)
+        ("a8w8_batched_gemm", (("cpp_key", ("B", "M", "N", "K")),)),
+        ("bf16_batched_gemm", (("cpp_key", ("B", "M", "N", "K")),)),
+        # ops/gemm_op_a8w8.py:409-411, :466-467, :512: these ops call the lookup and drop its row
+        ("a8w8_bpreshuffle_gemm", (("aiter_lookup", "aiter/ops/gemm_op_a8w8.py:get_bpreshuffle_GEMM_config"),
+                                   ("padding", "exact"), ("libtype_use", ()), ("aiter_op", None),
+                                   ("cpp_key", None))),
         # fused_moe.py:505-580: str(activation) in the key, no dedup (set_index().to_dict raises on a repeat),
         # no gfx, tokens padded 16 / nextPow2 / 1024 (get_padded_M :484-492)
         ("fmoe", (("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),

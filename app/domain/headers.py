@@ -1,8 +1,8 @@
 """Table schemas: the headers AITER releases write, and how an unseen header is understood.
 
-A family's definition (families.py) is the header ROCm/aiter writes today. Older releases and model_configs
-files use other headers (the fmoe default has no gfx and ends in _tag; a late-2025 bf16 table had no gfx and
-no bpreshuffle). A schema is the header of one image's own table: column order for output, plus the key
+A family's definition (families.py) is the header ROCm/aiter writes today plus the other headers of released
+tables (TableFamily.tuned_variants: the fmoe default has no gfx and ends in _tag; a late-2025 bf16 table had no
+gfx and no bpreshuffle). A schema is the header of one image's own table: column order for output, plus the key
 columns the family's loader indexes on that are present in it.
 """
 
@@ -12,40 +12,6 @@ from dataclasses import dataclass
 
 from app.domain.families import TableFamily
 
-# Headers seen in released tables besides each family's current one, with the key columns that release's
-# loader indexes on. "0.1.7" is the amd-aiter 0.1.7.post2 wheel (Nov 2025): no gfx column anywhere, bf16 with
-# cu_num after scaleAB and no bpreshuffle, a8w8 keyed without q_dtype_w (its tuned_gemm.py:62,
-# ops/gemm_op_a8w8.py:220/:254, ops/gemm_op_a4w4.py:40, ops/batched_gemm_op_*.py, fused_moe.py:527).
-_CK_OLD = "cu_num,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio"
-_FMOE_OLD_KEYS = ("cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,"
-                  "use_g1u1,doweight_stage1")
-_FMOE_HEAD = _FMOE_OLD_KEYS + ",block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage"
-KNOWN_TUNED_VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {  # family -> ((header, key columns), ...)
-    "bf16_gemm": (("M,N,K,bias,dtype,outdtype,scaleAB,cu_num,libtype,solidx,splitK,us,kernelName,err_ratio,tflops,"
-                   "bw", "cu_num,M,N,K,bias,dtype,outdtype,scaleAB"),),
-    "a8w8_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
-    "a8w8_bpreshuffle_gemm": (("cu_num,M,N,K,q_dtype_w,kernelId,splitK,us,kernelName,tflops,bw,errRatio",
-                               "cu_num,M,N,K,q_dtype_w"),),
-    "a8w8_blockscale_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
-    "a8w8_blockscale_bpreshuffle_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
-    "a4w4_blockscale_gemm": ((_CK_OLD, "cu_num,M,N,K"),),
-    "a8w8_batched_gemm": (("cu_num,B,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio", "cu_num,B,M,N,K"),),
-    "bf16_batched_gemm": (("cu_num,B,M,N,K,kernelId,splitK,us,kernelName,tflops,bw,errRatio", "cu_num,B,M,N,K"),),
-    "fmoe": (
-        (_FMOE_HEAD + ",tflops,bw", _FMOE_OLD_KEYS),
-        # the current release's own default and model_configs files (gfx backfilled from cu_num)
-        (_FMOE_HEAD + ",tflops,bw,_tag", ""), (_FMOE_HEAD + ",tflops,bw,xbf16,_tag", ""),
-        (_FMOE_HEAD + ",xbf16,tflops,bw,_tag", ""), (_FMOE_HEAD + ",xbf16,flat,tflops,bw,_tag", ""),
-        ("gfx," + _FMOE_HEAD + ",xbf16,flat,tflops,bw,_tag", ""),
-    ),
-}
-
-# Shape-only untuned inputs the tuners accept (missing flag columns take the tuner's defaults).
-KNOWN_UNTUNED_VARIANTS: dict[str, tuple[str, ...]] = {
-    "bf16_gemm": ("M,N,K,bias,dtype,outdtype,scaleAB", "M,N,K"),
-    "a8w8_blockscale_bpreshuffle_gemm": ("M,N,K,q_dtype_w",),
-    "gdn_k5_opt": ("dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs",),
-}
 
 class HeaderError(ValueError):
     def __init__(self, family: str, missing: list[str], header: tuple[str, ...]):
@@ -77,18 +43,18 @@ def parse_header_line(line: str) -> tuple[str, ...]:
 
 
 def known_tuned_headers(family: TableFamily) -> list[tuple[str, ...]]:
-    return [family.tuned_header] + [tuple(h.split(",")) for h, _ in KNOWN_TUNED_VARIANTS.get(family.name, ())]
+    return [family.tuned_header] + [tuple(h.split(",")) for h, _ in family.tuned_variants]
 
 
 def _known_keys(family: TableFamily, header: tuple[str, ...]) -> tuple[str, ...] | None:
-    for h, keys in KNOWN_TUNED_VARIANTS.get(family.name, ()):
+    for h, keys in family.tuned_variants:
         if tuple(h.split(",")) == header and keys:
             return tuple(keys.split(","))
     return None
 
 
 def known_untuned_headers(family: TableFamily) -> list[tuple[str, ...]]:
-    return [family.untuned_header] + [tuple(h.split(",")) for h in KNOWN_UNTUNED_VARIANTS.get(family.name, ())]
+    return [family.untuned_header] + [tuple(h.split(",")) for h in family.untuned_variants]
 
 
 def tuned_schema(family: TableFamily, header: tuple[str, ...]) -> Schema:

@@ -80,9 +80,14 @@ def lookup_keys(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_
     return out
 
 
-def cpp_m_candidates(m: int) -> list[int]:
-    """The compiled CK table's M tries: exact, then 16 / nextPow2<=16384 / 20480 (csrc/ck_gemm_a8w8/gemm_a8w8.cu
-    rowwise_dispatch, csrc/ck_batched_gemm_*/batched_gemm_*.cu:102-116); families say so with cpp_key."""
+def cpp_m_candidates(family: TableFamily, shape: dict[str, str]) -> list[int]:
+    """The compiled CK table's M tries (family.cpp_padding). "ck": exact, then 16 / nextPow2<=16384 / 20480
+    (csrc/ck_gemm_a8w8/gemm_a8w8.cu rowwise_dispatch, csrc/ck_batched_gemm_*/batched_gemm_*.cu:102-116); "gemm":
+    exact, then getPaddedM gl0 and gl1 (csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle.cu:137-159)."""
+    m = int(shape[family.m_column or "M"])
+    if family.cpp_padding == "gemm":
+        n = int(shape.get("N", shape.get("n", "0")))
+        return list(dict.fromkeys([m, padded_m(m, n, 0), padded_m(m, n, 1)]))
     if 1 < m <= 16:
         padded = 16
     elif m <= 16384:

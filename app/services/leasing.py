@@ -26,10 +26,6 @@ from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 from app.ttl_cache import TTLCache
 
-# An error ratio above this is not a valid winner (AITER's --errRatio defaults: GEMM 0.05, MoE cosine 0.1).
-ERR_MAX = {"fmoe": 0.1, "fhmoe": 0.1, "grouped_fmoe": 0.1}
-ERR_MAX_DEFAULT = 0.05
-
 
 def shape_facts(sh: CampaignShape) -> ls.ShapeFacts:
     return ls.ShapeFacts(ls.ShapeState(sh.state), sh.attempts, sh.attempts_base or 0, sh.lease_id, sh.last_error)
@@ -318,7 +314,7 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
             set_shape(shape, ls.result_refused(shape_facts(shape), lease.id, e.detail, settings.max_attempts))
             _finish_if_empty(s, lease)
         return Refused(e, shape.state)
-    err_max = ERR_MAX.get(camp.family, ERR_MAX_DEFAULT)
+    err_max = get_family(camp.family).err_max
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
         raise Conflict(f"lease_id: lease {lease_id} expired; only a tuned result is still taken", "lease_id")

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
+from app.domain.families import get_family
 from workers.backends.base import Batch, Emit, ShapeResult, now_iso, row_helps
 
 _DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32}
-ERR_MAX = 0.05  # AITER's GEMM --errRatio default
+ERR_MAX = get_family("bf16_gemm").err_max  # the only family this backend races
 DEFAULT = "torch_linear"  # F.linear: the library path an untuned shape takes
 
 
