@@ -38,6 +38,16 @@ ENUM_VALUES = {
 }
 
 
+# Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
+# EP-agnostic rows AITER ships (grouped_moe_gfx1250.py:1032-1033); every other integer cell is non-negative.
+_MINUS_ONE_COLS = {"topk"}
+
+
+def int_floor(col: str) -> int:
+    """The smallest value an integer cell of this column takes in AITER's tables."""
+    return -1 if col in _MINUS_ONE_COLS else 0
+
+
 def column_kind(col: str) -> str:
     if col in _INT_COLS:
         return INT
@@ -116,6 +126,8 @@ class TableFamily:
     aiter_lookup: str | None = None
     aiter_file_attr: str | None = None
     dim_bounds: tuple[tuple[str, int, int], ...] = DIM_BOUNDS  # (column, min, max) of captured sizes
+    # (column, value) cells outside dim_bounds that the lookup keys on as they are (grouped fmoe's EP topk=-1)
+    sentinels: tuple[tuple[str, str], ...] = ()
     # what the generic probe passes AITER's lookup, in order: a column (as int), "q_dtype_w" (a torch dtype),
     # "@file" (the table AITER resolved); empty for the lookups with a probe of their own (bf16, fmoe)
     aiter_args: tuple[str, ...] = ()
@@ -346,6 +358,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                        "q_type"),
         shape_columns=_FMOE_SHAPE + ("gate_mode",), m_column="token", padding="moe", err_columns=(),
         gfx_source="get_gfx", duplicate_keys="first", filled=("kernelName1", "kernelName2"), err_max=0.1,
+        sentinels=(("topk", "-1"),),  # an expert-parallel call (grouped_moe_gfx1250.py:1032-1033)
         deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "
                       "wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py", tuner_args=("--grouped-gemm",)),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from app.domain.families import (BOOL, BOOL01, DTYPE, DTYPES, ENUM, ENUM_VALUES, INT, TableFamily, column_kind,
-                                 enum_prefix)
+                                 enum_prefix, int_floor)
 
 MAX_DIM = 1 << 31  # a dimension past int32 is a typo, not a shape
 
@@ -69,8 +69,8 @@ def _cell(col: str, raw: object) -> str:
             v = int(str(raw).strip()) if not isinstance(raw, float) else int(raw)
         except ValueError:
             raise _Bad(f"expected a non-negative integer, got {raw!r}") from None
-        if v < 0 or v > MAX_DIM:
-            raise _Bad(f"expected an integer in [0, {MAX_DIM}], got {v}")
+        if v < int_floor(col) or v > MAX_DIM:
+            raise _Bad(f"expected an integer in [{int_floor(col)}, {MAX_DIM}], got {v}")
         return str(v)
     if kind == BOOL:
         return "True" if _truthy(raw) else "False"
@@ -114,7 +114,7 @@ def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape"
             values.append((col, cell(col, v, f"{where}.{col}")))
     got = dict(values)
     for col, lo, hi in family.dim_bounds:
-        if col in got and not lo <= int(got[col]) <= hi:
+        if col in got and not lo <= int(got[col]) <= hi and (col, got[col]) not in family.sentinels:
             raise ShapeError(f"{where}.{col}", f"{got[col]} is outside {family.name}'s range [{lo}, {hi}]")
     if family.remaps:  # stored as AITER looks it up (and as its tuner writes it)
         values = list(family.remap(dict(values)).items())
@@ -133,5 +133,5 @@ def flops(family: TableFamily, shape: dict[str, str]) -> float:
         return 2.0 * g.get("b", 1) * g["m"] * g["n"] * g["k"]
     if "token" in g:
         mats = 3 if g.get("use_g1u1", 1) else 2  # gate+up then down
-        return 2.0 * g["token"] * g["topk"] * g["model_dim"] * g["inter_dim"] * mats
+        return 2.0 * g["token"] * g.get("topk", 1) * g["model_dim"] * g["inter_dim"] * mats  # EP topk=-1: 1
     return float(math.prod(v for v in g.values() if v > 0) or 1)

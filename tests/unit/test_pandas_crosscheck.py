@@ -27,7 +27,7 @@ def _family(path):
 def _cell(col, raw):
     try:
         return cell(col, raw, col)
-    except ShapeError:  # both readings must refuse the same cells too (an empty cu_num, grouped fmoe's topk=-1)
+    except ShapeError:  # both readings must refuse the same cells too (an empty cu_num)
         return "refused"
 
 
@@ -48,3 +48,21 @@ def test_csv_and_pandas_read_the_same_rows_and_key_cells(path):
             a = _cell(col, mine[col])
             b = _cell(col, "" if pd.isna(v) else v)
             assert a == b, (path.name, i + 2, col, mine[col], v)
+
+
+def test_grouped_fmoe_ep_rows_parse_as_aiter_keys_them():
+    """AITER looks an expert-parallel grouped MoE call up with topk=-1 (grouped_moe_gfx1250.py:1032-1033): its
+    shipped EP rows are keys, and a captured EP shape is one; an fmoe shape has no such topk."""
+    from app.domain.families import get_family
+    from app.domain.shapes import make_shape
+    rows = read_table((CONFIGS / "tuned_grouped_fmoe.csv").read_text()).rows
+    assert any(r["topk"] == "-1" for r in rows), "the fixture keeps AITER's EP rows"
+    assert cell("topk", "-1", "topk") == "-1"
+    fam = get_family("grouped_fmoe")
+    shape = {c: rows[0][c] for c in fam.shape_columns if c in rows[0]} | {"topk": "-1", "gate_mode": "GateMode.SEPARATED"}
+    assert make_shape(fam, shape).as_dict()["topk"] == "-1"
+    fmoe = get_family("fmoe")
+    with pytest.raises(ShapeError):
+        make_shape(fmoe, {c: v for c, v in shape.items() if c in fmoe.shape_columns})
+    with pytest.raises(ShapeError):
+        cell("topk", "-2", "topk")
