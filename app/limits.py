@@ -12,9 +12,12 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send)
+        declared = next((v for k, v in scope.get("headers") or () if k == b"content-length"), None)
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                return await self._reject(send)
+            # the server reads no more than a declared length: only a chunked body needs counting
+            return await self.app(scope, receive, send)
         seen = 0
 
         async def limited():  # type: ignore[no-untyped-def]

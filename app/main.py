@@ -34,8 +34,8 @@ async def _sweep_forever(db: Database, settings: Settings) -> None:
     from sqlalchemy.exc import OperationalError
 
     def sweep() -> None:
-        with db.session() as s:
-            leasing.sweep_expired(s, settings)
+        with db.plain() as p:
+            leasing.sweep_expired(p, settings)
 
     while True:
         await asyncio.sleep(max(1.0, settings.lease_ttl_s / 3))
@@ -85,7 +85,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.state.settings, app.state.db = settings, db
     app.state.token_cache = TTLCache(settings.token_cache_s)
     errors.install(app, settings.retry_after_s, web.not_found_page)
-    for r in (health.router, captures.router, leases.router, campaigns.router, overlays.router, token_routes.router,
+    # the lease routes first: the fleet's requests match at the first routes tried
+    for r in (leases.router, health.router, captures.router, campaigns.router, overlays.router, token_routes.router,
               web.router):
         app.include_router(r)
     app.mount("/static", StaticFiles(directory=str(web.STATIC)), name="static")

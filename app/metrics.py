@@ -66,6 +66,7 @@ class _DbCollector:
 class LatencyMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app, self.metrics = app, metrics
+        self._children: dict[tuple, object] = {}  # bounded: routes x closed methods x status codes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -80,6 +81,9 @@ class LatencyMiddleware:
             await self.app(scope, receive, wrapped)
         finally:
             route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            self.metrics.latency.labels(bounded(scope["method"], METHODS), path,
-                                        status_class(status["code"])).observe(time.perf_counter() - t0)
+            key = (bounded(scope["method"], METHODS), getattr(route, "path", None) or "unmatched",
+                   status_class(status["code"]))
+            child = self._children.get(key)
+            if child is None:  # one labelled child per (method, route, status): looked up once
+                child = self._children[key] = self.metrics.latency.labels(*key)
+            child.observe(time.perf_counter() - t0)

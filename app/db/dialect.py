@@ -1,13 +1,16 @@
-"""The only place that knows SQLite from PostgreSQL: the bulk shape upsert and the lease lock."""
+"""The only place that knows SQLite from PostgreSQL: the bulk shape upsert, the lease lock, and the lease routes'
+statements as each driver runs them."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections import namedtuple
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import lru_cache
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import CampaignShape
@@ -72,6 +75,123 @@ def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: date
     return int(new)
 
 
-def lock_for_lease(q: Select) -> Select:
-    """Rows a lease takes: SKIP LOCKED on PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE."""
-    return q.with_for_update(skip_locked=True)
+def db_key(engine: Engine) -> str:
+    """One name per database, whichever engine (SQLite's reader or writer) reaches it."""
+    return engine.url.render_as_string()
+
+
+# ---- the lease routes' statements as the driver runs them ------------------------------------------------------
+# A statement through SQLAlchemy costs ~50 us of Python around a ~2 us SQLite call, and a lease+release is nine
+# of them: the lease, heartbeat, release and sweep paths run these instead (app/services/leasing.py), written
+# once with :name placeholders; ${...} marks what differs by engine.
+
+_SHAPE_FACTS = "id, shape, calls, state, attempts, attempts_base, lease_id, last_error"
+_LEASE_COLS = "id, state, expires_at, hard_deadline, token_id, worker_id, campaign_id"
+_WORKER_SEEN = ("image_digest = :image_digest, gfx = :gfx, cu_num = :cu_num, host = :host, "
+                "backends = ${json:backends}, aiter_commit = :aiter_commit, last_seen_at = :now")
+PLAIN_SQL = {
+    "touch_worker": f"UPDATE workers SET {_WORKER_SEEN} WHERE id = :wid",
+    "touch_own_worker": f"UPDATE workers SET {_WORKER_SEEN} WHERE id = :wid AND (token_id IS NULL OR token_id = :tok)",
+    "worker_exists": "SELECT 1 FROM workers WHERE id = :wid",
+    "add_worker": "INSERT INTO workers (id, image_digest, gfx, cu_num, host, backends, aiter_commit, first_seen_at, "
+                  "last_seen_at, token_id) VALUES (:wid, :image_digest, :gfx, :cu_num, :host, ${json:backends}, "
+                  ":aiter_commit, :now, :now, :tok)",
+    "worker_seen": "UPDATE workers SET last_seen_at = :now WHERE id = :wid",
+    # an identity's campaigns, each with its top queued priority: one ix_shapes_queue seek per campaign
+    "campaigns": "SELECT c.id, c.family, c.image_digest, c.gfx, c.cu_num, (SELECT s.priority FROM shapes s "
+                 "WHERE s.campaign_id = c.id AND s.state = 'queued' ORDER BY s.priority DESC LIMIT 1) AS top "
+                 "FROM campaigns c WHERE c.image_digest = :digest AND c.gfx = :gfx AND c.cu_num = :cu",
+    # the next n of a campaign's queue: one ix_shapes_queue range
+    "pick": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE campaign_id = :cid AND state = 'queued' "
+            "ORDER BY priority DESC, id LIMIT :n${skip_locked}",
+    "held": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE lease_id = :lid AND state = 'leased'",
+    # one shape's transition, guarded by the state it was read in
+    "write_shape": "UPDATE shapes SET state = :state, attempts = :attempts, attempts_base = :base, "
+                   "lease_id = :lease, last_error = :error, updated_at = :now WHERE id = :id AND state = :was",
+    "add_lease": "INSERT INTO leases (id, worker_id, campaign_id, backend, token_id, budget_s, created_at, "
+                 "heartbeat_at, hard_deadline, expires_at, state) VALUES (:id, :wid, :cid, :backend, :tok, "
+                 ":budget_s, :now, :now, :hard, :exp, :state)",
+    "lease": f"SELECT {_LEASE_COLS} FROM leases WHERE id = :lid",
+    "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now",
+    "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
+    "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",
+    "costs": "SELECT r.elapsed_s FROM results r JOIN shapes s ON s.id = r.shape_id WHERE s.campaign_id = :cid "
+             "AND r.backend = :backend AND r.elapsed_s IS NOT NULL ORDER BY r.id DESC LIMIT 200",
+    "headers": "SELECT path, header FROM image_tables WHERE image_digest = :digest AND family = :family "
+               "AND kind = :kind ORDER BY path",
+}
+
+
+def _render(sql: str, pg: bool) -> str:
+    sql = sql.replace("${skip_locked}", " FOR UPDATE SKIP LOCKED" if pg else "")
+    sql = re.sub(r"\$\{json:(\w+)\}", r"CAST(:\1 AS json)" if pg else r":\1", sql)
+    return re.sub(r":(\w+)", r"%(\1)s", sql) if pg else sql
+
+
+_RENDERED = {pg: {k: _render(v, pg) for k, v in PLAIN_SQL.items()} for pg in (False, True)}
+_LEASE_ROW = namedtuple("_LEASE_ROW", _LEASE_COLS.split(", "))
+_SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", "))
+_CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num top")
+
+
+class Plain:
+    """PLAIN_SQL on a driver connection inside a transaction someone else opened (Database.plain, or a session's
+    own, Plain.of), with the value conversions SQLAlchemy's column types would do: SQLite keeps UTC datetimes as
+    'YYYY-MM-DD HH:MM:SS.ffffff' text and JSON as text, PostgreSQL's driver converts both itself."""
+
+    def __init__(self, dbapi, pg: bool, key: str):  # type: ignore[no-untyped-def]
+        """key: names the database, for per-database caches."""
+        self.dbapi, self.pg, self.key, self._sql = dbapi, pg, key, _RENDERED[pg]
+
+    @classmethod
+    def of(cls, s: Session | Plain) -> Plain:
+        """In the session's transaction (flush the session first where it holds changes these statements read)."""
+        if isinstance(s, Plain):
+            return s
+        conn = s.connection()
+        return cls(conn.connection.dbapi_connection, conn.dialect.name == "postgresql", db_key(conn.engine))
+
+    def _cur(self, name: str, params: dict):  # type: ignore[no-untyped-def]
+        cur = self.dbapi.cursor()
+        cur.execute(self._sql[name], params)
+        return cur
+
+    def rows(self, name: str, params: dict) -> list[tuple]:
+        cur = self._cur(name, params)
+        try:
+            return cur.fetchall()
+        finally:
+            cur.close()
+
+    def run(self, name: str, params: dict) -> int:
+        """Rows the statement changed."""
+        cur = self._cur(name, params)
+        n = cur.rowcount
+        cur.close()
+        return n
+
+    def run_each(self, name: str, seq: list[dict]) -> int:
+        return sum(self.run(name, p) for p in seq)
+
+    # conversions
+    def stamp(self, when: datetime) -> object:
+        return when if self.pg else _bind("sqlite")(when)
+
+    def when(self, value) -> datetime:  # type: ignore[no-untyped-def]
+        return value if self.pg else datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
+
+    def doc(self, value):  # type: ignore[no-untyped-def]
+        return value if self.pg or value is None else json.loads(value)
+
+    def to_doc(self, value) -> str:  # type: ignore[no-untyped-def]
+        return json.dumps(value)
+
+    # typed rows
+    def lease_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
+        return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in self.rows(name, params)]
+
+    def shape_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
+        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:]) for r in self.rows(name, params)]
+
+    def campaign_rows(self, params: dict) -> list:  # type: ignore[type-arg]
+        return [_CAMPAIGN_ROW(*r) for r in self.rows("campaigns", params)]

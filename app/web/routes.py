@@ -8,15 +8,15 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.background import BackgroundTask
 from sqlalchemy import func, select
 
 from app.api.deps import DbDep, IdPath, SettingsDep
 from app.auth import ReadAuth
 from app.domain.families import get_family
-from app.services import campaigns, engagement, overlays, verifications
+from app.services import campaigns, engagement, overlays, page_totals, verifications
 from app.domain.roofline import processor
 from app.db.models import EngagementProof
-from app.ttl_cache import TTLCache
 from app.web.plots import coverage_svg
 
 router = APIRouter(include_in_schema=False)
@@ -60,9 +60,9 @@ def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> R
     return _page(request, "index.html", {"images": list(images.values())})
 
 
-# The predicted verdict checks every captured shape (seconds at 100k shapes): the page and its live refresh
-# reuse it for 30 s instead of recomputing it every 5 s per viewer.
-_VERDICTS = TTLCache(30.0, maxsize=256)
+# The predicted totals check every captured shape (seconds at 100k shapes): a large campaign's page checks only
+# the shapes it lists and takes the totals from a count made off the request (app/services/page_totals.py).
+_TOTALS = page_totals.PageTotals()
 
 
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
@@ -75,15 +75,24 @@ def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: Se
         fam = get_family(summary["family"])
         name = overlays.overlay_filename(fam, summary["image_digest"])
         checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
-        # kept while the campaign's counts and its latest proof stand (a result, capture or proof moves them)
-        key = (db, campaign_id, tuple(summary[k] for k in ("shapes", *campaigns.STATES)),
-               s.scalar(select(func.max(EngagementProof.id)).where(EngagementProof.campaign_id == campaign_id)))
-        verdict = _VERDICTS.get(key) or _VERDICTS.put(key, engagement.page_summary(s, campaign_id))
-    return _page(request, "campaign.html", {"verifications": checks, "verdict": verdict,
+        start_count = None
+        if summary["shapes"] <= page_totals.INLINE_MAX:
+            verdict = engagement.page_summary(s, campaign_id)
+        else:
+            verdict = engagement.page_summary(s, campaign_id, listed=shapes)
+            # the campaign's version: its counts and latest proof (a result, capture or proof moves them)
+            version = (tuple(summary[k] for k in ("shapes", *campaigns.STATES)), s.scalar(
+                select(func.max(EngagementProof.id)).where(EngagementProof.campaign_id == campaign_id)))
+            start_count = _TOTALS.fill(verdict, db, campaign_id, version)
+        verdict["shapes"] = summary["shapes"]
+    page = _page(request, "campaign.html", {"verifications": checks, "verdict": verdict,
         "c": summary, "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
         "env_line": f"{fam.env_var}=/overlays/{name}",
         "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
         "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"})
+    if start_count is not None:  # after the page is sent
+        page.background = BackgroundTask(start_count)
+    return page
 
 
 @router.get("/campaigns/{campaign_id}/coverage.svg")

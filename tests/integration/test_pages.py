@@ -52,3 +52,41 @@ def test_campaign_page_links_the_next_page_and_answers_304_until_it_changes(clie
     assert lease(client, max_shapes=1).status_code == 200
     changed = client.get(f"/campaigns/{cid}", params={"partial": 1}, headers={"If-None-Match": tag})
     assert changed.status_code == 200 and changed.headers["etag"] != tag
+
+
+def test_a_large_campaign_page_checks_only_its_listed_shapes_and_counts_the_totals_off_the_request(client,
+                                                                                                    monkeypatch):
+    import re
+    import threading
+    import time
+
+    from app.domain import engagement as eng
+    from app.services import page_totals
+    from tests.integration.test_leasing_api import ok_row, plausible_us
+
+    cid = capture(client, [{"M": m, "N": 64, "K": 64} for m in range(1, 206)]).json()["campaign_id"]
+    body = lease(client, max_shapes=3, budget_s=1000).json()
+    for item in body["shapes"]:
+        r = client.post(f"/v1/leases/{body['lease_id']}/results",
+                        json=ok_row(body, item, plausible_us(body, item, 2.0)))
+        assert r.status_code == 200, r.text
+    predicted = re.compile(r'id="predicted">.*?(\(counting\)|\d+)(?:</i>)?\s+of (\d+) captured', re.S)
+    inline = predicted.search(client.get(f"/campaigns/{cid}").text).groups()  # small enough: counted in place
+    assert inline[1] == "205" and int(inline[0]) >= 3
+
+    checked: list[tuple[str, int]] = []
+    real = eng.check
+    monkeypatch.setattr(eng, "check", lambda *a, **k: checked.append(
+        (threading.current_thread().name, len(a[4]))) or real(*a, **k))
+    monkeypatch.setattr(page_totals, "INLINE_MAX", 100)
+    first = client.get(f"/campaigns/{cid}").text
+    assert predicted.search(first).groups() == ("(counting)", "205")
+    assert first.count('class="shape"') == 200  # its own verdicts: the shapes it lists
+    in_request = [n for name, n in checked if not name.startswith("page-totals")]
+    assert in_request == [200], checked  # never every shape within the request
+    deadline = time.monotonic() + 30
+    while (now := predicted.search(client.get(f"/campaigns/{cid}").text).groups())[0] == "(counting)":
+        assert time.monotonic() < deadline, "the count never landed"
+        time.sleep(0.1)
+    assert now == inline  # the background count is the same count
+    assert ("page-totals-%d" % cid, 205) in checked

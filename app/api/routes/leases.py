@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 
 from app.api.deps import DbDep, SettingsDep
 from app.auth import Principal, WorkerAuth
@@ -21,19 +22,25 @@ IDLE_HEADER = "X-Tuner-Idle-Reason"
              responses={204: {"description": f"no work for this identity; the {IDLE_HEADER} header says why"}})
 def lease(body: LeaseIn, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> LeaseOut | Response:
     who.check_digest(body.image_digest)
-    with db.session() as s:
-        out = leasing.lease_batch(s, body, settings, who.token_id, bind_worker=who.role == "worker")
+    with db.plain() as p:
+        out = leasing.lease_batch(p, body, settings, who.token_id, bind_worker=who.role == "worker")
     if out is None:
         with db.session(write=False) as s:
             return Response(status_code=204, headers={IDLE_HEADER: idle.idle_reason(s, body)})
-    return Response(out.model_dump_json(), media_type="application/json")  # built above: no second validation
+    return _json(out)
+
+
+# The lease routes answer with their model already built and serialized by pydantic (declared as
+# response_model for the API document): FastAPI does not validate and encode it a second time.
+def _json(out: BaseModel) -> Response:
+    return Response(out.model_dump_json(), media_type="application/json")
 
 
 @router.post("/v1/leases/{lease_id}/heartbeat", response_model=HeartbeatOut)
-def heartbeat(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> HeartbeatOut:
-    with db.session() as s:
-        lease = leasing.heartbeat(s, lease_id, settings, _owner(who))
-        return HeartbeatOut(lease_id=lease.id, expires_at=lease.expires_at, hard_deadline=lease.hard_deadline)
+def heartbeat(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> Response:
+    with db.plain() as p:
+        out = leasing.heartbeat(p, lease_id, settings, _owner(who))
+    return _json(out)
 
 
 @router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
@@ -52,10 +59,11 @@ def post_result(lease_id: LeaseId, body: ResultIn, request: Request, db: DbDep, 
 
 @router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
 def release(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAuth,
-            body: ReleaseIn | None = None) -> ReleaseOut:
+            body: ReleaseIn | None = None) -> Response:
     started = body.started if body is not None else []
-    with db.session() as s:
-        return ReleaseOut(lease_id=lease_id, requeued=leasing.release(s, lease_id, settings, _owner(who), started))
+    with db.plain() as p:
+        n = leasing.release(p, lease_id, settings, _owner(who), started)
+    return _json(ReleaseOut.model_construct(lease_id=lease_id, requeued=n))
 
 
 def _owner(who: Principal) -> int | None:
