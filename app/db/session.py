@@ -4,6 +4,7 @@ deadlocking on lock upgrade (SQLAlchemy's pysqlite recipe); PostgreSQL via DATAB
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -53,11 +54,24 @@ class Database:
         self.read_engine = make_engine(url, sqlite_busy_ms, immediate=False) if self.is_sqlite else self.engine
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
         self._read_factory = sessionmaker(self.read_engine, expire_on_commit=False)
+        self._writer, self._busy_s = threading.RLock(), sqlite_busy_ms / 1000
+
+    @contextmanager
+    def _one_writer(self, write: bool) -> Iterator[None]:
+        """SQLite has one writer at a time: this process's writers queue on a lock and each starts the moment
+        the last one ends, where SQLite's busy handler would sleep 1, 2, 5, 10 ... 100 ms between tries (the
+        tail of a busy lease queue). Past the busy timeout a writer goes on to SQLite's lock (and its 503)."""
+        got = write and self.is_sqlite and self._writer.acquire(timeout=self._busy_s)
+        try:
+            yield
+        finally:
+            if got:
+                self._writer.release()
 
     @contextmanager
     def session(self, write: bool = True) -> Iterator[Session]:
         """One transaction per use case: committed on success, rolled back on error."""
-        with (self._factory if write else self._read_factory)() as s, s.begin():
+        with self._one_writer(write), (self._factory if write else self._read_factory)() as s, s.begin():
             yield s
 
     @contextmanager
@@ -65,20 +79,21 @@ class Database:
         """One transaction on the driver's connection, for the dialect module's plain statements (the lease
         routes: no session, no unit of work, no SQLAlchemy execution context per statement)."""
         engine = self.engine if write else self.read_engine
-        fairy = engine.raw_connection()
         driver_error = engine.dialect.loaded_dbapi.Error
-        try:
-            if self.is_sqlite:  # as the engines' "begin" hook does: writers queue for the one write lock
-                fairy.dbapi_connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            yield Plain(fairy.dbapi_connection, not self.is_sqlite, self.key)
-            fairy.commit()
-        except BaseException as e:
-            fairy.rollback()
-            if isinstance(e, driver_error):  # as SQLAlchemy raises it (busy or locked: a 503, app/errors.py)
-                raise DBAPIError.instance(None, None, e, driver_error) from e
-            raise
-        finally:
-            fairy.close()
+        with self._one_writer(write):
+            fairy = engine.raw_connection()
+            try:
+                if self.is_sqlite:  # as the engines' "begin" hook does: writers queue for the one write lock
+                    fairy.dbapi_connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                yield Plain(fairy.dbapi_connection, not self.is_sqlite, self.key)
+                fairy.commit()
+            except BaseException as e:
+                fairy.rollback()
+                if isinstance(e, driver_error):  # as SQLAlchemy raises it (busy or locked: a 503, app/errors.py)
+                    raise DBAPIError.instance(None, None, e, driver_error) from e
+                raise
+            finally:
+                fairy.close()
 
     def dispose(self) -> None:
         self.engine.dispose()
