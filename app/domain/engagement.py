@@ -77,8 +77,12 @@ def lookup_index(family: TableFamily, key_columns: tuple[str, ...], rows: list[d
 
 
 def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int,
-          shapes: list[dict[str, str]], table: Table, flydsl: bool = True) -> list[ShapeEngagement]:
-    """Per captured shape, whether AITER's lookup finds a row it uses. Raises LookupRaises where the loader
+          shapes: list[dict[str, str]], table: Table, flydsl: bool = True,
+          cpp_at: tuple[str, int] | None = None,
+          build_targets: tuple[tuple[str, int], ...] | None = None) -> list[ShapeEngagement]:
+    """Per captured shape, whether AITER's lookup finds a row it uses. (gfx, cu_num): what the Python lookup keys
+    on; cpp_at: the device the compiled table is asked for (default the same); build_targets: the (gfx, cu_num)
+    rows it is built from (default cpp_at) - see families.lookup_identity. Raises LookupRaises where the loader
     itself would raise on the table."""
     missing = [c for c in key_columns if c not in table.header and not (c == "gfx" and family.backfill_gfx)]
     if missing:  # AITER's set_index raises, or keys on something else: nothing in it engages
@@ -89,7 +93,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     key_columns = tuple(c for c in key_columns if c not in family.lookup_ignores)
     rows = loaded_rows(family, table, gfx)
     index = lookup_index(family, key_columns, rows)
-    cpp = _cpp_index(family, gfx, cu_num, rows)
+    cpp_at = cpp_at or (gfx, cu_num)
+    cpp = _cpp_index(family, build_targets or (cpp_at,), rows)
     out = []
     for raw in shapes:
         shape = family.remap(raw)
@@ -122,7 +127,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 break
             res = ShapeEngagement(raw, True, tried, m, row)
             if cpp is not None:
-                _check_cpp(family, cpp, gfx, cu_num, res)
+                _check_cpp(family, cpp, cpp_at[0], cpp_at[1], res)
             break
         if res is None:
             reason = _miss_reason(family, key_columns, cands[0][1], tried, index)
@@ -141,16 +146,17 @@ def row_use(family: TableFamily, shape: dict[str, str], row: dict[str, str]) -> 
     return dict(family.libtype_use).get(str(row.get("libtype", "")), family.libtype_other)
 
 
-def _cpp_index(family: TableFamily, gfx: str, cu_num: int, rows: list[dict[str, str]]) -> dict | None:
-    """build_tune_dict: rows of the build target (and the compiled libtype) only, a plain dict, so the last row
+def _cpp_index(family: TableFamily, targets: tuple[tuple[str, int], ...], rows: list[dict[str, str]]
+               ) -> dict | None:
+    """build_tune_dict: rows of the build targets (and the compiled libtype) only, a plain dict, so the last row
     of a key wins."""
     if family.cpp_key is None:
         return None
-    cols = ("gfx", "cu_num") if "gfx" in family.cpp_key else ("cu_num",)  # the build target's rows only
-    target = row_key(cols, {"gfx": gfx, "cu_num": str(cu_num)})
+    cols = ("gfx", "cu_num") if "gfx" in family.cpp_key else ("cu_num",)  # the build targets' rows only
+    wanted = {row_key(cols, {"gfx": g, "cu_num": str(c)}) for g, c in targets}
     index = {}
     for r in rows:
-        if row_key(cols, r) != target or (family.cpp_libtype and r.get("libtype") != family.cpp_libtype):
+        if row_key(cols, r) not in wanted or (family.cpp_libtype and r.get("libtype") != family.cpp_libtype):
             continue
         index[row_key(family.cpp_key, r)] = r
     return index

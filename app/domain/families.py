@@ -99,6 +99,7 @@ class TableFamily:
     math: str = "bf16"
     # --- how the run-time lookup treats the table (aiter-tuning.md 1.4, 2.x, 6)
     gfx_source: str = "runtime"  # "get_gfx": honours GPU_ARCHS, last entry (tuned_gemm.py:28)
+    gfx_on_miss: bool = False  # an untuned shape's default path calls get_gfx() (GPU_ARCHS), which may raise
     lookup_ignores: tuple[str, ...] = ()  # key columns the lookup effectively wildcards
     duplicate_keys: str = "raise"  # a repeated lookup key: "raise" (set_index().to_dict) or "first" (first row)
     backfill_gfx: bool = False  # a missing/0/empty gfx cell is taken from cu_num at load (fused_moe.py:2158)
@@ -319,6 +320,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # the lookup keys on the pybind enum, which never equals the CSV string: every hit comes from the
         # act_type-wildcarded fallback, first row in file order (fused_moe.py:2290-2297, aiter-tuning.md 2.7)
         lookup_ignores=("act_type",), duplicate_keys="first", backfill_gfx=True,
+        gfx_on_miss=True,  # fused_moe.py:2393: fused_moe_1stage_dict.get(get_gfx(), {}) when no row is found
         dropped_rows=(("_tag", "flydsl_fallback"),), flydsl_miss="fails", overlay_first=True,
         filled=("kernelName1", "kernelName2"), filled_unless=(("kernelName2", "run_1stage", "1"),),
         remaps=(("q_type", "QuantType.per_128x128", "QuantType.per_1x128"),),
@@ -467,6 +469,64 @@ def gfx_from_cu_num(cu_num: object, live_gfx: str) -> str:
         return LEGACY_CU_NUM_TO_GFX.get(int(str(cu_num).strip()), live_gfx)
     except ValueError:
         return live_gfx
+
+
+# chip_info.py / build_targets.py: the archs get_gfx() accepts (GFX_MAP) and the default cu_num of a build target
+GFX_NAMES = frozenset({"native", "gfx90a", "gfx908", "gfx940", "gfx941", "gfx942", "gfx945", "gfx1100", "gfx950",
+                       "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153", "gfx1200",
+                       "gfx1201", "gfx1250"})
+GFX_CU_NUM = {"gfx942": 304, "gfx950": 256, "gfx1250": 256}
+
+
+@dataclass(frozen=True)
+class LookupIdentity:
+    """Who AITER's lookups think they run on, from the serving environment: the (gfx, cu_num) the Python lookup
+    keys on, the (gfx, cu_num) targets the compiled tables are built for, and what AITER raises instead."""
+    gfx: str
+    cu_num: int
+    build_targets: tuple[tuple[str, int], ...]
+    error: str | None = None  # the Python lookup raises
+    miss_error: str | None = None  # the Python lookup raises on a shape it has no row for
+    build_error: str | None = None  # building the compiled table raises
+
+
+def lookup_identity(family: TableFamily, gpu_gfx: str, gpu_cu_num: int, env: dict[str, str]) -> LookupIdentity:
+    """GPU_ARCHS and CU_NUM as AITER reads them. get_gfx() (chip_info.py get_gfx_custom_op_core) takes GPU_ARCHS
+    as is ("native" or unset: the GPU; a ';' list: its last entry, unstripped) and raises KeyError on a name
+    outside GFX_MAP; families whose lookup calls get_gfx_runtime() always see the GPU. get_cu_num() is
+    int(CU_NUM) (0 or unset: the GPU; not an integer: ValueError). The compiled tables hold the rows of
+    get_build_targets(): every stripped GPU_ARCHS entry with int(CU_NUM or its default cu_num), or with
+    GPU_ARCHS unset/empty/native, (get_gfx(), get_cu_num()); the C++ lookup itself asks the device."""
+    error = build_error = None
+    raw = env.get("GPU_ARCHS")
+    archs = "native" if raw is None else raw
+    gfx = gpu_gfx if archs == "native" else archs.split(";")[-1]
+    if gfx not in GFX_NAMES and archs != "native":  # the campaign's own gfx is taken as known (a CPU campaign)
+        error = f"KeyError: Unknown GPU architecture: {gfx}"
+    try:
+        cu = int(env.get("CU_NUM", "0")) or gpu_cu_num
+    except ValueError:
+        cu, error = gpu_cu_num, error or f"ValueError: CU_NUM={env.get('CU_NUM')!r} is not an integer"
+    targets: tuple[tuple[str, int], ...] = ()
+    if (raw or "").strip() and (raw or "").strip().lower() != "native":
+        names = [g.strip() for g in (raw or "").split(";") if g.strip()]
+        unknown = [g for g in names if g not in GFX_CU_NUM]
+        try:
+            targets = tuple((g, int(env.get("CU_NUM", GFX_CU_NUM[g]))) for g in names if g in GFX_CU_NUM)
+        except ValueError:
+            build_error = f"ValueError: CU_NUM={env.get('CU_NUM')!r} is not an integer"
+        if unknown:
+            build_error = f"RuntimeError: Unknown gfx {unknown[0]!r} in GPU_ARCHS"
+    elif error:
+        build_error = f"RuntimeError: No GPU detected and GPU_ARCHS is not set to an explicit target ({error})"
+    else:
+        targets = ((gfx, cu),)
+    miss_error = None
+    if family.gfx_source != "get_gfx":
+        gfx = gpu_gfx
+        if error and error.startswith("KeyError"):
+            error, miss_error = None, error if family.gfx_on_miss else None
+    return LookupIdentity(gfx, cu, targets, error=error, miss_error=miss_error, build_error=build_error)
 
 
 class UnknownFamily(LookupError):

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.api.schemas import EngagementProofIn
 from app.db.models import Campaign, CampaignShape, Capture, EngagementProof, Image
-from app.domain.families import TableFamily, get_family
+from app.domain.families import TableFamily, get_family, lookup_identity
 from app.domain.keys import m_candidates
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
@@ -110,10 +110,18 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
         .order_by(CampaignShape.priority.desc(), CampaignShape.id)).all()
     try:
         checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
-                           [x.shape for x in shapes], table, flydsl=ident["flydsl"])
+                           [x.shape for x in shapes], table, flydsl=ident["flydsl"],
+                           cpp_at=(camp.gfx, camp.cu_num),
+                           build_targets=tuple(tuple(t) for t in ident["build_targets"]))
     except eng.LookupRaises as e:
         refused = f"AITER's loader raises on this table: {e}"
         checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
+    if refused is None and ident["lookup_error"]:
+        refused = f"AITER raises in this serving environment: {ident['lookup_error']}"
+    if refused is None and ident["miss_error"]:  # a shape without a row takes a path that raises
+        for c in checks:
+            if not c.hit:
+                c.fails, c.reason = True, f"no row, and the default path raises here: {ident['miss_error']}"
     if refused is not None:  # AITER raises at start: nothing engages
         checks = [eng.ShapeEngagement(c.shape, False, c.tried_m, reason=refused) for c in checks]
     return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks)
@@ -174,22 +182,28 @@ def record_proof(s: Session, campaign_id: int, body: EngagementProofIn) -> dict:
 
 
 def runtime_identity(s: Session, camp: Campaign) -> dict:
-    """gfx and cu_num the way the server's AITER will see them, from the environment its last capture sent:
-    get_gfx() takes GPU_ARCHS' last entry (bf16, grouped fmoe); Python lookups honour CU_NUM, C++ does not."""
+    """gfx and cu_num the way the server's AITER will see them, from the environment its last capture sent
+    (families.lookup_identity: GPU_ARCHS for get_gfx() families, CU_NUM for Python lookups, build targets for
+    the compiled tables, which the device itself is asked for)."""
     cap = s.scalars(select(Capture).where(Capture.campaign_id == camp.id).order_by(Capture.id.desc())).first()
     env = dict(cap.env) if cap and cap.env else {}
-    gfx, cu, notes = camp.gfx, camp.cu_num, []
-    archs = [a.strip() for a in env.get("GPU_ARCHS", "").split(";") if a.strip()]
-    if archs and get_family(camp.family).gfx_source == "get_gfx" and archs[-1] != camp.gfx:
-        gfx = archs[-1]
+    fam = get_family(camp.family)
+    li = lookup_identity(fam, camp.gfx, camp.cu_num, env)
+    gfx, cu, notes = li.gfx, li.cu_num, []
+    if li.error:
+        notes.append(f"GPU_ARCHS={env.get('GPU_ARCHS')!r} CU_NUM={env.get('CU_NUM')!r}: AITER's lookup raises "
+                     f"({li.error}); fix the serving environment")
+    if gfx != camp.gfx:
         notes.append(f"GPU_ARCHS={env['GPU_ARCHS']}: AITER looks up gfx={gfx} (its last entry), not the GPU's "
                      f"{camp.gfx}; unset GPU_ARCHS in the serving environment or every row misses")
-    raw_cu = env.get("CU_NUM", "").strip()
-    if raw_cu.isdigit() and int(raw_cu) and int(raw_cu) != camp.cu_num:
-        cu = int(raw_cu)
-        notes.append(f"CU_NUM={raw_cu}: Python lookups use cu_num={cu}, the GPU has {camp.cu_num}"
-                     + (" and the compiled C++ table uses the GPU's: they disagree" if get_family(camp.family).compiled
-                        else ""))
+    if cu != camp.cu_num:
+        notes.append(f"CU_NUM={env.get('CU_NUM')}: Python lookups use cu_num={cu}, the GPU has {camp.cu_num}"
+                     + (" and the compiled C++ table uses the GPU's: they disagree" if fam.compiled else ""))
+    if fam.compiled and li.build_error:
+        notes.append(f"building the compiled table raises: {li.build_error}")
+    elif fam.compiled and (camp.gfx, camp.cu_num) not in li.build_targets:
+        notes.append(f"the compiled table is built for {list(li.build_targets)} (GPU_ARCHS/CU_NUM), the GPU is "
+                     f"{camp.gfx}/{camp.cu_num}: its kernels come from none of the rows")
     img = s.get(Image, camp.image_digest)
     # the worker checks AITER's is_flydsl_available() in the image itself; a server's capture may say so too
     flydsl = (img.flydsl if img is not None and img.flydsl is not None else
@@ -198,6 +212,9 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
         notes.append(f"the server reports AITER {cap.aiter_version}, the image's worker {img.aiter_version}: "
                      "rows are only valid in the image they were measured in")
     return {"gpu_gfx": camp.gfx, "gpu_cu_num": camp.cu_num, "lookup_gfx": gfx, "lookup_cu_num": cu,
+            "build_targets": [list(t) for t in li.build_targets], "miss_error": li.miss_error,
+            "lookup_error": li.error or (
+                li.build_error if fam.compiled else None),
             "flydsl": flydsl, "env": env, "mismatches": notes}
 
 

@@ -2,8 +2,9 @@
 lookups (tuned_gemm.py, ops/gemm_op_a8w8.py, fused_moe.py), getPaddedM (gemm_common.cu built with g++, called
 through ctypes) and ActivationType/QuantType (aiter_enum.h + the bindings in rocm_ops.hpp, built with pybind11).
 
-Only these are stubbed: the hardware queries (gfx, cu_num, FlyDSL importable, the FlyDSL kernel catalog), kernel
-launchers and everything that builds or loads GPU code. A module's top-level statements run one by one, verbatim;
+Only these are stubbed: the hardware (rocminfo's output: the GPU's gfx and CU count; chip_info.py's own code then
+reads GPU_ARCHS, CU_NUM and the build targets), FlyDSL importable, the FlyDSL kernel catalog, kernel launchers and
+everything that builds or loads GPU code. A module's top-level statements run one by one, verbatim;
 one that needs something stubbed away (a JIT decorator, a kernel module) is skipped, and every name a lookup needs
 is checked to exist. The sources are the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
 """
@@ -140,9 +141,16 @@ def _statements(path: str) -> list[tuple[int, types.CodeType]]:
 
 @dataclass
 class Identity:
-    gfx: str
+    gfx: str  # the GPU (what rocminfo reports)
     cu_num: int
     flydsl: bool
+    env: dict = field(default_factory=dict)  # GPU_ARCHS / CU_NUM of the serving environment (unset if absent)
+
+
+def rocminfo_text(gfx: str, cu_num: int) -> str:
+    """What rocminfo prints for one GPU agent, as far as chip_info.py reads it."""
+    return (f"Agent 1\n  Name: AMD EPYC\n  Device Type: CPU\n  Compute Unit: 96\nAgent 2\n  Name: {gfx}\n"
+            f"  Marketing Name: AMD Instinct\n  Device Type: GPU\n  Compute Unit: {cu_num}\n")
 
 
 class LogCapture(logging.Handler):
@@ -200,11 +208,12 @@ class AiterProcess:
         reg["file_baton"] = self.load("aiter.jit.utils.file_baton", utils / "file_baton.py", "aiter.jit.utils")
         chip = self.load("aiter.jit.utils.chip_info", utils / "chip_info.py", "aiter.jit.utils")
         reg["chip_info"] = chip
-        # hardware queries
-        for fn, val in (("get_gfx", ident.gfx), ("get_gfx_runtime", ident.gfx), ("get_cu_num", ident.cu_num)):
-            chip.__dict__[fn] = (lambda v: lambda *a, **k: v)(val)
-        chip.__dict__["get_gfx_list"] = lambda: [ident.gfx]
-        chip.__dict__["get_build_targets"] = lambda: [(ident.gfx, ident.cu_num)]
+        # hardware queries: rocminfo's output (chip_info's own code reads GPU_ARCHS, CU_NUM and build targets)
+        text = rocminfo_text(ident.gfx, ident.cu_num)
+        chip.__dict__["subprocess"] = types.SimpleNamespace(
+            run=lambda *a, **k: subprocess.CompletedProcess(a, 0, text, ""), PIPE=subprocess.PIPE,
+            CalledProcessError=Exception)
+        chip.__dict__["_detect_native"] = lambda: [ident.gfx]
         dt = self.load("aiter.utility.dtypes", src / "aiter" / "utility" / "dtypes.py", "aiter.utility")
         top = reg["aiter"]
         top.__dict__.update(ActivationType=self.ActivationType, QuantType=self.QuantType, dtypes=dt,
@@ -332,8 +341,8 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
     shape with AITER's own code, through the same probe workers.verify --engagement runs in the image."""
     out = Outcome()
     before = _hashes(root)
-    extra = {"AITER_LOG_TUNED_CONFIG": "1", "GPU_ARCHS": None, "CU_NUM": None, "AITER_ONLINE_TUNE": None,
-             "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None}
+    extra = {"AITER_LOG_TUNED_CONFIG": "1", "GPU_ARCHS": ident.env.get("GPU_ARCHS"), "CU_NUM": ident.env.get("CU_NUM"),
+             "AITER_ONLINE_TUNE": None, "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None}
     with _merge_lock(), _env({family.env_var: env_value, **extra}):
         p = AiterProcess(src, root, ident, release, csrc)
         try:

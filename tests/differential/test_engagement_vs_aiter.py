@@ -22,7 +22,7 @@ import pytest
 from app.domain import deploy
 from app.domain import engagement as eng
 from app.domain.capture_parsing import from_untuned_csv
-from app.domain.families import CURRENT, RELEASE_0_1_7, get_family
+from app.domain.families import CURRENT, RELEASE_0_1_7, get_family, lookup_identity
 from app.domain.headers import parse_header_line, tuned_schema
 from app.domain.keys import m_candidates
 from app.domain.shapes import ShapeError
@@ -196,7 +196,36 @@ def same_row(family, cfg: dict, row: dict) -> bool:
 @pytest.mark.parametrize("family_name", FAMILIES)
 @pytest.mark.parametrize("rel", RELEASES, ids=[r[0] for r in RELEASES])
 def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl, tmp_path):
+    compare(rel, family_name, ident, flydsl, tmp_path)
+
+
+# The serving environment's GPU_ARCHS and CU_NUM (chip_info.py, build_targets.py): unset, "native", the GPU's
+# own arch, a ';' list (its last entry), one with a space, empty, another arch; CU_NUM another part's, 0, junk.
+ENVS = ({}, {"GPU_ARCHS": "native"}, {"GPU_ARCHS": "@gpu"}, {"GPU_ARCHS": "gfx942;gfx950"},
+        {"GPU_ARCHS": "gfx950;gfx942"}, {"GPU_ARCHS": "gfx942; gfx950"}, {"GPU_ARCHS": ""},
+        {"CU_NUM": "80"}, {"CU_NUM": "0"}, {"GPU_ARCHS": "@gpu", "CU_NUM": "80"}, {"CU_NUM": "x"})
+# one family per way AITER reads the identity: get_gfx() (bf16), get_gfx_runtime + the compiled table's build
+# targets (a8w8: own padding; bpreshuffle: getPaddedM, ck rows; batched), gfx backfilled from cu_num (fmoe)
+ENV_FAMILIES = ("bf16_gemm", "a8w8_gemm", "a8w8_bpreshuffle_gemm", "a8w8_batched_gemm", "fmoe")
+
+
+@pytest.mark.parametrize("env", ENVS, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "unset")
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("family_name", ENV_FAMILIES)
+def test_service_reads_gpu_archs_and_cu_num_as_aiter_does(family_name, ident, env, tmp_path):
+    current = next((r for r in RELEASES if r[0] == "current"), None)
+    if current is None:
+        pytest.skip("AITER's sources not found: the current release's")
+    env = {k: v.replace("@gpu", ident[0]) for k, v in env.items()}
+    compare(current, family_name, ident, True, tmp_path, env=env, only_form="layer", n=(60, 20))
+
+
+def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, only_form: str | None = None,
+            n: tuple[int, int] = (0, 0)) -> None:
+    """Deploy the service's overlay for this family in every form (or only_form) into a copy of the release's
+    tree, run AITER there with this GPU, FlyDSL setting and serving environment, and compare per shape."""
     rel_name, release, src, csrc, configs = rel
+    env = env or {}
     family = release.family(family_name)
     if family_name in release.lookup_unused:
         pytest.skip(f"{rel_name}: the {family_name} op only logs its Python lookup; its compiled table decides")
@@ -214,21 +243,24 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
         shipped_all = []
     shipped_all = shipped_all or shipped_shapes(CONFIGS, family)
     shapes = sorted(shipped_all, key=lambda s: str(sorted(s.items())))
-    shapes = random.Random(1).sample(shapes, min(SHIPPED_SAMPLE, len(shapes)))
-    shapes += random_shapes(family, shapes, random.Random(2), gfx)
+    shapes = random.Random(1).sample(shapes, min(n[0] or SHIPPED_SAMPLE, len(shapes)))
+    shapes += random_shapes(family, shapes, random.Random(2), gfx)[:n[1] or RANDOM_SAMPLE]
     if "q_dtype_w" in family.shape_columns and "q_dtype_w" not in family.aiter_args:
         shapes = [{k: v for k, v in s.items() if k != "q_dtype_w"} | {"q_dtype_w": "torch.int8"} for s in shapes]
     header = parse_header_line(_tuned_files(configs, family)[0].read_text().splitlines()[0])
     schema = tuned_schema(get_family(family_name), header)
     overlay = overlay_for(family, header, shapes, rng, result_pool(configs, family))
-    ident_x = ax.Identity(gfx, cu, flydsl)
+    ident_x = ax.Identity(gfx, cu, flydsl, env)
+    li = lookup_identity(family, gfx, cu, env)  # how the service reads the serving environment
+    env_error = li.error or (li.build_error if family.compiled else None)
+    where = f"{gfx}/{cu}" + "".join(f" {k}={v!r}" for k, v in env.items())
     forms = {}
     root = sandbox(tmp_path, configs, family, release)
     shipped = shipped_of(root, family, release)
     arts = deploy.artifacts(release, family, shipped, overlay, gfx, schema.key_columns)
-    forms = {f: (a, a.overlay or overlay) for f, a in arts.items()}
+    forms = {f: (a, a.overlay or overlay) for f, a in arts.items() if only_form in (None, f)}
     # where the plan deploys the overlay without the shipped keys, the full one must make AITER raise
-    if arts["layer"].full_refused:
+    if arts["layer"].full_refused and only_form is None:
         forms["layer_full_overlay"] = (deploy.build(release, family, "layer", shipped, overlay, gfx), overlay)
     disagreements = []
     for form, (art, ov) in forms.items():
@@ -250,17 +282,21 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
             env = ":".join(paths)
         out = ax.run(src, csrc, rel_name, root, family, env, ident_x, shapes)
         aiter_fails = out.error or out.lookup_error
-        if art.refused is not None or aiter_fails:
-            RESULTS.append((family_name, form, f"{gfx}/{cu}", flydsl, rel_name, len(shapes),
-                            "refused" if art.refused else "offered", "raises" if aiter_fails else "loads"))
-            if bool(art.refused) != bool(aiter_fails):
-                disagreements.append(f"{form}: service refused={art.refused!r}, AITER error={aiter_fails!r}, "
+        mine = None if art.table is None or art.refused else eng.check(
+            family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
+            build_targets=li.build_targets)
+        refused = art.refused or env_error or (li.miss_error if mine and not all(m.hit for m in mine) else None)
+        if refused is not None or aiter_fails:
+            RESULTS.append((family_name, form, where, flydsl, rel_name, len(shapes),
+                            "refused" if refused else "offered", "raises" if aiter_fails else "loads"))
+            if bool(refused) != bool(aiter_fails):
+                disagreements.append(f"{form}: service refused={refused!r}, AITER error={aiter_fails!r}, "
                                      f"rewrote={out.rewritten}")
             if art.refused and form == "layer_full_overlay" and release.merge_on_duplicate == "raise_rewrite":
                 assert out.rewritten, "AITER rewrites the shipped files before raising"
             continue
         assert not out.rewritten, (form, out.rewritten)
-        mine = eng.check(family, schema.key_columns, gfx, cu, shapes, art.table, flydsl=flydsl)
+
         theirs = out.verdicts
         bad = 0
         for s, m, (h, c) in zip(shapes, mine, theirs):
@@ -271,7 +307,7 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
                 if len(disagreements) < 8:
                     disagreements.append(f"{form} {s}: service hit={m.hit} ({m.reason or (m.row or {}).get('us')}) "
                                          f"AITER hit={h} row={None if c is None else {k: c.get(k) for k in ('us', 'kernelName', 'kernelName1', 'kernelId')}}")
-        RESULTS.append((family_name, form, f"{gfx}/{cu}", flydsl, rel_name, len(shapes),
+        RESULTS.append((family_name, form, where, flydsl, rel_name, len(shapes),
                         f"hits {sum(x.hit for x in mine)}", f"disagree {bad}"))
     assert not disagreements, "\n".join(disagreements)
 
