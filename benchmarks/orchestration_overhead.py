@@ -19,6 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# The service, the agent and a CPU race share this machine's cores here: OpenMP threads that spin between
+# torch's CPU kernels (the default wait policy) would hold every core and slow the service's answers, and the
+# race itself, several times over. They sleep instead (both runs alike); a real service runs elsewhere.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

@@ -115,6 +115,8 @@ PLAIN_SQL = {
     "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now",
     "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
     "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",
+    "campaign": "SELECT id, family, image_digest, gfx, cu_num, NULL AS top FROM campaigns WHERE id = :cid",
+    "result_of": "SELECT id, verified FROM results WHERE lease_id = :lid AND shape_id = :sid",
     "costs": "SELECT r.elapsed_s FROM results r JOIN shapes s ON s.id = r.shape_id WHERE s.campaign_id = :cid "
              "AND r.backend = :backend AND r.elapsed_s IS NOT NULL ORDER BY r.id DESC LIMIT 200",
     "headers": "SELECT path, header FROM image_tables WHERE image_digest = :digest AND family = :family "
@@ -193,5 +195,5 @@ class Plain:
     def shape_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
         return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:]) for r in self.rows(name, params)]
 
-    def campaign_rows(self, params: dict) -> list:  # type: ignore[type-arg]
-        return [_CAMPAIGN_ROW(*r) for r in self.rows("campaigns", params)]
+    def campaign_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
+        return [_CAMPAIGN_ROW(*r) for r in self.rows(name, params)]

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.config import Settings
 from app.db.dialect import Plain
-from app.db.models import Campaign, CampaignShape, Result, utcnow
+from app.db.models import CampaignShape, Result, utcnow
 from app.domain import lease_states as ls, served
 from app.domain.families import get_family
 from app.domain.improvement import row_helps
@@ -122,7 +122,7 @@ def est_shape_cost(s: Session | Plain, campaign_id: int, backend: str, default: 
 def _pick_campaign(p: Plain, body: LeaseIn):  # type: ignore[no-untyped-def]
     """The identity's campaign whose top queued shape has the most served time: one ix_shapes_queue seek per
     campaign (an identity has a handful), never a scan of the queue."""
-    rows = p.campaign_rows({"digest": body.image_digest, "gfx": body.gfx, "cu": body.cu_num})
+    rows = p.campaign_rows("campaigns", {"digest": body.image_digest, "gfx": body.gfx, "cu": body.cu_num})
     return max((r for r in rows if r.top is not None and (body.families is None or r.family in body.families)),
                key=lambda r: r.top, default=None)
 
@@ -205,7 +205,7 @@ def release(p: Plain, lease_id: str, settings: Settings, owner: int | None = Non
     return len(back)
 
 
-def _check_row(s: Session, camp: Campaign, shape: CampaignShape, row: dict) -> dict[str, str]:
+def _check_row(s: Session, camp, shape: CampaignShape, row: dict) -> dict[str, str]:
     """The winner row must be in the image's schema and key exactly the leased shape."""
     fam = get_family(camp.family)
     schema = table_schemas.schema_for(s, camp.image_digest, camp.family)
@@ -222,7 +222,7 @@ def _check_row(s: Session, camp: Campaign, shape: CampaignShape, row: dict) -> d
     return {c: cells[c] for c in schema.header}
 
 
-def _check_timing(camp: Campaign, shape: CampaignShape, body: ResultIn) -> None:
+def _check_timing(camp, shape: CampaignShape, body: ResultIn) -> None:
     """A time below what the device can possibly do (peak matrix rate, operands at cache bandwidth) is not a
     measurement: refused, so it never becomes a winner nor lands in an overlay."""
     fam = get_family(camp.family)
@@ -254,11 +254,11 @@ def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct:
     return ls.ResultKind.VERIFIED if timed and row is not None else ls.ResultKind.UNVERIFIED
 
 
-def _lease_for_result(s: Session, lease_id: str, settings: Settings, owner: int | None):  # type: ignore[no-untyped-def]
-    """The lease a result is posted to, and whether it is late: a result finished before the lease expired
-    (a database stall, a worker delivering its spool) is still taken while nobody else has the shape."""
-    p = Plain.of(s)
-    lease = _owned_lease(p, lease_id, owner)
+def _lease_for_result(p: Plain, lease, settings: Settings, owner: int | None):  # type: ignore[no-untyped-def]
+    """The lease a result is posted to (its row as read), and whether it is late: a result finished before the
+    lease expired (a database stall, a worker delivering its spool) is still taken while nobody else has the
+    shape."""
+    lease_id = lease.id
     now = utcnow()
     if ls.is_expired(_lease_facts(lease), now):
         sweep_expired(p, settings, now)
@@ -270,21 +270,21 @@ def _lease_for_result(s: Session, lease_id: str, settings: Settings, owner: int 
 
 def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
                 ) -> ResultOut | Refused:
-    _owned_lease(Plain.of(s), lease_id, owner)
-    dup = s.scalars(select(Result).where(Result.lease_id == lease_id, Result.shape_id == body.shape_id)).first()
-    if dup is not None:  # a retried POST: same answer, nothing stored twice
+    p = Plain.of(s)
+    lease = _owned_lease(p, lease_id, owner)
+    dup = p.rows("result_of", {"lid": lease_id, "sid": body.shape_id})
+    if dup:  # a retried POST: same answer, nothing stored twice
         shape = s.get(CampaignShape, body.shape_id)
-        return ResultOut(result_id=dup.id, shape_state=shape.state if shape else "?", verified=dup.verified,
+        return ResultOut(result_id=dup[0][0], shape_state=shape.state if shape else "?", verified=bool(dup[0][1]),
                          duplicate=True)
-    lease, late = _lease_for_result(s, lease_id, settings, owner)
+    lease, late = _lease_for_result(p, lease, settings, owner)
     shape = s.get(CampaignShape, body.shape_id)
     if shape is None or shape.campaign_id != lease.campaign_id or (not late and not shape_facts(shape).held_by(lease.id)):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
     if late and shape.state != ls.ShapeState.QUEUED.value:
         raise Conflict(f"lease_id: lease {lease_id} expired and shape {body.shape_id} is {shape.state} now",
                        "lease_id")
-    camp = s.get(Campaign, lease.campaign_id)
-    assert camp is not None
+    camp = p.campaign_rows("campaign", {"cid": lease.campaign_id})[0]
     try:
         row = _check_row(s, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
         _check_timing(camp, shape, body)
@@ -308,7 +308,7 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
                  error=body.error, elapsed_s=body.elapsed_s, started_at=body.started_at,
                  finished_at=body.finished_at or utcnow())
     s.add(res)
-    _COSTS.pop((Plain.of(s).key, camp.id, body.backend))
+    _COSTS.pop((p.key, camp.id, body.backend))
     if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
         # the default path measured on this identity replaces the roofline estimate in the served time
         shape.default_us, shape.default_measured = body.default_us, True
