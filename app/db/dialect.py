@@ -116,6 +116,15 @@ PLAIN_SQL = {
     "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
     "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",
     "campaign": "SELECT id, family, image_digest, gfx, cu_num, NULL AS top FROM campaigns WHERE id = :cid",
+    "shape": f"SELECT {_SHAPE_FACTS}, campaign_id, steps FROM shapes WHERE id = :sid",
+    "shape_state": "SELECT state FROM shapes WHERE id = :sid",
+    "measured_default": "UPDATE shapes SET default_us = :us, default_measured = TRUE, priority = :priority "
+                        "WHERE id = :sid",
+    "add_result": "INSERT INTO results (shape_id, lease_id, worker_id, backend, image_digest, aiter_commit, status, "
+                  "us, err_ratio, verified, kernel_name, default_us, row, candidates, error, elapsed_s, started_at, "
+                  "finished_at, created_at) VALUES (:sid, :lid, :wid, :backend, :digest, :aiter_commit, :status, "
+                  ":us, :err_ratio, :verified, :kernel_name, :default_us, ${json:row}, ${json:candidates}, :error, "
+                  ":elapsed_s, :started_at, :finished_at, :now) RETURNING id",
     "result_of": "SELECT id, verified FROM results WHERE lease_id = :lid AND shape_id = :sid",
     "costs": "SELECT r.elapsed_s FROM results r JOIN shapes s ON s.id = r.shape_id WHERE s.campaign_id = :cid "
              "AND r.backend = :backend AND r.elapsed_s IS NOT NULL ORDER BY r.id DESC LIMIT 200",
@@ -132,7 +141,7 @@ def _render(sql: str, pg: bool) -> str:
 
 _RENDERED = {pg: {k: _render(v, pg) for k, v in PLAIN_SQL.items()} for pg in (False, True)}
 _LEASE_ROW = namedtuple("_LEASE_ROW", _LEASE_COLS.split(", "))
-_SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", "))
+_SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", ") + ["campaign_id", "steps"], defaults=(None, None))
 _CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num top")
 
 

@@ -205,7 +205,7 @@ def release(p: Plain, lease_id: str, settings: Settings, owner: int | None = Non
     return len(back)
 
 
-def _check_row(s: Session, camp, shape: CampaignShape, row: dict) -> dict[str, str]:
+def _check_row(s: Session | Plain, camp, shape: CampaignShape, row: dict) -> dict[str, str]:
     """The winner row must be in the image's schema and key exactly the leased shape."""
     fam = get_family(camp.family)
     schema = table_schemas.schema_for(s, camp.image_digest, camp.family)
@@ -268,31 +268,35 @@ def _lease_for_result(p: Plain, lease, settings: Settings, owner: int | None):  
     return _live_lease(p, lease_id, settings, owner), False
 
 
-def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
+def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
                 ) -> ResultOut | Refused:
     p = Plain.of(s)
     lease = _owned_lease(p, lease_id, owner)
     dup = p.rows("result_of", {"lid": lease_id, "sid": body.shape_id})
     if dup:  # a retried POST: same answer, nothing stored twice
-        shape = s.get(CampaignShape, body.shape_id)
-        return ResultOut(result_id=dup[0][0], shape_state=shape.state if shape else "?", verified=bool(dup[0][1]),
+        state = p.rows("shape_state", {"sid": body.shape_id})
+        return ResultOut(result_id=dup[0][0], shape_state=state[0][0] if state else "?", verified=bool(dup[0][1]),
                          duplicate=True)
     lease, late = _lease_for_result(p, lease, settings, owner)
-    shape = s.get(CampaignShape, body.shape_id)
-    if shape is None or shape.campaign_id != lease.campaign_id or (not late and not shape_facts(shape).held_by(lease.id)):
+    found = p.shape_rows("shape", {"sid": body.shape_id})
+    shape = found[0] if found else None
+    if shape is None or shape.campaign_id != lease.campaign_id or (not late and not _row_facts(shape).held_by(lease.id)):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
     if late and shape.state != ls.ShapeState.QUEUED.value:
         raise Conflict(f"lease_id: lease {lease_id} expired and shape {body.shape_id} is {shape.state} now",
                        "lease_id")
     camp = p.campaign_rows("campaign", {"cid": lease.campaign_id})[0]
+    now = utcnow()
     try:
-        row = _check_row(s, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
+        row = _check_row(p, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
         _check_timing(camp, shape, body)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
-        if not late:
-            set_shape(shape, ls.result_refused(shape_facts(shape), lease.id, e.detail, settings.max_attempts))
-            _finish_if_empty(s, lease)
-        return Refused(e, shape.state)
+        if late:
+            return Refused(e, shape.state)
+        f = ls.result_refused(_row_facts(shape), lease.id, e.detail, settings.max_attempts)
+        _write_facts(p, [(shape.id, shape.state, f)], now)
+        _finish_if_empty(p, lease)
+        return Refused(e, f.state.value)
     err_max = get_family(camp.family).err_max
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
@@ -300,33 +304,31 @@ def post_result(s: Session, lease_id: str, body: ResultIn, settings: Settings, o
     verified = kind is ls.ResultKind.VERIFIED
     if kind is ls.ResultKind.DEFAULT_BEST:
         row = None
-    res = Result(shape_id=shape.id, lease_id=lease.id, worker_id=lease.worker_id, backend=body.backend,
-                 image_digest=camp.image_digest, aiter_commit=body.aiter_commit,
-                 status="default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status, us=body.us,
-                 err_ratio=body.err_ratio, verified=verified, kernel_name=body.kernel_name,
-                 default_us=body.default_us, row=row, candidates=[c.model_dump() for c in body.candidates],
-                 error=body.error, elapsed_s=body.elapsed_s, started_at=body.started_at,
-                 finished_at=body.finished_at or utcnow())
-    s.add(res)
+    result_id = p.rows("add_result", {
+        "sid": shape.id, "lid": lease.id, "wid": lease.worker_id, "backend": body.backend,
+        "digest": camp.image_digest, "aiter_commit": body.aiter_commit,
+        "status": "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status, "us": body.us,
+        "err_ratio": body.err_ratio, "verified": verified, "kernel_name": body.kernel_name,
+        "default_us": body.default_us, "row": p.to_doc(row), "candidates": p.to_doc([c.model_dump() for c in body.candidates]),
+        "error": body.error, "elapsed_s": body.elapsed_s, "started_at": p.stamp(body.started_at),
+        "finished_at": p.stamp(body.finished_at or now), "now": p.stamp(now)})[0][0]
     _COSTS.pop((p.key, camp.id, body.backend))
     if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
         # the default path measured on this identity replaces the roofline estimate in the served time
-        shape.default_us, shape.default_measured = body.default_us, True
-        shape.priority = served.priority(shape.calls, shape.steps, body.default_us)
+        p.run("measured_default", {"sid": shape.id, "us": body.default_us,
+                                   "priority": served.priority(shape.calls, shape.steps, body.default_us)})
     why = body.error or f"no verified winner (err_ratio {body.err_ratio} > {err_max} or bad us {body.us})"
     if late:
-        set_shape(shape, ls.late_result(shape_facts(shape), kind))
+        f = ls.late_result(_row_facts(shape), kind)
     else:
-        set_shape(shape, ls.result(shape_facts(shape), lease.id, kind, None if verified else why,
-                                   settings.max_attempts))
-        _finish_if_empty(s, lease)
-    s.flush()
-    return ResultOut(result_id=res.id, shape_state=shape.state, verified=verified)
+        f = ls.result(_row_facts(shape), lease.id, kind, None if verified else why, settings.max_attempts)
+    _write_facts(p, [(shape.id, shape.state, f)], now)
+    if not late:
+        _finish_if_empty(p, lease)
+    return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
 
 
-def _finish_if_empty(s: Session, lease) -> None:  # type: ignore[no-untyped-def]
-    s.flush()  # the shape's new state, before the plain statements read it
-    p = Plain.of(s)
+def _finish_if_empty(p: Plain, lease) -> None:  # type: ignore[no-untyped-def]
     if not p.rows("held", {"lid": lease.id}):
         _end_lease(p, lease, ls.LeaseState.DONE)
 

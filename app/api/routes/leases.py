@@ -45,16 +45,16 @@ def heartbeat(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAu
 
 @router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
 def post_result(lease_id: LeaseId, body: ResultIn, request: Request, db: DbDep, settings: SettingsDep,
-                who: WorkerAuth) -> ResultOut:
-    with db.session() as s:
-        out = leasing.post_result(s, lease_id, body, settings, _owner(who))
+                who: WorkerAuth) -> Response:
+    with db.plain() as p:
+        out = leasing.post_result(p, lease_id, body, settings, _owner(who))
     if isinstance(out, leasing.Refused):  # committed: the refused try counts
         request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), "refused", "false").inc()
         raise out.error
     if not out.duplicate:
         request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), body.status,
                                                  str(out.verified).lower()).inc()
-    return out
+    return _json(out)
 
 
 @router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
