@@ -6,6 +6,7 @@ it plus campaign management. read: overlays, reports and the dashboard when read
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -31,17 +32,30 @@ class Principal:
         if self.digests is not None and digest not in self.digests:
             raise Forbidden(f"image_digest: token {self.name!r} is not scoped to {digest}", "image_digest")
 
+    def covers(self, digests: Collection[str] | None) -> bool:
+        """Whether a token scoped to `digests` (None: every image) reaches only images this one may act on."""
+        return self.digests is None or (bool(digests) and set(digests) <= set(self.digests))
+
 
 OPEN = Principal(None, "admin", "auth disabled", None)
 
 
+COOKIE = "tuner_token"  # the dashboard's sign-in (reads closed): browsers send it with page loads, GET only
+
+
 async def _principal(request: Request) -> Principal | None:
     header = request.headers.get("authorization", "")
-    if not header:
-        return None
+    if not header:  # a browser signed in at /signin; a write always needs the header (no cross-site forms)
+        cookie = request.cookies.get(COOKIE) if request.method in ("GET", "HEAD") else None
+        return await resolve(request, cookie) if cookie else None
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise Unauthorized("authorization: expected 'Bearer <token>'", "authorization")
+    return await resolve(request, secret)
+
+
+async def resolve(request: Request, secret: str) -> Principal:
+    """The live token with this secret (401 if none)."""
     key = tokens.digest_of(secret.strip())
     cache: TTLCache = request.app.state.token_cache  # known tokens only: a new token works at once
     p = cache.get(key)

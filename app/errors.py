@@ -75,18 +75,20 @@ def _is_page(req: Request) -> bool:
 
 
 def install(app: FastAPI, retry_after_s: int,
-            page_404: Callable[[Request, str], Response] | None = None) -> None:
-    """page_404: renders the HTML 404 of a dashboard page (unknown campaign, unknown path)."""
+            page: Callable[[Request, int, str], Response] | None = None) -> None:
+    """page(request, status, detail): the HTML answer of a dashboard page for 401, 403 (a sign-in form) and 404
+    (unknown campaign, unknown path); API routes keep their JSON problems."""
+    def _page(req: Request, status: int, detail: str) -> Response | None:
+        return page(req, status, detail) if page is not None and status in (401, 403, 404) and _is_page(req) else None
+
     @app.exception_handler(DomainError)
     async def _domain(req: Request, exc: DomainError) -> Response:
-        if exc.status == 404 and page_404 is not None and _is_page(req):
-            return page_404(req, exc.detail)
-        return _problem(exc.status, exc.title, exc.detail, exc.field)
+        return _page(req, exc.status, exc.detail) or _problem(exc.status, exc.title, exc.detail, exc.field)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 404 and page_404 is not None and _is_page(req):
-            return page_404(req, f"There is no page at {req.url.path}.")
+        if exc.status_code == 404 and (html := _page(req, 404, f"There is no page at {req.url.path}.")):
+            return html
         title = {404: "not found", 405: "method not allowed", 400: "bad request"}.get(exc.status_code, "error")
         return _problem(exc.status_code, title, str(exc.detail), None, dict(exc.headers or {}) or None)
 

@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
                          responses=responses.errors(400, 401, 403, 404, 409, 413, 422, 503))
     app.state.settings, app.state.db = settings, db
     app.state.token_cache = TTLCache(settings.token_cache_s)
-    errors.install(app, settings.retry_after_s, web.not_found_page)
+    errors.install(app, settings.retry_after_s, web.error_page)
     # the lease routes first: the fleet's requests match at the first routes tried
     for r in (leases.router, health.router, captures.router, campaigns.router, overlays.router, token_routes.router,
               web.router):

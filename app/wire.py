@@ -20,6 +20,10 @@ MAX_TEXT = 4096  # default bound on any string field without its own
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 GFX_RE = re.compile(r"^(gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31})$")
 NAME_PATTERN = r"^[\w.:@-]+$"
+IDLE_HEADER = "X-Tuner-Idle-Reason"  # on a 204 to a lease request: why there is no work for this worker
+# the worker id acting on a lease (heartbeat, results, release): it must be the worker the lease was granted
+# to, so workers that share a token cannot act on each other's leases
+WORKER_HEADER = "X-Tuner-Worker"
 
 
 def _check_text(s: str) -> None:

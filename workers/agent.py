@@ -118,6 +118,7 @@ class Heartbeat(threading.Thread):
 class Agent:
     def __init__(self, client: ServiceClient, backend: Backend, ident: WorkerIdentity, cfg: AgentConfig):
         self.client, self.backend, self.ident, self.cfg = client, backend, ident, cfg
+        client.act_as(cfg.worker_id)
         self.stop = client.stop  # one event: a signal also ends any wait for the service
         self.stats = Stats()
         self.warmed: set[str] = set()  # families whose JIT build this worker has warmed for its image

@@ -58,6 +58,10 @@ class ServiceClient:
         self.retries = 0  # outages ridden out (503s, connection errors)
         self.idle_reason: str | None = None  # why the last lease request got no work
 
+    def act_as(self, worker_id: str) -> None:
+        """Every later call says which worker acts: the service lets it touch only leases granted to it."""
+        self.http.headers[wire.WORKER_HEADER] = worker_id
+
     def close(self) -> None:
         self.http.close()
 
@@ -122,7 +126,7 @@ class ServiceClient:
     def lease(self, body: dict) -> dict | None:
         r = self._call("POST", "/v1/leases", json=self._send(wire.LeaseIn, body))
         if r.status_code == 204:  # no work: the service says why (logged once per new reason)
-            reason = r.headers.get("X-Tuner-Idle-Reason", "no work for this worker")
+            reason = r.headers.get(wire.IDLE_HEADER, "no work for this worker")
             if reason != self.idle_reason:
                 log.info("%s", reason)
             self.idle_reason = reason

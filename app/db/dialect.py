@@ -112,6 +112,7 @@ PLAIN_SQL = {
                  "heartbeat_at, hard_deadline, expires_at, state) VALUES (:id, :wid, :cid, :backend, :tok, "
                  ":budget_s, :now, :now, :hard, :exp, :state)",
     "lease": f"SELECT {_LEASE_COLS} FROM leases WHERE id = :lid",
+    "campaign_digest": "SELECT image_digest FROM campaigns WHERE id = :cid",
     "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now",
     "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
     "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",

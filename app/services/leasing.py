@@ -163,29 +163,51 @@ def lease_batch(p: Plain, body: LeaseIn, settings: Settings, token_id: int | Non
                                             attempts=f.attempts - f.attempts_base + 1) for r, f in leased])
 
 
-def _owned_lease(p: Plain, lease_id: str, owner: int | None):  # type: ignore[no-untyped-def]
-    """The lease's row; owner: the token that must hold it (None: no check: auth off, or an admin)."""
+@dataclass(frozen=True)
+class Caller:
+    """Who acts on a lease. token_id: the worker token that must hold it (None: an admin, or auth off);
+    worker_id: the worker it must have been granted to (None: not said, which only an admin may leave out);
+    digests: the images the token may act on (None: every image)."""
+    token_id: int | None = None
+    worker_id: str | None = None
+    digests: tuple[str, ...] | None = None
+
+
+ANYONE = Caller()
+
+
+def _owned_lease(p: Plain, lease_id: str, caller: Caller):  # type: ignore[no-untyped-def]
+    """The lease's row, if this caller may act on it."""
     found = p.lease_rows("lease", {"lid": lease_id})
     if not found:
         raise NotFound(f"lease_id: no lease {lease_id}", "lease_id")
-    if owner is not None and found[0].token_id != owner:
+    lease = found[0]
+    if caller.token_id is not None and lease.token_id != caller.token_id:
         raise Forbidden(f"lease_id: lease {lease_id} belongs to another worker's token", "lease_id")
-    return found[0]
+    if caller.worker_id is not None and lease.worker_id != caller.worker_id:
+        raise Forbidden(f"worker_id: lease {lease_id} was granted to worker {lease.worker_id!r}, not to "
+                        f"{caller.worker_id!r}", "worker_id")
+    if caller.digests is not None:
+        (digest,), = p.rows("campaign_digest", {"cid": lease.campaign_id})
+        if digest not in caller.digests:
+            raise Forbidden(f"image_digest: lease {lease_id} is for {digest}, outside this token's images",
+                            "image_digest")
+    return lease
 
 
-def _live_lease(p: Plain, lease_id: str, settings: Settings, owner: int | None = None):  # type: ignore[no-untyped-def]
-    lease = _owned_lease(p, lease_id, owner)
+def _live_lease(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE):  # type: ignore[no-untyped-def]
+    lease = _owned_lease(p, lease_id, caller)
     now = utcnow()
     if ls.is_expired(_lease_facts(lease), now):
         sweep_expired(p, settings, now)
-        lease = _owned_lease(p, lease_id, owner)
+        lease = _owned_lease(p, lease_id, caller)
     if not ls.is_live(_lease_facts(lease), now):
         raise Conflict(f"lease_id: lease {lease_id} is {lease.state}; lease again", "lease_id")
     return lease
 
 
-def heartbeat(p: Plain, lease_id: str, settings: Settings, owner: int | None = None) -> HeartbeatOut:
-    lease = _live_lease(p, lease_id, settings, owner)
+def heartbeat(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE) -> HeartbeatOut:
+    lease = _live_lease(p, lease_id, settings, caller)
     now = utcnow()
     lf = ls.heartbeat(_lease_facts(lease), now, settings.lease_ttl_s)
     if not p.run("beat", {"lid": lease.id, "now": p.stamp(now), "exp": p.stamp(lf.expires_at)}):
@@ -194,10 +216,10 @@ def heartbeat(p: Plain, lease_id: str, settings: Settings, owner: int | None = N
     return HeartbeatOut.model_construct(lease_id=lease.id, expires_at=lf.expires_at, hard_deadline=lf.hard_deadline)
 
 
-def release(p: Plain, lease_id: str, settings: Settings, owner: int | None = None,
+def release(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE,
             started: Collection[int] = ()) -> int:
     """Untouched shapes go back to the queue uncounted; `started` ones count a try."""
-    lease = _live_lease(p, lease_id, settings, owner)
+    lease = _live_lease(p, lease_id, settings, caller)
     _end_lease(p, lease, ls.LeaseState.RELEASED)
     back = p.shape_rows("held", {"lid": lease.id})
     _write_facts(p, [(r.id, r.state, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts))
@@ -254,7 +276,7 @@ def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct:
     return ls.ResultKind.VERIFIED if timed and row is not None else ls.ResultKind.UNVERIFIED
 
 
-def _lease_for_result(p: Plain, lease, settings: Settings, owner: int | None):  # type: ignore[no-untyped-def]
+def _lease_for_result(p: Plain, lease, settings: Settings, caller: Caller):  # type: ignore[no-untyped-def]
     """The lease a result is posted to (its row as read), and whether it is late: a result finished before the
     lease expired (a database stall, a worker delivering its spool) is still taken while nobody else has the
     shape."""
@@ -262,22 +284,22 @@ def _lease_for_result(p: Plain, lease, settings: Settings, owner: int | None):  
     now = utcnow()
     if ls.is_expired(_lease_facts(lease), now):
         sweep_expired(p, settings, now)
-        lease = _owned_lease(p, lease_id, owner)
+        lease = _owned_lease(p, lease_id, caller)
     if lease.state == ls.LeaseState.EXPIRED.value:
         return lease, True
-    return _live_lease(p, lease_id, settings, owner), False
+    return _live_lease(p, lease_id, settings, caller), False
 
 
-def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Settings, owner: int | None = None
+def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE
                 ) -> ResultOut | Refused:
     p = Plain.of(s)
-    lease = _owned_lease(p, lease_id, owner)
+    lease = _owned_lease(p, lease_id, caller)
     dup = p.rows("result_of", {"lid": lease_id, "sid": body.shape_id})
     if dup:  # a retried POST: same answer, nothing stored twice
         state = p.rows("shape_state", {"sid": body.shape_id})
         return ResultOut(result_id=dup[0][0], shape_state=state[0][0] if state else "?", verified=bool(dup[0][1]),
                          duplicate=True)
-    lease, late = _lease_for_result(p, lease, settings, owner)
+    lease, late = _lease_for_result(p, lease, settings, caller)
     found = p.shape_rows("shape", {"sid": body.shape_id})
     shape = found[0] if found else None
     if shape is None or shape.campaign_id != lease.campaign_id or (not late and not _row_facts(shape).held_by(lease.id)):

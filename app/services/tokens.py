@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Callable
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.wire import DIGEST_RE
 from app.db.models import Token, utcnow
-from app.errors import Conflict, Invalid, NotFound
+from app.errors import Conflict, Forbidden, Invalid, NotFound
 
 ROLES = ("capture", "worker", "admin", "read")
 
@@ -50,12 +51,16 @@ def revoke(s: Session, token_id: int) -> bool:
     return True
 
 
-def revoke_keeping_an_admin(s: Session, token_id: int) -> Token:
+def revoke_keeping_an_admin(s: Session, token_id: int, within: Callable[[list | None], bool] = lambda _d: True
+                            ) -> Token:
     """Revoke over HTTP: the last live admin token is kept, so the service never locks its admins out
-    (rotate by creating the new admin token first)."""
+    (rotate by creating the new admin token first). within(digests): whether the revoking token's scope
+    covers this token's images."""
     tok = s.get(Token, token_id)
     if tok is None or tok.revoked_at is not None:
         raise NotFound(f"token_id: no live token {token_id}", "token_id")
+    if not within(tok.digests):
+        raise Forbidden(f"token_id: token {token_id} reaches images outside this token's scope", "token_id")
     if tok.role == "admin" and s.scalar(select(func.count()).select_from(Token).where(
             Token.role == "admin", Token.revoked_at.is_(None))) == 1:
         raise Conflict(f"token_id: {token_id} is the last admin token; create another admin token first",

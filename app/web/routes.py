@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.background import BackgroundTask
 from sqlalchemy import func, select
 
 from app.api.deps import DbDep, IdPath, SettingsDep
-from app.auth import ReadAuth
+from app.auth import COOKIE, ReadAuth, resolve
 from app.domain.families import get_family
 from app.services import campaigns, engagement, overlays, page_totals, verifications
 from app.domain.roofline import processor
@@ -50,8 +51,8 @@ def _page(request: Request, name: str, ctx: dict) -> Response:
 
 @router.get("/", response_class=HTMLResponse)
 def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> Response:
-    with db.session(write=False) as s:
-        camps = campaigns.summaries(s, settings.default_shape_cost_s)
+    with db.session(write=False) as s:  # a digest-scoped token sees its images only
+        camps = [c for c in campaigns.summaries(s, settings.default_shape_cost_s) if who.may_see(c["image_digest"])]
         claims = campaigns.aiter_claims(s)
     images: dict[str, dict] = {}
     for c in camps:
@@ -71,7 +72,7 @@ _TOTALS = page_totals.PageTotals()
 def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth,
                   after: str | None = None) -> Response:
     with db.session(write=False) as s:
-        engagement.campaign_or_404(s, campaign_id)
+        who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
         summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id)
         shapes, nxt = campaigns.shapes(s, campaign_id, after=after)
         fam = get_family(summary["family"])
@@ -101,23 +102,38 @@ def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: Se
 def coverage_plot(campaign_id: IdPath, db: DbDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
         camp = engagement.campaign_or_404(s, campaign_id)
+        who.check_digest(camp.image_digest)
         pts = campaigns.coverage_points(s, campaign_id)
     return Response(coverage_svg(pts, processor(camp.gfx)), media_type="image/svg+xml")
 
 
-def not_found_page(request: Request, detail: str) -> HTMLResponse:
-    """The HTML 404 for a page (API routes under /v1 keep their JSON problem)."""
-    return templates.TemplateResponse(request, "404.html", {"detail": detail, "partial": False}, status_code=404)
+def error_page(request: Request, status: int, detail: str) -> HTMLResponse:
+    """A page's HTML 404, or for 401/403 (reads closed, or a token not scoped to this image) a sign-in form;
+    API routes under /v1 keep their JSON problem."""
+    name, ctx = ("404.html", {}) if status == 404 else ("signin.html", {"next": request.url.path, "live": False})
+    return templates.TemplateResponse(request, name, {"detail": detail, "partial": False, **ctx}, status_code=status)
+
+
+@router.post("/signin")
+async def sign_in(request: Request) -> Response:
+    """The dashboard's sign-in when reads are closed: the pasted token, checked, is kept in an HttpOnly,
+    SameSite=Strict cookie that page loads send (writes still need the Authorization header)."""
+    form = parse_qs((await request.body()).decode("utf-8", errors="replace"))
+    nxt, secret = (form.get("next") or ["/"])[0], (form.get("token") or [""])[0].strip()
+    await resolve(request, secret)  # 401 (the form again) for an unknown token
+    page = RedirectResponse(nxt if nxt.startswith("/") and not nxt.startswith("//") else "/", status_code=303)
+    page.set_cookie(COOKIE, secret, httponly=True, samesite="strict")
+    return page
 
 
 @router.get("/tokens", response_class=HTMLResponse)
-def tokens_page(request: Request) -> HTMLResponse:
+def tokens_page(request: Request, who: ReadAuth) -> HTMLResponse:
     """Admin tokens in the browser: the page calls /v1/tokens with an admin token the user pastes in."""
     return _page(request, "tokens.html", {"live": False})
 
 
 @router.get("/favicon.ico")
-def favicon() -> FileResponse:
+def favicon(who: ReadAuth) -> FileResponse:
     """Browsers ask for /favicon.ico before reading the page's <link rel="icon">."""
     return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
@@ -125,5 +141,5 @@ def favicon() -> FileResponse:
 @router.get("/workers", response_class=HTMLResponse)
 def workers_page(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
-        ws = campaigns.workers(s, settings.stale_worker_s)
+        ws = [w for w in campaigns.workers(s, settings.stale_worker_s) if who.may_see(w["image_digest"])]
     return _page(request, "workers.html", {"workers": ws, "stale_s": settings.stale_worker_s})

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel
 
-from app.api.deps import DbDep, SettingsDep
-from app.auth import Principal, WorkerAuth
-from app.api.deps import LeaseId
-from app.wire import HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn, ReleaseOut, ResultIn, ResultOut
+from app.api.deps import DbDep, LeaseId, SettingsDep
+from app.auth import WorkerAuth
+from app.errors import Invalid
+from app.wire import (IDLE_HEADER, NAME_PATTERN, WORKER_HEADER, HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn,
+                      ReleaseOut, ResultIn, ResultOut)
 from app.metrics import BACKENDS, bounded
 from app.services import idle, leasing
 
 router = APIRouter(tags=["leases"])
 
 
-IDLE_HEADER = "X-Tuner-Idle-Reason"
+async def _caller(who: WorkerAuth, worker: Annotated[str | None, Header(
+        alias=WORKER_HEADER, min_length=1, max_length=128, pattern=NAME_PATTERN,
+        description="the worker id acting: the one the lease was granted to (required with a worker token)")] = None
+                  ) -> leasing.Caller:
+    """A worker token acts only on leases it took, as the worker they were granted to (workers may share a
+    token); an admin (or auth off) on any lease of its images, as any worker unless it names one."""
+    if who.role != "admin" and worker is None:
+        raise Invalid(f"{WORKER_HEADER}: the id of the worker acting on the lease is required", WORKER_HEADER)
+    return leasing.Caller(None if who.role == "admin" else who.token_id, worker, who.digests)
+
+
+Caller = Annotated[leasing.Caller, Depends(_caller)]
 
 
 @router.post("/v1/leases", response_model=LeaseOut,
@@ -37,17 +51,17 @@ def _json(out: BaseModel) -> Response:
 
 
 @router.post("/v1/leases/{lease_id}/heartbeat", response_model=HeartbeatOut)
-def heartbeat(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAuth) -> Response:
+def heartbeat(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: Caller) -> Response:
     with db.plain() as p:
-        out = leasing.heartbeat(p, lease_id, settings, _owner(who))
+        out = leasing.heartbeat(p, lease_id, settings, who)
     return _json(out)
 
 
 @router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
 def post_result(lease_id: LeaseId, body: ResultIn, request: Request, db: DbDep, settings: SettingsDep,
-                who: WorkerAuth) -> Response:
+                who: Caller) -> Response:
     with db.plain() as p:
-        out = leasing.post_result(p, lease_id, body, settings, _owner(who))
+        out = leasing.post_result(p, lease_id, body, settings, who)
     if isinstance(out, leasing.Refused):  # committed: the refused try counts
         request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), "refused", "false").inc()
         raise out.error
@@ -58,14 +72,9 @@ def post_result(lease_id: LeaseId, body: ResultIn, request: Request, db: DbDep, 
 
 
 @router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
-def release(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: WorkerAuth,
+def release(lease_id: LeaseId, db: DbDep, settings: SettingsDep, who: Caller,
             body: ReleaseIn | None = None) -> Response:
     started = body.started if body is not None else []
     with db.plain() as p:
-        n = leasing.release(p, lease_id, settings, _owner(who), started)
+        n = leasing.release(p, lease_id, settings, who, started)
     return _json(ReleaseOut.model_construct(lease_id=lease_id, requeued=n))
-
-
-def _owner(who: Principal) -> int | None:
-    """A worker token may touch only leases it took; an admin (or auth off) may touch any."""
-    return None if who.role == "admin" else who.token_id
