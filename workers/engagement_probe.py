@@ -121,7 +121,10 @@ def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
     return probe
 
 
-def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool) -> Probe:
+def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool,
+               config_file: str | None = None) -> Probe:
+    """fused_moe's get_2stage_cfgs; with config_file (fhmoe: aiter_args "@file") the dedicated table, keyed also
+    on the pads and gate mode (fhmoe.py:345-375 calls it so)."""
     fn = fused_moe.get_2stage_cfgs
     params = list(inspect.signature(fn).parameters)
     fused_moe.__dict__["logger"] = _StopAtUsing(fused_moe.__dict__["logger"])
@@ -136,10 +139,18 @@ def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool
                     doweight_stage1=bool(int(s["doweight_stage1"])), hidden_pad=0, intermediate_pad=0)
         if "bias1" in params:
             args.update(bias1=None, bias2=None)
+        if config_file is not None:
+            gate = vars(fused_moe)["GateMode"][s["gate_mode"].split(".")[1]]
+            args.update(hidden_pad=int(s["hidden_pad"]), intermediate_pad=int(s["intermediate_pad"]),
+                        gate_mode=gate.value, config_file=config_file)
         try:
             fn(**args)
         except Found as f:
             cfg = f.cfg
+        except NotImplementedError:
+            if config_file is None:
+                raise
+            return False, None  # the dedicated FHMoE path has no row for this shape and raises (this shape fails)
         else:
             raise RuntimeError("fused_moe lookup ended without its 'using' log line")
         hit = cfg is not None
@@ -252,7 +263,8 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
     if fn == "get_2stage_cfgs":
-        return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl)
+        return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
+                          tuned_file if "@file" in family.aiter_args else None)
     cpp = None
     tries = cpp_tries(csrc, family) if family.cpp_key is not None and csrc is not None else None
     if tries is not None:

@@ -107,7 +107,7 @@ def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, over
         # a shipped row shares would win or lose by file system order: leave those out as well
         by_lookup = family.duplicate_keys == "first" and form == "model_configs_dropin"
         if form != "merged" and (a.rewritten or by_lookup):
-            keys = tuple(c for c in key_columns if c not in family.lookup_ignores) if by_lookup else None
+            keys = eng.lookup_columns(family, key_columns) if by_lookup else None
             slim = Table(overlay.header, without_shipped_keys(release, family, shipped, overlay, live_gfx, keys),
                          overlay.name)
             if len(slim.rows) < len(overlay.rows) or a.refused:
@@ -117,7 +117,7 @@ def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, over
                 a.full_refused = full or "rows whose run-time key a shipped row shares would win by glob order"
         if a.table is not None and a.refused is None:
             try:
-                eng.lookup_index(family, tuple(c for c in key_columns if c not in family.lookup_ignores),
+                eng.lookup_index(family, eng.lookup_columns(family, key_columns),
                                  eng.loaded_rows(family, a.table, live_gfx))
             except eng.LookupRaises as e:
                 a.refused = f"AITER's loader raises on the table it builds: {e}"

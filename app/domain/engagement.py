@@ -55,15 +55,23 @@ def loaded_rows(family: TableFamily, table: Table, live_gfx: str) -> list[dict[s
     return rows
 
 
+def lookup_columns(family: TableFamily, key_columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns the run-time lookup keys on: less the ones it wildcards; gfx even where the table has none,
+    when the loader backfills it from cu_num (fused_moe.py _ensure_gfx_column)."""
+    if family.backfill_gfx and "gfx" in family.key_columns and "gfx" not in key_columns:
+        key_columns = ("gfx",) + key_columns
+    return tuple(c for c in key_columns if c not in family.lookup_ignores)
+
+
 def lookup_index(family: TableFamily, key_columns: tuple[str, ...], rows: list[dict[str, str]]) -> dict:
     index: dict[tuple, dict[str, str]] = {}
-    if family.duplicate_keys == "raise":
+    if family.duplicate_keys in ("raise", "raise_any"):
         # drop_duplicates() removes only rows identical in every cell, then set_index().to_dict('index')
-        # raises on a repeated key (tuned_gemm.py:87-101, gemm_op_a8w8.py:509-525)
+        # raises on a repeated key (tuned_gemm.py:87-101, gemm_op_a8w8.py:509-525); "raise_any" drops nothing
         seen: set[tuple] = set()
         for r in rows:
             whole = tuple(sorted(r.items()))
-            if whole in seen:
+            if whole in seen and family.duplicate_keys == "raise":
                 continue
             seen.add(whole)
             k = row_key(key_columns, r)
@@ -90,7 +98,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                f"header is {','.join(table.header)}")
         return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, key_columns, gfx, cu_num, shape)],
                                 reason=why) for shape in shapes]
-    key_columns = tuple(c for c in key_columns if c not in family.lookup_ignores)
+    key_columns = lookup_columns(family, key_columns)
     rows = loaded_rows(family, table, gfx)
     index = lookup_index(family, key_columns, rows)
     cpp_at = cpp_at or (gfx, cu_num)
@@ -135,6 +143,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 reason = (f"FlyDSL rows at {family.m_column}={skipped} are skipped (flydsl is not importable in the "
                           f"serving image); " + reason)
             res = ShapeEngagement(raw, False, tried, reason=reason)
+            if family.miss_raises:
+                res.fails, res.reason = True, "AITER raises on a shape without a row (no default): " + reason
         out.append(res)
     return out
 

@@ -100,8 +100,11 @@ class TableFamily:
     # --- how the run-time lookup treats the table (aiter-tuning.md 1.4, 2.x, 6)
     gfx_source: str = "runtime"  # "get_gfx": honours GPU_ARCHS, last entry (tuned_gemm.py:28)
     gfx_on_miss: bool = False  # an untuned shape's default path calls get_gfx() (GPU_ARCHS), which may raise
+    miss_raises: bool = False  # a shape without a row raises instead of running a default kernel
     lookup_ignores: tuple[str, ...] = ()  # key columns the lookup effectively wildcards
-    duplicate_keys: str = "raise"  # a repeated lookup key: "raise" (set_index().to_dict) or "first" (first row)
+    # a repeated lookup key: "raise" (drop_duplicates(), then set_index().to_dict), "raise_any" (identical rows
+    # too) or "first" (first row)
+    duplicate_keys: str = "raise"
     backfill_gfx: bool = False  # a missing/0/empty gfx cell is taken from cu_num at load (fused_moe.py:2158)
     # a table without a gfx column still loads: fmoe backfills it, CK loaders fall back to a cu_num-only key
     # with a WARNING (gemm_op_a8w8.py:509-525); bf16's set_index(["gfx", ...]) raises instead
@@ -129,6 +132,8 @@ class TableFamily:
     dim_bounds: tuple[tuple[str, int, int], ...] = DIM_BOUNDS  # (column, min, max) of captured sizes
     # (column, value) cells outside dim_bounds that the lookup keys on as they are (grouped fmoe's EP topk=-1)
     sentinels: tuple[tuple[str, str], ...] = ()
+    # key cells the lookup computes from another column: (column, from column, offset)
+    lookup_derived: tuple[tuple[str, str, int], ...] = ()
     # what the generic probe passes AITER's lookup, in order: a column (as int), "q_dtype_w" (a torch dtype),
     # "@file" (the table AITER resolved); empty for the lookups with a probe of their own (bf16, fmoe)
     aiter_args: tuple[str, ...] = ()
@@ -344,7 +349,13 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_FMOE_KEY + _h("shared_expert_id,hidden_pad,intermediate_pad,gate_mode"),
         shape_columns=_FMOE_SHAPE + _h("shared_expert_id,hidden_pad,intermediate_pad,gate_mode"),
         m_column="token", padding="moe_exact", time_column=None, err_columns=(),  # no us, no tuner
-        duplicate_keys="raise", backfill_gfx=True, filled=("kernelName1", "kernelName2"), err_max=0.1,
+        # fused_moe.py:2153-2185,2271-2275: get_2stage_cfgs(config_file=AITER_CONFIG_FHMOE's table) keys also on
+        # (expert - 1, hidden_pad, intermediate_pad, gate_mode), str(activation) exactly, no token tier retry; any
+        # repeated key raises (duplicated(subset=...), identical rows included); FlyDSL kernels only
+        duplicate_keys="raise_any", backfill_gfx=True, filled=("kernelName1", "kernelName2"), err_max=0.1,
+        lookup_derived=(("shared_expert_id", "expert", -1),), dropped_rows=(("_tag", "flydsl_fallback"),),
+        flydsl_miss="fails", aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_args=("@file",),
+        aiter_file_attr="AITER_CONFIG_FHMOE_FILE", miss_raises=True,  # fused_moe.py:2369-2374 NotImplementedError
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
         name="grouped_fmoe", env_var="AITER_CONFIG_GROUPED_FMOE",

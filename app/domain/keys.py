@@ -76,6 +76,8 @@ def lookup_keys(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_
         cells = dict(base)
         if m is not None:
             cells[family.m_column] = str(m)  # type: ignore[index]
+        for col, src, off in family.lookup_derived:  # fhmoe keys shared_expert_id as expert - 1
+            cells[col] = str(int(cells[src]) + off)
         out.append((m, row_key(key_columns, cells)))
     return out
 

@@ -215,6 +215,9 @@ class AiterProcess:
             CalledProcessError=Exception)
         chip.__dict__["_detect_native"] = lambda: [ident.gfx]
         dt = self.load("aiter.utility.dtypes", src / "aiter" / "utility" / "dtypes.py", "aiter.utility")
+        moe_common = src / "aiter" / "ops" / "flydsl" / "moe_common.py"
+        if moe_common.exists():  # GateMode, a plain Enum the fhmoe key spells
+            self.load("aiter.ops.flydsl.moe_common", moe_common, "aiter.ops.flydsl")
         top = reg["aiter"]
         top.__dict__.update(ActivationType=self.ActivationType, QuantType=self.QuantType, dtypes=dt,
                             logger=self.logger)

@@ -82,7 +82,8 @@ def shipped_shapes(configs: Path, family) -> list[dict[str, str]]:
     """AITER's own shape lists: its untuned files; a family that ships none (mxscale BMM) has the shapes of its
     tuned tables."""
     shapes: dict[str, dict[str, str]] = {}
-    for p in _untuned_files(configs, family) or _tuned_files(configs, family):
+    untuned = [p for p in _untuned_files(configs, family) if _rows(p)]
+    for p in untuned or _tuned_files(configs, family):
         header = parse_header_line(p.read_text().splitlines()[0])
         rows = _rows(p)
         if family.m_column not in header or not rows:
@@ -105,6 +106,8 @@ def random_shapes(family, base: list[dict[str, str]], rng: random.Random, gfx: s
             s["bias"] = rng.choice(["True", "False"])
         if "q_dtype_w" in s and family.m_column == "M":
             s["q_dtype_w"] = rng.choice(["torch.int8", fp8])
+        if "shared_expert_id" in s:  # a capture's own value; fhmoe's lookup keys on expert - 1
+            s["shared_expert_id"] = rng.choice([s["shared_expert_id"], "0"])
         out.append(s)
     return out
 
@@ -245,7 +248,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
     shapes = sorted(shipped_all, key=lambda s: str(sorted(s.items())))
     shapes = random.Random(1).sample(shapes, min(n[0] or SHIPPED_SAMPLE, len(shapes)))
     shapes += random_shapes(family, shapes, random.Random(2), gfx)[:n[1] or RANDOM_SAMPLE]
-    if "q_dtype_w" in family.shape_columns and "q_dtype_w" not in family.aiter_args:
+    if family.m_column == "M" and "q_dtype_w" in family.shape_columns and "q_dtype_w" not in family.aiter_args:
         shapes = [{k: v for k, v in s.items() if k != "q_dtype_w"} | {"q_dtype_w": "torch.int8"} for s in shapes]
     header = parse_header_line(_tuned_files(configs, family)[0].read_text().splitlines()[0])
     schema = tuned_schema(get_family(family_name), header)
