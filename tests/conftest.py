@@ -103,8 +103,9 @@ def pytest_terminal_summary(terminalreporter):
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if "AITER's sources not found" in str(r.longrepr)]
     terminalreporter.write_line(
         f"!!!!! AITER's sources not found ({_AITER_SRC_MISSING[0]}): {len(skipped)} tests SKIPPED, differential "
-        f"tests ran without the current release. Set TUNER_AITER_SRC=<a ROCm/aiter checkout at {AITER_COMMIT[:10]}> "
-        f"or put it at ../shared/aiter-src.", red=True, bold=True)
+        f"tests ran without the current release (or without the families whose lookup files are missing; "
+        f"../shared/aiter-src holds only part of the tree). Set TUNER_AITER_SRC=<a ROCm/aiter checkout at "
+        f"{AITER_COMMIT[:10]}> or put it at ../shared/aiter-src.", red=True, bold=True)
 
 
 def engines() -> list[str]:
