@@ -69,3 +69,29 @@ def test_what_the_worker_sends_is_valid_on_the_wire():
     with pytest.raises(Refused) as e:  # a NaN winner is refused before it is sent, naming the field
         client.post_result("00000000-0000-0000-0000-000000000000", {**res.payload("torch", None), "us": float("nan")})
     assert e.value.field == "us"
+
+
+ERRORS = {"401", "403", "404", "409", "413", "422", "503"}  # the problems any route may answer
+
+
+def test_every_route_declares_its_answer_its_body_and_its_errors_as_problems(settings):
+    """A response model (or a declared non-JSON answer) on every route; the document declares every request body,
+    the capture's three forms included, and every error response as application/problem+json."""
+    from app.main import create_app
+    app = create_app(settings)
+    for r in api_routes(app):
+        if r.include_in_schema:
+            declared = r.responses.get(200, {}).get("content", {})
+            model = r.response_model  # a model, not one inferred from a bare `-> dict`
+            assert model not in (None, dict, list) or set(declared) - {"application/json"}, r.path
+    doc = app.openapi()
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            if method in ("post", "put") and not path.endswith(("/heartbeat", "/requeue-failed", "/apply")):
+                assert op.get("requestBody", {}).get("content"), (method, path)
+            for code in ERRORS:
+                content = op["responses"].get(code, {}).get("content", {})
+                assert content.get("application/problem+json", {}).get("schema") == {
+                    "$ref": "#/components/schemas/Problem"}, (method, path, code)
+    bodies = doc["paths"]["/v1/captures"]["post"]["requestBody"]["content"]
+    assert {"application/json", "text/csv", "text/plain"} <= set(bodies)
