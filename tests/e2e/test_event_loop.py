@@ -1,0 +1,48 @@
+"""No blocking work on the event loop: while a large capture is parsed and stored (seconds), the server still
+answers /healthz at once (a parse on the loop froze every request, heartbeats too, for its length)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.conftest import DIGEST, start_server
+
+pytestmark = pytest.mark.e2e
+CSV = "M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle\n" + "".join(
+    f"{m},{n},64,False,torch.bfloat16,torch.bfloat16,False,False\n" for m in range(1, 601) for n in range(64, 6464, 64))  # 60,000 shapes, 3.6 MB
+
+
+def test_a_large_capture_does_not_stall_other_requests(tmp_path):
+    srv = start_server(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "server.log",
+                       {"TUNER_MAX_CAPTURE_SHAPES": "100000"})
+    try:
+        with srv.client() as c:
+            took: list[float] = []
+
+            def post() -> None:
+                t = time.monotonic()
+                r = c.post("/v1/captures", content=CSV, headers={"content-type": "text/csv"},
+                           params={"image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304, "family": "bf16_gemm"})
+                took.append(time.monotonic() - t)
+                assert r.status_code == 201, r.text
+
+            big = threading.Thread(target=post)
+            big.start()
+            waits = []
+            with srv.client() as probe:
+                while big.is_alive():
+                    t = time.monotonic()
+                    assert probe.get("/healthz").status_code == 200
+                    waits.append(time.monotonic() - t)
+                    time.sleep(0.05)
+            big.join()
+        print(f"capture of 60,000 shapes: {took[0]:.1f} s; /healthz meanwhile: {len(waits)} answers, "
+              f"slowest {max(waits) * 1000:.0f} ms")
+        assert took[0] > 1.0, "the capture must be heavy enough to show a stall"
+        assert len(waits) >= 5 and max(waits) < min(1.0, took[0] / 2)
+    finally:
+        srv.proc.kill()
+        srv.proc.wait()
