@@ -235,6 +235,7 @@ def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path, capsys):
     assert all(alive.values()) and set(codes.values()) == {0}, (alive, codes)
     assert all(c == 503 for c in errors_5xx), f"5xx other than 503: {sorted(set(errors_5xx))}"
     assert errors_5xx, "the write lock must have been felt (503s)"
+    assert tuned_at_lock < N_SHAPES, "the lock must begin mid-campaign (workers finish shapes while it holds)"
     assert fleet.kills >= 3 and fleet.stops >= 3 and "refused the result" not in logs
     with_json = [json.loads(line) for line in logs.splitlines() if line.startswith('{"worker_id"')]
     assert len(with_json) == N_WORKERS  # each surviving worker printed its summary
