@@ -41,7 +41,9 @@ def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True) ->
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+    # as many kept connections as request threads (anyio's 40): a burst of leases never waits on a new
+    # PostgreSQL backend being forked for it (64-agent lease p99 ~22 -> ~15 ms)
+    return create_engine(url, pool_pre_ping=True, pool_size=40, max_overflow=10)
 
 
 class Database:
