@@ -3,7 +3,7 @@ SQLite and (with --pg-url, TUNER_TEST_PG_URL, or a PostgreSQL it starts like scr
 Not a test: it prints a table of figures, ratios and the goals of issue #15 (met or MISSED).
 
     python benchmarks/service_load.py          # both engines: it starts a throwaway PostgreSQL itself
-    python benchmarks/service_load.py [--pg-url postgresql://...] [--no-pg] [--shapes 100000] [--open-s 20]
+    python benchmarks/service_load.py [--pg-url postgresql://...] [--no-pg | --no-sqlite] [--shapes 100000] [--open-s 20]
 
 Per engine, one service (uvicorn, the CLI's flags) on a fresh database:
 - ingest: a 100k-shape untuned CSV posted as one capture, against plain sqlite3 / psycopg parsing the same
@@ -521,6 +521,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--pg-url", default=os.environ.get("TUNER_TEST_PG_URL"))
     p.add_argument("--no-pg", action="store_true")
+    p.add_argument("--no-sqlite", action="store_true")
     p.add_argument("--shapes", type=int, default=100_000)
     p.add_argument("--queue", type=int, default=200_000, help="shapes queued for the second lease figure")
     p.add_argument("--ops", type=int, default=400, help="closed-loop lease+release round trips per figure")
@@ -537,7 +538,8 @@ def main() -> None:
         return
     rows: list[tuple] = []
     began = time.monotonic()
-    bench("sqlite", None, a, rows)
+    if not a.no_sqlite:
+        bench("sqlite", None, a, rows)
     print(table(rows), flush=True)  # SQLite's figures, before PostgreSQL's run
     stop = None
     if not a.no_pg:
