@@ -4,12 +4,13 @@ deadlocking on lock upgrade (SQLAlchemy's pysqlite recipe); PostgreSQL via DATAB
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.dialect import Plain, db_key
@@ -62,8 +63,10 @@ class Database:
     def _one_writer(self, write: bool) -> Iterator[None]:
         """SQLite has one writer at a time: this process's writers queue on a lock and each starts the moment
         the last one ends, where SQLite's busy handler would sleep 1, 2, 5, 10 ... 100 ms between tries (the
-        tail of a busy lease queue). Past the busy timeout a writer goes on to SQLite's lock (and its 503)."""
-        got = write and self.is_sqlite and self._writer.acquire(timeout=self._busy_s)
+        tail of a busy lease queue). Past the busy timeout it is busy, as SQLite would say: a 503 (app/errors.py)."""
+        got = write and self.is_sqlite
+        if got and not self._writer.acquire(timeout=self._busy_s):
+            raise OperationalError("BEGIN IMMEDIATE", None, sqlite3.OperationalError("database is locked"))
         try:
             yield
         finally:
