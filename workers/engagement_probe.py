@@ -160,6 +160,20 @@ def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool
     return probe
 
 
+def grouped_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
+    """gfx1250 grouped MoE (grouped_moe_gfx1250.py:1026-1039): the token padded by its own _get_padded_m, the
+    row _find_grouped_config matches (it reads the table the env var names, or AITER_CONFIGS' when unset)."""
+    def probe(s):
+        row = grouped._find_grouped_config(
+            token_num=grouped._get_padded_m(int(s["token"])), model_dim=int(s["model_dim"]),
+            inter_dim=int(s["inter_dim"]), experts=int(s["expert"]), topk=int(s["topk"]),
+            activation=getattr(ActivationType, s["act_type"].split(".")[1]), dtype=_torch_dtype(s["dtype"]),
+            q_dtype_a=_torch_dtype(s["q_dtype_a"]), q_dtype_w=_torch_dtype(s["q_dtype_w"]),
+            quant_type=getattr(QuantType, s["q_type"].split(".")[1]))
+        return row is not None, row
+    return probe
+
+
 def _cpp_block(csrc: Path, family: Any) -> tuple[str, str] | None:
     """nextPow2 and the `int padded_m = M; ...` block of the compiled dispatch, cut verbatim (gemm_a8w8.cu
     rowwise_dispatch; batched_gemm_*.cu batched_rowwise_dispatch: the tuner script's folder)."""
@@ -249,6 +263,12 @@ def cpp_kernel_of(chip_info: Any, family: Any, tuned_file: str, gfx: str, cu_num
     return kernel
 
 
+def needs_file(family: Any) -> bool:
+    """Whether the probe is handed the resolved table (the lookup takes it as an argument, or the compiled table
+    is rebuilt from it); other lookups resolve it themselves, as they do in the server."""
+    return "@file" in family.aiter_args or family.cpp_key is not None
+
+
 def resolved_file(core: Any, attr: str) -> str:
     """The table path AITER resolved (current: an AITER_CONFIGS property; 0.1.7: a module constant)."""
     configs = vars(core).get("AITER_CONFIGS")
@@ -256,7 +276,7 @@ def resolved_file(core: Any, attr: str) -> str:
 
 
 def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool, gfx: str, cu_num: int,
-               csrc: Path | None, tuned_file: str) -> Probe:
+               csrc: Path | None, tuned_file: str | None) -> Probe:
     """load('aiter/x.py') -> that module of the AITER at hand; enums: where ActivationType/QuantType live."""
     path, fn = family.aiter_lookup.split(":")
     mod = load(path)
@@ -265,6 +285,8 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     if fn == "get_2stage_cfgs":
         return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
                           tuned_file if "@file" in family.aiter_args else None)
+    if fn == "_find_grouped_config":
+        return grouped_probe(mod, enums.ActivationType, enums.QuantType)
     cpp = None
     tries = cpp_tries(csrc, family) if family.cpp_key is not None and csrc is not None else None
     if tries is not None:

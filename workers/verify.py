@@ -28,7 +28,7 @@ from app.domain.tables import read_table, render_csv
 from workers.backends.aiter_tuner import default_aiter_root, run_config_command
 from workers import image_tables
 from workers.client import ServiceClient
-from workers.engagement_probe import make_probe, resolved_file
+from workers.engagement_probe import make_probe, needs_file, resolved_file
 
 
 def verify(client: ServiceClient, digest: str, family: str, root: Path, worker_id: str, timeout_s: float,
@@ -123,7 +123,8 @@ def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: st
             at = aiter()
             error, results = None, []
             try:
-                tuned_file = resolved_file(at.core, fam.aiter_file_attr)
+                # a lookup that resolves its table itself does so inside the probe, as in the server
+                tuned_file = resolved_file(at.core, fam.aiter_file_attr) if needs_file(fam) else None
                 look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file)
                 for r in rows:
                     hit, cfg = look(r["shape"])

@@ -41,9 +41,14 @@ class Artifact:
 
 
 def resolve(release: AiterRelease, family: TableFamily, files: list[Table | None], names: list[str],
-            untuned_header: tuple[str, ...] | None, live_gfx: str) -> tuple[Table | None, str | None, list[str]]:
+            untuned_header: tuple[str, ...] | None, live_gfx: str, concat: bool = False
+            ) -> tuple[Table | None, str | None, list[str]]:
     """update_config_files over a path list: one path is read as is; more are merged (missing ones skipped,
-    except a missing first path in 0.1.7)."""
+    except a missing first path in 0.1.7). concat: the loader reads the paths itself, every row of every
+    existing file in order, nothing merged (family.env_concat)."""
+    if concat:
+        present = [t for t in files if t is not None]
+        return Table(union_header(present), [r for t in present for r in t.rows], names[-1]), None, []
     if len(files) <= 1:
         return (files[0] if files and files[0] is not None else Table(()), None, [])
     if release.merge_first_must_exist and files[0] is None:
@@ -89,7 +94,8 @@ def build(release: AiterRelease, family: TableFamily, form: str, shipped: Shippe
                                             "a drop-in merges with files nobody has checked")
         files = [shipped.default, *shipped.model_configs, overlay]
         names = [default_name, *mc_names, f"model_configs/{overlay.name}"]
-    table, err, rewritten = resolve(release, family, files, names, shipped.untuned_header, live_gfx)
+    table, err, rewritten = resolve(release, family, files, names, shipped.untuned_header, live_gfx,
+                                    concat=family.env_concat and form == "layer")
     if err is not None:
         return Artifact(form, names, None, f"AITER {release.name} raises at start: {err}", rewritten, overlay)
     return Artifact(form, names, table, overlay=overlay)

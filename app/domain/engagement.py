@@ -100,6 +100,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                                 reason=why) for shape in shapes]
     key_columns = lookup_columns(family, key_columns)
     rows = loaded_rows(family, table, gfx)
+    if family.key_match == "wildcard":
+        return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
     index = lookup_index(family, key_columns, rows)
     cpp_at = cpp_at or (gfx, cu_num)
     cpp = _cpp_index(family, build_targets or (cpp_at,), rows)
@@ -147,6 +149,27 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 res.fails, res.reason = True, "AITER raises on a shape without a row (no default): " + reason
         out.append(res)
     return out
+
+
+def _wildcard(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int, raw: dict[str, str],
+              rows: list[dict[str, str]]) -> ShapeEngagement:
+    """grouped_moe_gfx1250.py _find_grouped_config: every key cell a row fills (stripped) must equal the call's,
+    an empty or absent cell matches anything; no match with cu_num, then without it; the lowest us wins (a stable
+    sort: ties keep file order)."""
+    (m, _), = lookup_keys(family, key_columns, gfx, cu_num, raw)[:1]
+    want = dict(family.remap(raw), gfx=gfx, cu_num=str(cu_num))
+    if m is not None:
+        want[family.m_column] = str(m)  # type: ignore[index]
+
+    def fits(r: dict[str, str], cols: tuple[str, ...]) -> bool:
+        return all(not r.get(c) or str(r.get(c)).strip() == want[c] for c in cols)
+    for cols in (key_columns, tuple(c for c in key_columns if c != "cu_num")):
+        found = [r for r in rows if fits(r, cols)]
+        if found:
+            row = min(found, key=lambda r: float(r.get("us") or 0.0))
+            return ShapeEngagement(raw, True, [m], m, row)
+    return ShapeEngagement(raw, False, [m], reason="no row matches (empty cells match anything, cu_num dropped "
+                                                    "as a last resort)")
 
 
 def row_use(family: TableFamily, shape: dict[str, str], row: dict[str, str]) -> str:

@@ -121,6 +121,12 @@ class TableFamily:
     # cells a capture may leave out, in order: (column, default value or the column it copies)
     shape_defaults: tuple[tuple[str, str], ...] = ()
     overlay_first: bool = False  # in a merged file the overlay's rows go first (first-match lookups)
+    # the loader reads the env value itself: its ':' paths concatenated, no merge, no dedup; unset, AITER_CONFIGS'
+    # merged file (grouped_moe_gfx1250.py _load_grouped_config_rows)
+    env_concat: bool = False
+    # how a row matches: "exact" keys, or "wildcard": an empty cell matches anything, cu_num is dropped when
+    # nothing matches with it, the lowest us wins (grouped_moe_gfx1250.py _find_grouped_config)
+    key_match: str = "exact"
     # the kernel comes from a C++ table compiled from the CSV, keyed on these columns with its own M padding
     # (keys.cpp_m_candidates), the last row of a key winning (chip_info.py build_tune_dict); None: Python only
     cpp_key: tuple[str, ...] | None = None
@@ -372,6 +378,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         shape_columns=_FMOE_SHAPE + ("gate_mode",), m_column="token", padding="moe", err_columns=(),
         gfx_source="get_gfx", duplicate_keys="first", filled=("kernelName1", "kernelName2"), err_max=0.1,
         sentinels=(("topk", "-1"),),  # an expert-parallel call (grouped_moe_gfx1250.py:1032-1033)
+        aiter_lookup="aiter/ops/flydsl/grouped_moe_gfx1250.py:_find_grouped_config", env_concat=True,
+        key_match="wildcard",
+        aiter_file_attr="AITER_CONFIG_GROUPED_FMOE_FILE",
         deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "
                       "wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py", tuner_args=("--grouped-gemm",)),

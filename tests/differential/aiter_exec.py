@@ -355,7 +355,12 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
                 if err:
                     raise RuntimeError(err[0])
                 p.need(core, family.aiter_file_attr)
-            out.resolved = probe.resolved_file(core, family.aiter_file_attr)
+            # resolve as the server's import does (a module-level AITER_CONFIGS read raises at start), unless the
+            # lookup's own module reads the env var itself (grouped_moe_gfx1250.py _load_grouped_config_rows)
+            lookup_src = (src / family.aiter_lookup.split(":")[0]).read_text()
+            reads_env = re.search(rf"os\.(?:environ\.get|getenv)\(\s*[\"']{family.env_var}[\"']", lookup_src)
+            if not (env_value and reads_env):
+                out.resolved = probe.resolved_file(core, family.aiter_file_attr)
         except Exception as e:  # noqa: BLE001  AITER raised: the deploy fails at start
             out.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out.rewritten = [k for k, v in _hashes(root).items() if before.get(k) != v]

@@ -130,14 +130,14 @@ def result_cells(family, pool: list[dict[str, str]], rng: random.Random) -> dict
 
 
 def overlay_for(family, header: tuple[str, ...], shapes: list[dict[str, str]], rng: random.Random,
-                pool: list[dict[str, str]]) -> Table:
+                pool: list[dict[str, str]], idents=IDENTITIES) -> Table:
     """Rows the service would emit: captured values remapped, at the raw M or one AITER pads to, at both
     identities (one overlay per image digest carries every identity it was tuned on)."""
     rows, seen = [], set()
     for i, s in enumerate(shapes):
         if rng.random() < 0.35:
             continue
-        for gfx, cu in IDENTITIES:
+        for gfx, cu in idents:
             if rng.random() < 0.3:
                 continue
             cells = dict(result_cells(family, pool, rng), **family.remap(s), gfx=gfx, cu_num=str(cu))
@@ -202,6 +202,18 @@ def test_service_verdict_equals_aiter_per_shape(rel, family_name, ident, flydsl,
     compare(rel, family_name, ident, flydsl, tmp_path)
 
 
+@pytest.mark.parametrize("env", ({}, {"CU_NUM": "80"}, {"GPU_ARCHS": "gfx942;gfx1250"}, {"GPU_ARCHS": "gfx942"}),
+                         ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "unset")
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+def test_grouped_fmoe_on_its_own_gpu(flydsl, env, tmp_path):
+    """grouped fmoe runs on gfx1250 only (grouped_moe_gfx1250.py _use_grouped_gemm_enabled) and ships only its
+    rows: the other identities would find nothing."""
+    current = next((r for r in RELEASES if r[0] == "current"), None)
+    if current is None:
+        pytest.skip("AITER's sources not found: the current release's")
+    compare(current, "grouped_fmoe", ("gfx1250", 256), flydsl, tmp_path, env=env)
+
+
 # The serving environment's GPU_ARCHS and CU_NUM (chip_info.py, build_targets.py): unset, "native", the GPU's
 # own arch, a ';' list (its last entry), one with a space, empty, another arch; CU_NUM another part's, 0, junk.
 ENVS = ({}, {"GPU_ARCHS": "native"}, {"GPU_ARCHS": "@gpu"}, {"GPU_ARCHS": "gfx942;gfx950"},
@@ -252,7 +264,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         shapes = [{k: v for k, v in s.items() if k != "q_dtype_w"} | {"q_dtype_w": "torch.int8"} for s in shapes]
     header = parse_header_line(_tuned_files(configs, family)[0].read_text().splitlines()[0])
     schema = tuned_schema(get_family(family_name), header)
-    overlay = overlay_for(family, header, shapes, rng, result_pool(configs, family))
+    overlay = overlay_for(family, header, shapes, rng, result_pool(configs, family),
+                          IDENTITIES + ((ident,) if ident not in IDENTITIES else ()))
     ident_x = ax.Identity(gfx, cu, flydsl, env)
     li = lookup_identity(family, gfx, cu, env)  # how the service reads the serving environment
     env_error = li.error or (li.build_error if family.compiled else None)
