@@ -10,7 +10,7 @@ from app.domain.lease_states import ShapeState
 from app.domain.served import rule as priority_rule
 from app.services import pages
 from app.services import builds
-from app.services.leasing import est_shape_cost
+from app.services.leasing import SUPERSEDED, est_shape_cost
 
 STATES = tuple(st.value for st in ShapeState)
 
@@ -89,6 +89,8 @@ def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after
     best: dict[int, Result] = {}
     for r in s.scalars(select(Result).where(Result.shape_id.in_([x.id for x in rows] or [-1]))
                        .order_by(Result.id)):
+        if r.status == SUPERSEDED:  # a dead lease's late record: never the shape's result
+            continue
         if r.shape_id not in best or (r.verified and (not best[r.shape_id].verified or
                                                       (r.us or 1e30) < (best[r.shape_id].us or 1e30))):
             best[r.shape_id] = r

@@ -22,7 +22,7 @@ from app.domain.families import get_family
 from app.domain.improvement import row_helps
 from app.domain.keys import runtime_value
 from app.domain.roofline import floor_us
-from app.errors import Conflict, Forbidden, Invalid, NotFound
+from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 from app.ttl_cache import TTLCache
 
@@ -258,9 +258,14 @@ def _check_timing(camp, shape: CampaignShape, body: ResultIn) -> None:
 
 @dataclass
 class Refused:
-    """A result the service refused: the shape's try is counted (and committed); the route answers the error."""
-    error: Invalid
+    """A result the service refused (its try counted) or kept as a superseded record, committed either way; the
+    route answers the error."""
+    error: DomainError
     shape_state: str
+    outcome: str = "refused"  # or SUPERSEDED
+
+
+SUPERSEDED = "superseded"  # the status of a late result kept as a record only
 
 
 def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct: float) -> ls.ResultKind:
@@ -304,11 +309,10 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     shape = found[0] if found else None
     if shape is None or shape.campaign_id != lease.campaign_id or (not late and not _row_facts(shape).held_by(lease.id)):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
-    if late and shape.state != ls.ShapeState.QUEUED.value:
-        raise Conflict(f"lease_id: lease {lease_id} expired and shape {body.shape_id} is {shape.state} now",
-                       "lease_id")
     camp = p.campaign_rows("campaign", {"cid": lease.campaign_id})[0]
     now = utcnow()
+    if late and shape.state != ls.ShapeState.QUEUED.value:
+        return _superseded(p, camp, shape, lease, body, now, f"shape {body.shape_id} is {shape.state} now")
     try:
         row = _check_row(p, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
         _check_timing(camp, shape, body)
@@ -322,18 +326,12 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     err_max = get_family(camp.family).err_max
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
-        raise Conflict(f"lease_id: lease {lease_id} expired; only a tuned result is still taken", "lease_id")
+        return _superseded(p, camp, shape, lease, body, now, "only a tuned result is still taken")
     verified = kind is ls.ResultKind.VERIFIED
     if kind is ls.ResultKind.DEFAULT_BEST:
         row = None
-    result_id = p.rows("add_result", {
-        "sid": shape.id, "lid": lease.id, "wid": lease.worker_id, "backend": body.backend,
-        "digest": camp.image_digest, "aiter_commit": body.aiter_commit,
-        "status": "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status, "us": body.us,
-        "err_ratio": body.err_ratio, "verified": verified, "kernel_name": body.kernel_name,
-        "default_us": body.default_us, "row": p.to_doc(row), "candidates": p.to_doc([c.model_dump() for c in body.candidates]),
-        "error": body.error, "elapsed_s": body.elapsed_s, "started_at": p.stamp(body.started_at),
-        "finished_at": p.stamp(body.finished_at or now), "now": p.stamp(now)})[0][0]
+    result_id = _add_result(p, camp, shape, lease, body, now, row, verified,
+                            "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status)
     _COSTS.pop((p.key, camp.id, body.backend))
     if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
         # the default path measured on this identity replaces the roofline estimate in the served time
@@ -348,6 +346,25 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     if not late:
         _finish_if_empty(p, lease)
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
+
+
+def _add_result(p: Plain, camp, shape, lease, body: ResultIn, now: datetime, row: dict | None, verified: bool,
+                status: str) -> int:  # type: ignore[no-untyped-def]
+    return p.rows("add_result", {
+        "sid": shape.id, "lid": lease.id, "wid": lease.worker_id, "backend": body.backend,
+        "digest": camp.image_digest, "aiter_commit": body.aiter_commit, "status": status, "us": body.us,
+        "err_ratio": body.err_ratio, "verified": verified, "kernel_name": body.kernel_name,
+        "default_us": body.default_us, "row": p.to_doc(row), "candidates": p.to_doc([c.model_dump() for c in body.candidates]),
+        "error": body.error, "elapsed_s": body.elapsed_s, "started_at": p.stamp(body.started_at),
+        "finished_at": p.stamp(body.finished_at or now), "now": p.stamp(now)})[0][0]
+
+
+def _superseded(p: Plain, camp, shape, lease, body: ResultIn, now: datetime, why: str) -> Refused:  # type: ignore[no-untyped-def]
+    """A late result the shape can no longer take (another lease has or tuned it, or it does not tune): kept as a
+    record, never verified and no transition, so no finished measurement is lost; the worker still gets its 409."""
+    rid = _add_result(p, camp, shape, lease, body, now, body.row, False, SUPERSEDED)
+    return Refused(Conflict(f"lease_id: lease {lease.id} expired and {why}; result {rid} kept as a record only",
+                            "lease_id"), shape.state, SUPERSEDED)
 
 
 def _finish_if_empty(p: Plain, lease) -> None:  # type: ignore[no-untyped-def]

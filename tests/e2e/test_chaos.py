@@ -3,8 +3,9 @@ while workers are SIGKILLed (and restarted) and SIGSTOPped (and continued) at ra
 and restarted on the same database, and another process holds the database's write lock for 75 s.
 
 Afterwards: every shape tuned exactly once (one verified result each), no finished result lost (each one a
-worker logged as spooled is in the database, or the worker was told another lease had tuned the shape), no
-shape parked, every worker alive until asked to stop, and no 5xx from the server but 503 (database busy).
+worker logged as spooled is in the database: as the shape's result, or as a record when its lease had died and
+another lease had the shape meanwhile), no shape parked, every worker alive until asked to stop, and no 5xx
+from the server but 503 (database busy).
 Select it with `-m chaos`; TUNER_CHAOS_SEED replays a run.
 """
 
@@ -204,18 +205,19 @@ def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path, capsys):
         shapes = dict(conn.execute("SELECT id, state FROM shapes").fetchall())
         max_attempts = conn.execute("SELECT max(attempts) FROM shapes").fetchone()[0]
         stored = {(s, lid) for s, lid in conn.execute("SELECT shape_id, lease_id FROM results")}
+        records = conn.execute("SELECT count(*) FROM results WHERE status = 'superseded'").fetchone()[0]
         tuned_by = conn.execute("SELECT shape_id, count(*) FROM results WHERE verified = 1 OR status = 'default_best' "
                                 "GROUP BY shape_id").fetchall()
         verified = dict(conn.execute("SELECT shape_id, count(*) FROM results WHERE verified = 1 "
                                      "GROUP BY shape_id").fetchall())
-    lost = (finished - superseded - stored) | (delivered - stored)
+    lost = (finished | delivered) - stored
     duplicates = sum(n - 1 for _s, n in tuned_by if n > 1)
     figures = (f"chaos figures (seed {seed}; {os.cpu_count()} CPUs, no GPU, torch on the CPU):\n"
                f"  shapes {len(shapes)}, tuned {sum(st == 'tuned' for st in shapes.values())}, "
                f"parked {sum(st == 'failed' for st in shapes.values())}, max attempts on a shape {max_attempts}\n"
                f"  results stored {len(stored)}, verified {sum(verified.values())}, duplicates {duplicates}, "
-               f"finished by workers {len(finished)}, superseded (another lease tuned the shape) "
-               f"{len(superseded)}, lost {len(lost)}\n"
+               f"finished by workers {len(finished)}, of them kept as records only (lease dead, shape taken "
+               f"by another) {records}, lost {len(lost)}\n"
                f"  workers {N_WORKERS}: SIGKILLs {fleet.kills} (each restarted), SIGSTOPs {fleet.stops}, worker starts "
                f"{len(fleet.logs)}, alive at the end {sum(alive.values())}/{N_WORKERS}, exit codes on SIGTERM "
                f"{sorted(codes.values())}\n"
@@ -231,7 +233,7 @@ def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path, capsys):
     assert set(shapes.values()) == {"tuned"} and len(shapes) == N_SHAPES, "every shape tuned, none parked"
     assert all(verified.get(sid) == 1 for sid in shapes) and duplicates == 0, "one verified result per shape"
     assert not lost, f"finished results not in the database: {sorted(lost)[:10]}"
-    assert all(shapes[s] == "tuned" and (s, lid) not in stored for s, lid in superseded)
+    assert superseded <= stored, "a superseded result is kept as a record"
     assert all(alive.values()) and set(codes.values()) == {0}, (alive, codes)
     assert all(c == 503 for c in errors_5xx), f"5xx other than 503: {sorted(set(errors_5xx))}"
     assert errors_5xx, "the write lock must have been felt (503s)"

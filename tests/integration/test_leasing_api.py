@@ -166,6 +166,16 @@ def test_expired_lease_gives_its_shapes_back(client, settings):
     assert late.status_code == 409  # the dead worker's late post cannot land on a re-leased shape
     c = client.get(f"/v1/campaigns/{body['campaign_id']}").json()
     assert (c["tuned"], c["leased"]) == (1, 1)
+    by_id = {x["shape_id"]: x for x in c["shape_list"]}
+    assert by_id[body["shapes"][1]["shape_id"]]["us"] is None  # the record is not the shape's result
+    # ... but the finished measurement is kept, as a record only: nothing a worker finished is lost
+    from sqlalchemy import create_engine, text
+    eng = create_engine(settings.database_url.replace("postgresql://", "postgresql+psycopg://"))
+    with eng.connect() as conn:
+        kept = conn.execute(text("SELECT status, verified FROM results WHERE lease_id = :l AND shape_id = :s"),
+                            {"l": body["lease_id"], "s": body["shapes"][1]["shape_id"]}).all()
+    eng.dispose()
+    assert [(st, bool(v)) for st, v in kept] == [("superseded", False)] and "kept as a record" in late.text
 
 
 def test_heartbeat_extends_but_never_past_budget_and_grace(client, settings):

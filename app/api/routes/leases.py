@@ -62,8 +62,8 @@ def post_result(lease_id: LeaseId, body: ResultIn, request: Request, db: DbDep, 
                 who: Caller) -> Response:
     with db.plain() as p:
         out = leasing.post_result(p, lease_id, body, settings, who)
-    if isinstance(out, leasing.Refused):  # committed: the refused try counts
-        request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), "refused", "false").inc()
+    if isinstance(out, leasing.Refused):  # committed: the refused try counts, a superseded record is kept
+        request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), out.outcome, "false").inc()
         raise out.error
     if not out.duplicate:
         request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), body.status,
