@@ -174,6 +174,18 @@ def grouped_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
     return probe
 
 
+def gdn_probe(prefill: Any) -> Probe:
+    """The chunk-GDN K5 opt BV table (linear_attention_prefill_kernels.py _tuned_bv): the BV it returns."""
+    ints = ("H", "Hg", "V", "total_chunks", "max_seq_chunks")
+
+    def probe(s):
+        kw = {c: (int(v) if c in ints else v == "True") for c, v in s.items()
+              if c in ints + ("is_varlen", "use_h0", "store_fs", "snapshot_bf16", "state_bf16")}
+        bv = prefill._tuned_bv(**kw)
+        return bv is not None, None if bv is None else {"BV": bv}
+    return probe
+
+
 def _cpp_block(csrc: Path, family: Any) -> tuple[str, str] | None:
     """nextPow2 and the `int padded_m = M; ...` block of the compiled dispatch, cut verbatim (gemm_a8w8.cu
     rowwise_dispatch; batched_gemm_*.cu batched_rowwise_dispatch: the tuner script's folder)."""
@@ -287,6 +299,8 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
                           tuned_file if "@file" in family.aiter_args else None)
     if fn == "_find_grouped_config":
         return grouped_probe(mod, enums.ActivationType, enums.QuantType)
+    if fn == "_tuned_bv":
+        return gdn_probe(mod)
     cpp = None
     tries = cpp_tries(csrc, family) if family.cpp_key is not None and csrc is not None else None
     if tries is not None:

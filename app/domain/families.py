@@ -395,6 +395,11 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                        "max_seq_chunks"),
         shape_columns=_h("H,Hg,V,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,total_chunks,max_seq_chunks"),
         m_column=None, padding="exact", err_columns=(), tuner_script="csrc/gdn_k5/chunk_gdn_h_opt_tune.py",
+        # linear_attention_prefill_kernels.py:658-753: read at import from AITER_CONFIGS' file (a read error leaves
+        # it empty), rows without BV skipped, the first BV of a key kept, exact (gfx_runtime, cu_num, shape) lookup
+        aiter_lookup="aiter/ops/flydsl/linear_attention_prefill_kernels.py:_tuned_bv",
+        aiter_file_attr="AITER_CONFIG_GDN_K5_OPT_FILE", duplicate_keys="first", dropped_rows=(("BV", ""),),
+        filled=("BV",),
         untuned_variants=("dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs",)),
 ]}
 

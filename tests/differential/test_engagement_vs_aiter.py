@@ -82,11 +82,12 @@ def shipped_shapes(configs: Path, family) -> list[dict[str, str]]:
     """AITER's own shape lists: its untuned files; a family that ships none (mxscale BMM) has the shapes of its
     tuned tables."""
     shapes: dict[str, dict[str, str]] = {}
-    untuned = [p for p in _untuned_files(configs, family) if _rows(p)]
+    untuned = [p for p in _untuned_files(configs, family) if _rows(p)
+               and set(family.shape_columns) <= set(parse_header_line(p.read_text().splitlines()[0]))]
     for p in untuned or _tuned_files(configs, family):
         header = parse_header_line(p.read_text().splitlines()[0])
         rows = _rows(p)
-        if family.m_column not in header or not rows:
+        if (family.m_column and family.m_column not in header) or not rows:
             continue
         keep = [c for c in family.shape_columns if c in header]
         body = render_csv(tuple(keep), rows)
@@ -101,7 +102,11 @@ def random_shapes(family, base: list[dict[str, str]], rng: random.Random, gfx: s
     out = []
     for _ in range(RANDOM_SAMPLE):
         s = dict(rng.choice(base))
-        s[family.m_column] = str(rng.choice([rng.randint(1, 300), rng.randint(1, 20000)]))
+        if family.m_column:
+            s[family.m_column] = str(rng.choice([rng.randint(1, 300), rng.randint(1, 20000)]))
+        else:  # GDN: a batch shape's chunk counts and flags
+            s["total_chunks"] = str(rng.choice([int(s["total_chunks"]), rng.randint(1, 64)]))
+            s["use_h0"] = rng.choice(["True", "False"])
         if "bias" in s:
             s["bias"] = rng.choice(["True", "False"])
         if "q_dtype_w" in s and family.m_column == "M":
@@ -142,7 +147,8 @@ def overlay_for(family, header: tuple[str, ...], shapes: list[dict[str, str]], r
                 continue
             cells = dict(result_cells(family, pool, rng), **family.remap(s), gfx=gfx, cu_num=str(cu))
             cands = m_candidates(family, s)
-            cells[family.m_column] = str(rng.choice(cands))
+            if cands:
+                cells[family.m_column] = str(rng.choice(cands))
             if gfx == "gfx950" and "fnuz" in cells.get("q_dtype_w", ""):
                 cells["q_dtype_w"] = "torch.float8_e4m3fn"
             key = tuple(cells.get(c, "") for c in family.key_columns)
@@ -181,8 +187,8 @@ def shipped_of(root: Path, family, release) -> deploy.Shipped:
 
 
 def same_row(family, cfg: dict, row: dict) -> bool:
-    cols = [c for c in ("kernelName", "kernelName1", "kernelName2", "kernelId", "splitK", "libtype", "us")
-            if c in row]
+    cols = [c for c in ("kernelName", "kernelName1", "kernelName2", "kernelId", "splitK", "libtype", "us", "BV")
+            if c in row and c in cfg]
 
     def norm(v):
         if v is None or v != v or v == "":  # pandas reads an empty cell as NaN
@@ -221,7 +227,7 @@ ENVS = ({}, {"GPU_ARCHS": "native"}, {"GPU_ARCHS": "@gpu"}, {"GPU_ARCHS": "gfx94
         {"CU_NUM": "80"}, {"CU_NUM": "0"}, {"GPU_ARCHS": "@gpu", "CU_NUM": "80"}, {"CU_NUM": "x"})
 # one family per way AITER reads the identity: get_gfx() (bf16), get_gfx_runtime + the compiled table's build
 # targets (a8w8: own padding; bpreshuffle: getPaddedM, ck rows; batched), gfx backfilled from cu_num (fmoe)
-ENV_FAMILIES = ("bf16_gemm", "a8w8_gemm", "a8w8_bpreshuffle_gemm", "a8w8_batched_gemm", "fmoe")
+ENV_FAMILIES = ("bf16_gemm", "a8w8_gemm", "a8w8_bpreshuffle_gemm", "a8w8_batched_gemm", "fmoe", "gdn_k5_opt")
 
 
 @pytest.mark.parametrize("env", ENVS, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "unset")
