@@ -49,6 +49,17 @@ def _download_aiter_src(dest: Path) -> None:
     tmp.rename(dest)
 
 
+def _downloaded(what: str) -> Path:
+    """The pinned download in .cache/, fetched once per session; a failure is kept for the loud summary line."""
+    cached = ROOT / ".cache" / f"aiter-src-{AITER_COMMIT[:10]}"
+    if not cached.is_dir() and not _AITER_SRC_MISSING:
+        try:
+            _download_aiter_src(cached)
+        except Exception as e:  # noqa: BLE001 - any failure means: no sources, skip loudly
+            _AITER_SRC_MISSING.append(f"{what}{type(e).__name__}: {e}")
+    return cached
+
+
 def aiter_src() -> Path:
     """AITER's own sources for differential tests, from one setting: TUNER_AITER_SRC, else ../shared/aiter-src
     beside the checkout, else a download of ROCm/aiter at AITER_COMMIT cached in .cache/. Skips the calling test
@@ -58,12 +69,7 @@ def aiter_src() -> Path:
     shared = ROOT.parent / "shared" / "aiter-src"
     if shared.is_dir():
         return shared
-    cached = ROOT / ".cache" / f"aiter-src-{AITER_COMMIT[:10]}"
-    if not cached.is_dir() and not _AITER_SRC_MISSING:
-        try:
-            _download_aiter_src(cached)
-        except Exception as e:  # noqa: BLE001 - any failure means: no sources, skip loudly
-            _AITER_SRC_MISSING.append(f"{type(e).__name__}: {e}")
+    cached = _downloaded("")
     if not cached.is_dir():
         pytest.skip(f"AITER's sources not found (TUNER_AITER_SRC, ../shared/aiter-src, download: "
                     f"{_AITER_SRC_MISSING[0]})")
@@ -77,12 +83,7 @@ def aiter_tree_with(*rels: str) -> Path:
     src = aiter_src()
     if all((src / r).exists() for r in rels):
         return src
-    cached = ROOT / ".cache" / f"aiter-src-{AITER_COMMIT[:10]}"
-    if not cached.is_dir() and not _AITER_SRC_MISSING:
-        try:
-            _download_aiter_src(cached)
-        except Exception as e:  # noqa: BLE001 - any failure means: no sources, skip loudly
-            _AITER_SRC_MISSING.append(f"{', '.join(rels)}: {type(e).__name__}: {e}")
+    cached = _downloaded(f"{', '.join(rels)}: ")
     if all((cached / r).exists() for r in rels):
         return cached
     if not _AITER_SRC_MISSING:
