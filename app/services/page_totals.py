@@ -9,6 +9,7 @@ live refresh (every 5 s) shows it when it does. A small campaign is counted with
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from app.db.session import Database
 from app.services import engagement
 
+log = logging.getLogger(__name__)
 INLINE_MAX = 1000  # shapes counted within the request (~0.1 s)
 REFRESH_S = 30.0
 
@@ -69,6 +71,8 @@ class PageTotals:
             proof = v["proof"]
             self._last[key] = Count(version, time.monotonic(), v["predicted_hits"],
                                     proof["disagreements"] if proof else None)
+        except Exception as e:  # a busy or closing database: the page keeps saying "counting"; a later view retries
+            log.warning("campaign %s: counting the page's totals failed: %s", campaign_id, e)
         finally:
             with self._lock:
                 self._running.discard(key)
