@@ -41,10 +41,11 @@ def _lease_facts(lease) -> ls.LeaseFacts:  # type: ignore[no-untyped-def]
     return ls.LeaseFacts(ls.LeaseState(lease.state), lease.expires_at, lease.hard_deadline)
 
 
-# The lease, heartbeat, release and sweep paths run the dialect module's plain statements on the driver's
-# connection (Database.plain; Plain.of(session) inside the result route's session): they read shape and lease
-# facts as rows, apply lease_states' transitions, and write each back guarded by the state it read. No ORM
-# object, unit of work or SQLAlchemy execution context is built on the fleet's hottest requests.
+# The lease, heartbeat, release, result and sweep paths run the dialect module's plain statements on the
+# driver's connection (Database.plain; Plain.of(session) where a session's use case shares one, such as the cost
+# estimate): they read shape and lease facts as rows, apply lease_states' transitions, and write each back
+# guarded by the state it read. No ORM object, unit of work or SQLAlchemy execution context is built on the
+# fleet's hottest requests.
 
 def _row_facts(r) -> ls.ShapeFacts:  # type: ignore[no-untyped-def]
     return ls.ShapeFacts(ls.ShapeState(r.state), r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
