@@ -110,9 +110,10 @@ class TableFamily:
     # with a WARNING (gemm_op_a8w8.py:509-525); bf16's set_index(["gfx", ...]) raises instead
     gfx_optional: bool = False
     dropped_rows: tuple[tuple[str, str], ...] = ()  # (column, value) rows the loader drops
-    # a FlyDSL row where flydsl is absent: "skip" to the next M, "fails" (no fallback), "default" (the op runs its
-    # default kernel, no next-M retry), "ignored" (not checked)
-    flydsl_miss: str = "skip"
+    # a FlyDSL row where flydsl is absent: "skip" to the next M (bf16's lookup), "fails" (no fallback), "default"
+    # (the op runs its default kernel, no next-M retry), "ignored" (the lookup does not look: the row is returned and
+    # the op's libtype dispatch decides)
+    flydsl_miss: str = "ignored"
     # cells that must be filled in a deployed row, and (column, value) rows that are exempt from a column
     filled: tuple[str, ...] = ("kernelName", "libtype")
     filled_unless: tuple[tuple[str, str, str], ...] = ()  # (column, exempt if this column, equals this)
@@ -218,7 +219,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
-        gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config",
+        gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
         shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),

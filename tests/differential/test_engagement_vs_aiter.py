@@ -146,6 +146,8 @@ def overlay_for(family, header: tuple[str, ...], shapes: list[dict[str, str]], r
             if rng.random() < 0.3:
                 continue
             cells = dict(result_cells(family, pool, rng), **family.remap(s), gfx=gfx, cu_num=str(cu))
+            if family.aiter_op and random.Random(f"{i}{gfx}").random() < 0.2:  # libtypes the op may not run
+                cells["libtype"] = random.Random(i).choice(("asm", "triton", "opus", "flydsl", "hipblaslt"))
             cands = m_candidates(family, s)
             if cands:
                 cells[family.m_column] = str(rng.choice(cands))
