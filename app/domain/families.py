@@ -95,6 +95,10 @@ class TableFamily:
     compiled: bool = False  # kernels picked from a table compiled into a CK JIT module
     tuner_script: str | None = None
     tuner_args: tuple[str, ...] = ()
+    # the aiter backend races this tuner in two phases: its screen needs every candidate in -o2/--profile_file
+    # (TunerCommon.post_process, base_tuner.py:482-491) and its confirmation a --run_config that runs the
+    # production op (the base run_config only logs "not implemented", base_tuner.py:571-577)
+    tuner_races: bool = True
     # the matrix-core precision the kernels run at: picks the peak FLOP/s and operand bytes in roofline.py
     math: str = "bf16"
     # --- how the run-time lookup treats the table (aiter-tuning.md 1.4, 2.x, 6)
@@ -320,7 +324,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_lookup="aiter/ops/batched_gemm_op_a8w8.py:lookup_mxscale_bmm_config", aiter_args=("b", "m", "n", "k"),
         aiter_file_attr="AITER_CONFIG_BATCHED_GEMM_A8W8_BLOCKSCALE_MXSCALE_FILE",
         err_max=0.02,  # opus_bmm_mxscale_tune.py:32
-        math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py"),
+        # OpusBmmMxscaleTuner (opus_bmm_mxscale_tune.py:245) has no run_config of its own: nothing to confirm with
+        math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py", tuner_races=False),
     TableFamily(
         name="fmoe", gfx_optional=True, env_var="AITER_CONFIG_FMOE",
         tuned_file="tuned_fmoe.csv", untuned_file="untuned_fmoe.csv",
@@ -384,7 +389,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_file_attr="AITER_CONFIG_GROUPED_FMOE_FILE",
         deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "
                       "wins.",),
-        tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py", tuner_args=("--grouped-gemm",)),
+        # GroupedFmoeTuner.post_process (gemm_moe_tune.py:6047-6049) writes no --profile_file: nothing to screen
+        tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py", tuner_args=("--grouped-gemm",),
+        tuner_races=False),
     TableFamily(
         name="gdn_k5_opt", env_var="AITER_CONFIG_GDN_K5_OPT",
         tuned_file="chunk_gdn_h_opt_tuned.csv", untuned_file="chunk_gdn_h_opt_untuned.csv",
@@ -396,6 +403,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                        "max_seq_chunks"),
         shape_columns=_h("H,Hg,V,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,total_chunks,max_seq_chunks"),
         m_column=None, padding="exact", err_columns=(), tuner_script="csrc/gdn_k5/chunk_gdn_h_opt_tune.py",
+        tuner_races=False,  # K5BvTuner.post_process (chunk_gdn_h_opt_tune.py:512-524) writes no --profile_file
         # linear_attention_prefill_kernels.py:658-753: read at import from AITER_CONFIGS' file (a read error leaves
         # it empty), rows without BV skipped, the first BV of a key kept, exact (gfx_runtime, cu_num, shape) lookup
         aiter_lookup="aiter/ops/flydsl/linear_attention_prefill_kernels.py:_tuned_bv",

@@ -6,12 +6,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from app.domain.families import FAMILIES
 from app.domain.tables import read_table
 from workers.backends import aiter_tuner
 from workers.backends.aiter_tuner import AiterBackend, match_rows, result_from_row, tuner_command
 from workers.backends.base import Batch
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, aiter_tree_with
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -105,3 +107,49 @@ def test_a_tuner_past_the_budget_is_stopped(tmp_path, monkeypatch):
         Batch(lease, time.monotonic() + 2, lambda: False), seen.append)
     assert time.monotonic() - t0 < 4
     assert all(r.status == "failed" and "budget" in r.error for r in seen) and len(seen) == 3
+
+
+def _tuner_class(tree, classes: dict, args: tuple[str, ...]) -> str:
+    """The tuner class the script's main block runs with these flags: the one built under `if <flag var>:` where
+    `<flag var> = "<flag>" in sys.argv` (gemm_moe_tune.py:6506-6522), else the last one it builds."""
+    import ast
+    flag_vars = {n.targets[0].id: n.value.left.value for n in ast.walk(tree)
+                 if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Compare)
+                 and isinstance(n.value.left, ast.Constant) and isinstance(n.value.left.value, str)}
+    built = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id in classes and "Tuner" in n.func.id]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and flag_vars.get(node.test.id) in args:
+            return next(c.func.id for b in node.body for c in ast.walk(b) if c in built)
+    return max(built, key=lambda c: c.lineno).func.id
+
+
+@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if f.tuner_script])
+def test_the_backend_races_exactly_the_tuners_that_screen_and_confirm(name):
+    """AITER's own tuner decides: the class the script runs must keep every candidate in --profile_file (its
+    post_process writes it) and confirm through the production op (a run_config of its own, not TunerCommon's
+    "not implemented"). Guards TableFamily.tuner_races and aiter_tuner.TUNABLE."""
+    import ast
+    fam = FAMILIES[name]
+    root = aiter_tree_with(fam.tuner_script, "aiter/utility/base_tuner.py")
+    classes = {}
+    for path in (root / "aiter/utility/base_tuner.py", root / fam.tuner_script):
+        tree = ast.parse(path.read_text())
+        classes.update({c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)})
+
+    def method(cls: str, name: str):
+        c = classes.get(cls)
+        if c is None:
+            return None
+        own = next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == name), None)
+        if own is not None:
+            return cls, own
+        return next((m for b in c.bases if isinstance(b, ast.Name) and (m := method(b.id, name))), None)
+
+    cls = _tuner_class(tree, classes, fam.tuner_args)
+    where_run, run_config = method(cls, "run_config")
+    _, post = method(cls, "post_process")
+    screens = "profile_file" in ast.unparse(post)
+    confirms = where_run != "TunerCommon"
+    assert fam.tuner_races == (screens and confirms), (cls, screens, confirms)
+    assert (name in aiter_tuner.TUNABLE) == fam.tuner_races

@@ -31,14 +31,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from app.domain.families import TableFamily, get_family
+from app.domain.families import FAMILIES, TableFamily, get_family
 from app.domain.keys import row_key
 from app.domain.tables import Table, read_table, render_csv
 from workers.backends.base import Batch, Emit, ShapeResult, now_iso, row_helps
 
-TUNABLE = [name for name in ("bf16_gemm", "a8w8_gemm", "a8w8_bpreshuffle_gemm", "a8w8_blockscale_gemm",
-                             "a8w8_blockscale_bpreshuffle_gemm", "a4w4_blockscale_gemm", "a8w8_batched_gemm",
-                             "bf16_batched_gemm", "fmoe")]
+# the families whose AITER tuner this backend can race (TableFamily.tuner_script, tuner_races)
+TUNABLE = [f.name for f in FAMILIES.values() if f.tuner_script and f.tuner_races]
 
 
 def default_aiter_root() -> Path | None:
