@@ -38,9 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", default=env("TUNER_SERVICE_URL"), help="service URL (TUNER_SERVICE_URL)")
     p.add_argument("--image-digest", default=env("TUNER_IMAGE_DIGEST"),
                    help="the served image's digest, from the pod spec or `docker inspect` (TUNER_IMAGE_DIGEST)")
-    p.add_argument("--gfx", default=env("TUNER_GFX"), help="default: GPU_ARCHS, else rocminfo (as AITER reads it)")
+    p.add_argument("--gfx", default=env("TUNER_GFX"),
+                   help="the GPU's gfx; default: rocminfo's (as get_gfx_runtime reads it), else GPU_ARCHS")
     p.add_argument("--cu-num", type=int, default=int(env("TUNER_CU_NUM", "0")) or None,
-                   help="default: CU_NUM, else rocminfo (as AITER reads it)")
+                   help="the GPU's compute units; default: rocminfo's, else CU_NUM")
     p.add_argument("--log", default=env("TUNER_LOG"), help="the server's log file, or - for standard input")
     p.add_argument("--metrics-url", default=env("TUNER_METRICS_URL"),
                    help="vLLM's Prometheus endpoint (http://localhost:8000/metrics): weights shapes by served steps")
@@ -62,6 +63,7 @@ class Agent:
         self.http = httpx.Client(base_url=args.service.rstrip("/"), timeout=30,
                                  headers={"Authorization": f"Bearer {tok}"} if tok else {})
         self.version = identity.aiter_version()
+        self.env = identity.serving_env(dict(os.environ))  # the server's GPU_ARCHS/CU_NUM (the same image's)
         if args.log == "-":
             self.reader: Any = StdinFollower()
         else:
@@ -105,7 +107,7 @@ class Agent:
         st = self.spool.state
         made = 0
         for name in sorted({e.family for e in events} | (set(st["families"]) if steps else set())):
-            parsed = from_events(FAMILIES[name], events, self.gfx, self.cu_num, strict=False)
+            parsed = from_events(FAMILIES[name], events, self.gfx, self.cu_num, strict=False, env=self.env)
             for note in parsed.notes:
                 if "other families" not in note:
                     log.warning("%s: %s (agent says %s/%s)", name, note, self.gfx, self.cu_num)
@@ -114,7 +116,7 @@ class Agent:
                 continue
             for part, i in enumerate(range(0, max(len(shapes), 1), MAX_SHAPES_PER_CAPTURE)):
                 body = CaptureIn(image_digest=self.args.image_digest, gfx=self.gfx, cu_num=self.cu_num,
-                                 family=name, aiter_version=self.version, host=self.args.host,
+                                 family=name, aiter_version=self.version, host=self.args.host, env=self.env,
                                  shapes=shapes[i:i + MAX_SHAPES_PER_CAPTURE],
                                  capture_uid=self.spool.next_uid(name, part),
                                  step_buckets=(steps or None) if part == 0 else None)

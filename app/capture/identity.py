@@ -1,11 +1,15 @@
-"""Who the server is, read the way AITER reads it (aiter/jit/utils/chip_info.py at ROCm/aiter e4048607a5):
-gfx from GPU_ARCHS (the last of a ';' list) or else the first gfx name in rocminfo's output (get_gfx,
-_detect_native); cu_num from CU_NUM or else the GPU agents' "Compute Unit" in rocminfo
-(get_cu_num_custom_op); AITER's version from the installed package. The image digest cannot be seen from
-inside a container: it comes from the pod spec or `docker inspect` (flag or TUNER_IMAGE_DIGEST)."""
+"""Who the server is. The campaign's identity is the GPU itself, as rocminfo shows it: the gfx AITER's runtime
+lookups see (chip_info.py get_gfx_runtime -> _detect_native: the first gfx name in rocminfo's output), the cu_num
+of its GPU agents (get_cu_num_custom_op with CU_NUM unset) and what the compiled C++ tables ask the device for.
+GPU_ARCHS and CU_NUM are not folded into it: they go along as the serving environment (serving_env), from which
+the service predicts what get_gfx() (GPU_ARCHS' last entry) and get_cu_num() (CU_NUM) make of it
+(families.lookup_identity). Only where rocminfo is missing do GPU_ARCHS and CU_NUM stand in for the GPU.
+AITER's version comes from the installed package. The image digest cannot be seen from inside a container: it
+comes from the pod spec or `docker inspect` (flag or TUNER_IMAGE_DIGEST)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -23,24 +27,39 @@ def _rocminfo() -> str | None:
         return None
 
 
+# what AITER reads from the serving environment besides the GPU (chip_info.py, build_targets.py)
+SERVING_ENV = ("GPU_ARCHS", "CU_NUM")
+
+
+def serving_env(env: dict[str, str]) -> dict[str, str]:
+    """GPU_ARCHS and CU_NUM as set (absent when unset): sent with every capture for the service's prediction."""
+    return {k: env[k] for k in SERVING_ENV if k in env}
+
+
 def gfx_from(env: dict[str, str], rocminfo: str | None) -> str | None:
-    archs = env.get("GPU_ARCHS", "native")
-    if archs.strip() and archs != "native":
-        return archs.split(";")[-1].strip()  # chip_info.py get_gfx_custom_op_core: the last entry
+    """The GPU's gfx: rocminfo's first gfx name (_detect_native); without rocminfo, GPU_ARCHS' last entry."""
     for line in (rocminfo or "").splitlines():
         m = re.search(r"\b(gfx\w+)\b", line, re.IGNORECASE)
         if m:
             return m.group(1).lower()
+    archs = env.get("GPU_ARCHS", "native")
+    if archs.strip() and archs != "native":
+        return archs.split(";")[-1].strip()  # chip_info.py get_gfx_custom_op_core: the last entry
     return None
 
 
 def cu_num_from(env: dict[str, str], rocminfo: str | None) -> int | None:
+    """The GPU agents' compute units (all equal, or AITER asserts); without rocminfo, CU_NUM."""
+    gpu = _gpu_cu_num(rocminfo)
+    if gpu is not None or rocminfo:
+        return gpu
     try:
-        cu = int(env.get("CU_NUM", "0"))
+        return int(env.get("CU_NUM", "0")) or None
     except ValueError:
-        cu = 0
-    if cu:
-        return cu
+        return None
+
+
+def _gpu_cu_num(rocminfo: str | None) -> int | None:
     units = []
     for device in re.split(r"Agent\s*\d+", rocminfo or ""):
         for line in device.split("\n"):
@@ -69,6 +88,8 @@ def detect(gfx: str | None, cu_num: int | None) -> tuple[str | None, int | None]
     env = dict(os.environ)
     if gfx and cu_num:
         return gfx, cu_num
-    info = None if (gfx or env.get("GPU_ARCHS", "native") != "native") and (cu_num or env.get("CU_NUM")) \
-        else _rocminfo()
+    info = _rocminfo()
+    if info is None and any(k in env for k in SERVING_ENV):
+        logging.getLogger("aiter-tuner.capture").warning(
+            "no rocminfo: the GPU is taken to be what GPU_ARCHS/CU_NUM name; pass --gfx/--cu-num if it is not")
     return gfx or gfx_from(env, info), cu_num or cu_num_from(env, info)

@@ -6,7 +6,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 
-from app.domain.families import TableFamily
+from app.domain.families import TableFamily, lookup_identity
 from app.domain.headers import parse_header_line, untuned_header_ok
 from app.domain.log_lines import LogEvent, parse_log
 from app.domain.shapes import Shape, ShapeError, make_shape
@@ -80,18 +80,20 @@ def from_untuned_csv(family: TableFamily, text: str, limit: int = MAX_SHAPES) ->
 
 
 def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: int,
-                strict: bool = True, limit: int = MAX_SHAPES) -> ParsedCapture:
-    """The family's shapes among parsed lookup lines, one call per line; lines naming another identity skipped.
-    The service (a posted log) and the capture agent (a followed log) both count lines this way. strict: a
-    line whose shape is not valid refuses the whole capture; else it is skipped with a note (the agent, which
-    must keep following)."""
+                strict: bool = True, limit: int = MAX_SHAPES, env: dict[str, str] | None = None) -> ParsedCapture:
+    """The family's shapes among parsed lookup lines, one call per line; lines naming another identity than
+    the lookup's on this GPU (gfx, cu_num) under the serving environment env (GPU_ARCHS, CU_NUM:
+    families.lookup_identity) skipped. The service (a posted log) and the capture agent (a followed log) both
+    count lines this way. strict: a line whose shape is not valid refuses the whole capture; else it is skipped
+    with a note (the agent, which must keep following)."""
     out = ParsedCapture(limit=limit)
     other = mismatched = 0
+    li = lookup_identity(family, gfx, cu_num, env or {})
     for ev in events:
         if ev.family != family.name:
             other += 1
             continue
-        if (ev.gfx and ev.gfx != gfx) or (ev.cu_num is not None and ev.cu_num != cu_num):
+        if (ev.gfx and ev.gfx != li.gfx) or (ev.cu_num is not None and ev.cu_num != li.cu_num):
             mismatched += 1  # the server's AITER saw another identity than the capture claims
             continue
         try:
@@ -109,9 +111,9 @@ def from_events(family: TableFamily, events: list[LogEvent], gfx: str, cu_num: i
     return out
 
 
-def from_log(family: TableFamily, text: str, gfx: str, cu_num: int, limit: int = MAX_SHAPES
-             ) -> ParsedCapture:
-    out = from_events(family, parse_log(text).events, gfx, cu_num, limit=limit)
+def from_log(family: TableFamily, text: str, gfx: str, cu_num: int, limit: int = MAX_SHAPES,
+             env: dict[str, str] | None = None) -> ParsedCapture:
+    out = from_events(family, parse_log(text).events, gfx, cu_num, limit=limit, env=env)
     if not out.shapes:
         raise ShapeError("log", f"no AITER {family.name} lookup lines ('not found tuned config' or "
                                 f"'is tuned on cu_num') found in {len(text.splitlines())} line(s)")

@@ -39,7 +39,7 @@ def parse(body: CaptureIn, limit: int = capture_parsing.MAX_SHAPES
         elif fmt == "untuned_csv":
             parsed = capture_parsing.from_untuned_csv(fam, body.untuned_csv or "", limit)
         else:
-            parsed = capture_parsing.from_log(fam, body.log or "", body.gfx, body.cu_num, limit)
+            parsed = capture_parsing.from_log(fam, body.log or "", body.gfx, body.cu_num, limit, env=body.env)
     except ShapeError as e:
         raise Invalid(str(e), e.field) from None
     return fam, fmt, parsed

@@ -224,3 +224,32 @@ def test_metrics_weight_the_queue_by_served_steps(live_server, agent_env, tmp_pa
 def test_stdin(live_server, agent_env, tmp_path):
     agent(agent_env, live_server.url, "-", tmp_path / "spool", "--once", stdin=bf16_miss(9, 64, 64) * 2, check=0)
     assert calls(live_server) == {"9": 2}
+
+
+def test_the_gpu_is_the_campaign_and_gpu_archs_cu_num_reach_the_prediction(live_server, agent_env, tmp_path):
+    """A gfx942/304 GPU (rocminfo) served with GPU_ARCHS="gfx942;gfx950" and CU_NUM=80: the campaign is the GPU,
+    and the service predicts with what AITER's lookups make of the environment: bf16's get_gfx() takes gfx950
+    (chip_info.py get_gfx_custom_op_core), get_cu_num() 80; the hit line AITER prints with cu_num=80 is counted."""
+    from tests.unit.test_capture_parts import ROCMINFO
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rocminfo").write_text(f"#!/bin/sh\ncat <<'EOF'\n{ROCMINFO}EOF\n")
+    (bin_dir / "rocminfo").chmod(0o755)
+    dtype = otype = "torch.bfloat16"
+    bias = scaleAB = bpreshuffle = False
+    hit = (f"[aiter] shape is M:100, N:64, K:64 {dtype=} {otype=} {bias=}, {scaleAB=}, {bpreshuffle=} found padded_M: "
+           f"112, N:64, K:64 is tuned on cu_num = 80 in {F}, libtype is asm, kernel name is k\n")  # tuned_gemm.py:183
+    log = tmp_path / "s.log"
+    log.write_text(bf16_miss(9, 64, 64) + hit)
+    env = dict(agent_env, PATH=f"{bin_dir}:{agent_env['PATH']}", GPU_ARCHS="gfx942;gfx950", CU_NUM="80")
+    args = [sys.executable, str(AGENT), "capture", "--service", live_server.url, "--image-digest", DIGEST, "--log",
+            str(log), "--spool", str(tmp_path / "spool"), "--once"]
+    r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with live_server.client() as c:
+        (camp,) = [x for x in c.get("/v1/campaigns").json() if x["family"] == "bf16_gemm"]
+        assert (camp["gfx"], camp["cu_num"]) == ("gfx942", 304)
+        ident = c.get(f"/v1/campaigns/{camp['campaign_id']}/engagement").json()["identity"]
+    assert ident["env"] == {"GPU_ARCHS": "gfx942;gfx950", "CU_NUM": "80"}
+    assert (ident["lookup_gfx"], ident["lookup_cu_num"]) == ("gfx950", 80)
+    assert calls(live_server) == {"9": 1, "100": 1}

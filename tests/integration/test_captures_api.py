@@ -90,3 +90,13 @@ def test_bad_json_and_content_type(client):
     assert r.status_code == 422 and r.json()["field"] == "body"
     r = client.post("/v1/captures", content="x", headers={"content-type": "image/png"})
     assert r.status_code == 422 and r.json()["field"] == "content-type"
+
+
+def test_a_posted_log_is_read_with_the_lookup_identity_its_environment_gives(client):
+    """A 256-CU GPU served with CU_NUM=304: AITER's lines print the cu_num its lookup used (304); with the
+    capture's env they are this GPU's lines, without it they name another identity and are refused."""
+    from tests.unit.test_capture_parsing import aiter_lines
+    r = capture(client, None, family="fmoe", cu_num=256, log=aiter_lines(), env={"CU_NUM": "304"})
+    assert r.status_code == 201 and r.json()["calls_added"] == 2, r.text
+    r = capture(client, None, family="fmoe", cu_num=256, log=aiter_lines())
+    assert r.status_code == 422 and r.json()["field"] == "log", r.text

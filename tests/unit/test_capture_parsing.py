@@ -78,6 +78,18 @@ def test_log_lines_from_another_gpu_are_not_taken():
         cp.from_log(FAMILIES["fmoe"], aiter_lines(), "gfx950", 256)
 
 
+def test_log_lines_are_matched_against_the_lookup_identity_of_the_serving_environment():
+    """AITER prints the cu_num its lookup used (get_cu_num(): CU_NUM, tuned_gemm.py:141/:183, fused_moe.py:2225):
+    on a 256-CU GPU served with CU_NUM=304 the lines say 304 and belong to this GPU's capture."""
+    moe = cp.from_log(FAMILIES["fmoe"], aiter_lines(), "gfx942", 256, env={"CU_NUM": "304"})
+    assert sum(n for _, n in moe.shapes.values()) == 2
+    bf16 = cp.from_log(BF16, aiter_lines(), "gfx942", 256, env={"CU_NUM": "304"})
+    assert {s.as_dict()["M"]: n for s, n in bf16.shapes.values()} == {"20": 2, "100": 1}
+    assert sum(n for _, n in cp.from_log(BF16, aiter_lines(), "gfx942", 256).shapes.values()) == 2  # hit skipped
+    with pytest.raises(ShapeError):  # the GPU is gfx950: fmoe's lookup keys on get_gfx_runtime(), not GPU_ARCHS
+        cp.from_log(FAMILIES["fmoe"], aiter_lines(), "gfx950", 304, env={"GPU_ARCHS": "gfx942"})
+
+
 @pytest.mark.parametrize("name,family", [
     ("bf16_untuned_gemm.csv", "bf16_gemm"), ("a8w8_untuned_gemm.csv", "a8w8_gemm"),
     ("a8w8_bpreshuffle_untuned_gemm.csv", "a8w8_bpreshuffle_gemm"),  # a line ends in a TAB

@@ -59,11 +59,18 @@ Agent 3
 """
 
 
-def test_identity_the_way_aiter_reads_it():
+def test_identity_is_the_gpu_and_gpu_archs_cu_num_go_along_as_the_serving_environment():
+    """The campaign is the GPU (get_gfx_runtime, the compiled tables' device query); GPU_ARCHS and CU_NUM are
+    sent beside it, so the service predicts what get_gfx()/get_cu_num() make of them (lookup_identity)."""
     assert identity.gfx_from({}, ROCMINFO) == "gfx942" and identity.cu_num_from({}, ROCMINFO) == 304
-    assert identity.gfx_from({"GPU_ARCHS": "gfx942;gfx950"}, ROCMINFO) == "gfx950"  # the last entry
-    assert identity.cu_num_from({"CU_NUM": "80"}, ROCMINFO) == 80
+    served = {"GPU_ARCHS": "gfx942;gfx950", "CU_NUM": "80", "PATH": "/bin"}
+    assert identity.gfx_from(served, ROCMINFO) == "gfx942" and identity.cu_num_from(served, ROCMINFO) == 304
+    assert identity.serving_env(served) == {"GPU_ARCHS": "gfx942;gfx950", "CU_NUM": "80"}
+    assert identity.serving_env({"PATH": "/bin"}) == {}
+    # no rocminfo: GPU_ARCHS' last entry and CU_NUM stand in for the GPU
+    assert identity.gfx_from(served, None) == "gfx950" and identity.cu_num_from(served, None) == 80
     assert identity.cu_num_from({}, ROCMINFO.replace("304", "256", 1)) is None  # mixed GPUs: AITER asserts
+    assert identity.cu_num_from({"CU_NUM": "80"}, ROCMINFO.replace("304", "256", 1)) is None
     assert identity.gfx_from({}, None) is None
 
 
