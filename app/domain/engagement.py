@@ -46,13 +46,39 @@ def _miss_reason(family: TableFamily, keys: tuple[str, ...], want: tuple, tried:
     return "closest row differs in " + "; ".join(parts) if parts else "no row at any M tried"
 
 
+def _written_as_comment(first_cell: str, prefix: str) -> bool:
+    """The CSV line a row is written as starts with prefix (after blanks); a quoted first cell starts with '"'."""
+    return first_cell.lstrip().startswith(prefix) and not any(ch in first_cell for ch in ',"\r\n')
+
+
 def loaded_rows(family: TableFamily, table: Table, live_gfx: str) -> list[dict[str, str]]:
-    """The rows as the family's loader keeps them: dropped tags out, gfx backfilled from cu_num."""
-    rows = [r for r in table.rows if not any(str(r.get(c, "")) == v for c, v in family.dropped_rows)]
+    """The rows as the family's loader keeps them: comment lines and dropped tags out, gfx backfilled from
+    cu_num."""
+    rows = table.rows
+    if family.comment_prefix is not None and table.header:
+        first, prefix = table.header[0], family.comment_prefix
+        rows = [r for r in rows if not _written_as_comment(str(r.get(first, "")), prefix)]
+    rows = [r for r in rows if not any(str(r.get(c, "")) == v for c, v in family.dropped_rows)]
     if family.backfill_gfx:  # fused_moe.py _ensure_gfx_column: missing, 0, '' or nan
         rows = [r if str(r.get("gfx", "")) not in ("", "0", "nan", "None") else
                 dict(r, gfx=gfx_from_cu_num(r.get("cu_num", ""), live_gfx)) for r in rows]
     return rows
+
+
+def loader_error(family: TableFamily, rows: list[dict[str, str]]) -> str | None:
+    """What makes a loader that int()s cells (TableFamily.loader_ints) keep no row at all, if anything."""
+    for i, r in enumerate(rows):
+        for col, blank_ok in family.loader_ints:
+            cell = r.get(col)
+            if cell is None:
+                return f"KeyError: the table has no {col} column"
+            if blank_ok and not cell.strip():
+                continue
+            try:
+                int(cell)
+            except ValueError:
+                return f"ValueError: int({cell!r}) of {col} in row {i + 1}"
+    return None
 
 
 def lookup_columns(family: TableFamily, key_columns: tuple[str, ...]) -> tuple[str, ...]:
@@ -100,6 +126,11 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                                 reason=why) for shape in shapes]
     key_columns = lookup_columns(family, key_columns)
     rows = loaded_rows(family, table, gfx)
+    bad = loader_error(family, rows)
+    if bad:  # linear_attention_prefill_kernels.py:704-705: the loader returns no rows
+        why = f"AITER's loader reads no row of this table ({bad}); every shape takes its default"
+        return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, key_columns, gfx, cu_num, shape)],
+                                reason=why) for shape in shapes]
     if family.key_match == "wildcard":
         return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
     index = lookup_index(family, key_columns, rows)

@@ -168,6 +168,11 @@ class TableFamily:
     # on ("" = understood by its columns); shape-only untuned headers the tuner accepts (missing flags default)
     tuned_variants: tuple[tuple[str, str], ...] = ()
     untuned_variants: tuple[str, ...] = ()
+    # a loader reading the file with csv instead of pandas: the lines it skips (starting with this prefix after
+    # leading blanks, before and after the header), and the cells it int()s per row, (column, blank allowed):
+    # one int() rejects (a pandas merge writes an integer column holding a blank as 128.0) empties the table
+    comment_prefix: str | None = None
+    loader_ints: tuple[tuple[str, bool], ...] = ()
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -409,6 +414,11 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_lookup="aiter/ops/flydsl/linear_attention_prefill_kernels.py:_tuned_bv",
         aiter_file_attr="AITER_CONFIG_GDN_K5_OPT_FILE", duplicate_keys="first", dropped_rows=(("BV", ""),),
         filled=("BV",),
+        # _load_tuned_bv_table (:659-705): csv.DictReader over the lines not starting with '#' (after lstrip);
+        # per kept row int(cu_num) unless blank, int() of H, Hg, V, total_chunks, max_seq_chunks and BV; a
+        # ValueError or KeyError returns {} (no row at all)
+        comment_prefix="#", loader_ints=(("cu_num", True), ("H", False), ("Hg", False), ("V", False),
+                                         ("total_chunks", False), ("max_seq_chunks", False), ("BV", False)),
         untuned_variants=("dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs",)),
 ]}
 

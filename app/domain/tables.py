@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from dataclasses import dataclass, field
 
 from app.domain.families import AiterRelease, TableFamily, gfx_from_cu_num
@@ -16,10 +17,22 @@ class Table:
     header: tuple[str, ...]
     rows: list[dict[str, str]] = field(default_factory=list)
     name: str = ""
+    preamble: tuple[str, ...] = ()  # comment lines above the header (TableFamily.comment_prefix)
 
 
-def read_table(text: str, name: str = "") -> Table:
+def is_comment(line: str, prefix: str | None) -> bool:
+    return prefix is not None and line.lstrip().startswith(prefix)
+
+
+def read_table(text: str, name: str = "", comment: str | None = None) -> Table:
+    """The file as pandas reads it (no comment= anywhere in AITER's merge): a comment line below the header is a
+    row (the family's loader drops it: engagement.loaded_rows). comment: the family's comment_prefix, whose
+    loader finds its header below comment lines; they are kept as the preamble."""
     lines = text.splitlines()
+    lead = 0
+    while lead < len(lines) and is_comment(lines[lead], comment):
+        lead += 1
+    preamble, lines = tuple(lines[:lead]), lines[lead:]
     if not lines or not lines[0].strip():
         raise ValueError(f"{name or 'table'}: empty, expected a CSV header")
     header = parse_header_line(lines[0])
@@ -29,7 +42,7 @@ def read_table(text: str, name: str = "") -> Table:
             continue
         # pandas fills a short row with NaN; keep cells as written (no strip: AITER does not strip either)
         rows.append({c: (rec[i].rstrip("\t") if i < len(rec) else "") for i, c in enumerate(header)})
-    return Table(header, rows, name)
+    return Table(header, rows, name, preamble)
 
 
 def render_csv(header: tuple[str, ...], rows: list[dict[str, str]]) -> str:
@@ -79,6 +92,45 @@ def filled_rows(t: Table, header: tuple[str, ...], live_gfx: str) -> list[dict[s
     return out
 
 
+# pandas' default NA strings (read_csv na_values): read as NaN, written back blank
+_NA = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
+                 "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+_INT_TEXT = re.compile(r"[+-]?\d+")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?|[+-]?inf")
+
+
+def _dtype(cells: list[str]) -> str:
+    """pandas' dtype of one file's column: int64, float64 (numbers with a NaN or a fraction) or object."""
+    kind = "int"
+    for c in cells:
+        if c in _NA or _FLOAT_TEXT.fullmatch(c) and not _INT_TEXT.fullmatch(c):
+            kind = "float"
+        elif not _INT_TEXT.fullmatch(c):
+            return "object"
+    return kind
+
+
+def as_pandas_writes(files: list[list[dict[str, str]]], header: tuple[str, ...]) -> list[list[dict[str, str]]]:
+    """Each file's rows as AITER's merge writes them (read_csv, concat, to_csv: core.py:280-400): NA cells blank,
+    integers re-printed, and a column that is float in one file (a blank in an integer column) and numeric in
+    all is float everywhere: 128 -> 128.0. A loader that int()s cells (TableFamily.loader_ints) fails on them."""
+    live = [rows for rows in files if rows]  # empty frames stay out of the concat
+    out = [[dict(r) for r in rows] for rows in files]
+    for col in header:
+        kinds = [_dtype([r[col] for r in rows]) for rows in live]
+        merged_float = "float" in kinds and "object" not in kinds
+        for rows, kind in zip([o for o in out if o], kinds):
+            for r in rows:
+                c = r[col]
+                if c in _NA:
+                    r[col] = ""
+                elif kind == "float" or (merged_float and kind == "int"):
+                    r[col] = repr(float(c))
+                elif kind == "int":
+                    r[col] = str(int(c))
+    return out
+
+
 @dataclass
 class MergeResult:
     table: Table | None
@@ -89,6 +141,10 @@ class MergeResult:
 def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str, ...] | None,
                 tables: list[Table], live_gfx: str) -> MergeResult:
     """What the release's update_config_files makes of these existing files, in path order."""
+    lead = next((t for t in tables if t.preamble), None)
+    if lead is not None:  # pd.read_csv(path) (core.py:280) takes the first comment line for the header
+        return MergeResult(None, f"pandas reads {lead.name}'s first line {lead.preamble[0][:60]!r} as its header: "
+                                 "AITER's merge of this file is not the table")
     if release.merge_union_columns:
         header = union_header(tables)
     else:
@@ -96,7 +152,8 @@ def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tupl
         for t in tables[1:]:
             if t.header != header:
                 return MergeResult(None, f"AssertionError: Column mismatch between {tables[0].name} and {t.name}")
-    rows = [(t.name, r) for t in tables for r in filled_rows(t, header, live_gfx)]
+    written = as_pandas_writes([filled_rows(t, header, live_gfx) for t in tables], header)
+    rows = [(t.name, r) for t, rs in zip(tables, written) for r in rs]
     if untuned_header is None:  # no untuned sibling: AITER logs a warning and dedups nothing
         return MergeResult(Table(header, [r for _, r in rows], "merged"))
     keys = release.merge_key(untuned_header, header)

@@ -93,7 +93,7 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
         raise Invalid(f"form: one of {', '.join(FORMS)}", "form")
     if table_csv is not None:
         try:
-            table = read_table(table_csv, "supplied")
+            table = read_table(table_csv, "supplied", ov.family.comment_prefix)
         except ValueError as e:
             raise Invalid(f"body: {e}", "body") from None
         warnings = ov.schema.header_problems(table.header)

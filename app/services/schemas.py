@@ -74,13 +74,14 @@ def shipped_for(s: Session, digest: str, family: str, release: AiterRelease | No
     release = release or release_of(s, digest)
     tables = image_tables(s, digest, family, ("default", "model_config", "untuned"))
     default_name = release.default_file(fam)
-    default = next((read_table(t.content, t.path) for t in tables if t.path == default_name), None)
+    default = next((read_table(t.content, t.path, fam.comment_prefix) for t in tables if t.path == default_name),
+                   None)
     mcs = []
     for t in tables:
         name = t.path.rsplit("/", 1)[-1]
         if (t.path.startswith("model_configs/") and fam.merge_name in name and "untuned" not in name
                 and name.endswith(release.model_configs_suffix)):
-            mcs.append(read_table(t.content, t.path))
+            mcs.append(read_table(t.content, t.path, fam.comment_prefix))
     # a family without a shipped untuned file (mxscale BMM) is merged without dedup; one not reported is
     # taken to have the family's header, so a repeated key is still refused
     untuned = next((parse_header_line(t.header) for t in tables if t.path == fam.untuned_file),

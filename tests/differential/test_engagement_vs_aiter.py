@@ -341,3 +341,65 @@ def teardown_module(module):
         print("\nfamily x form x identity x flydsl x release -> shapes -> outcome")
         for r in RESULTS:
             print("  " + " | ".join(str(x) for x in r))
+
+
+GDN_HEADER = ("gfx,cu_num,dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,T_flat,N,"
+              "total_chunks,max_seq_chunks,BV,us")
+GDN_ROWS = ("gfx942,304,torch.bfloat16,128,128,64,32,16,False,True,False,True,False,2048,1,32,32,64,147.9",
+            "gfx942,304,torch.bfloat16,128,128,64,8,4,False,True,False,True,False,2048,1,32,32,32,149.7",
+            "gfx942,304,torch.bfloat16,128,128,64,16,4,False,True,False,True,False,2048,1,32,32,32,150.2")
+# (name, the deployed file, merged ':' with the shipped default?)
+GDN_COMMENTED = (
+    ("leading-and-indented", f"# tuned on MI300X\n{GDN_HEADER}\n{GDN_ROWS[0]}\n  # {GDN_ROWS[1]}\n{GDN_ROWS[2]}\n",
+     False),
+    ("comment-with-commas", f"{GDN_HEADER}\n{GDN_ROWS[0]}\n# a, comment, with commas\n{GDN_ROWS[2]}\n", False),
+    ("commented-out-row", f"{GDN_HEADER}\n{GDN_ROWS[0]}\n#{GDN_ROWS[1]}\n{GDN_ROWS[2]}\n", False),
+    # the loader reads by column name: with cu_num first, a commented-out row would be an int() error if kept
+    ("commented-out-row-cu-num-first", "cu_num,gfx" + GDN_HEADER.removeprefix("gfx,cu_num") + "\n"
+     + "\n".join(f"{'#' if i == 1 else ''}304,gfx942" + r.removeprefix("gfx942,304")
+                 for i, r in enumerate(GDN_ROWS)) + "\n", False),
+    ("quoted-first-cell", f'{GDN_HEADER}\n{GDN_ROWS[0]}\n"# a, b",304\n{GDN_ROWS[2]}\n', False),
+    # pandas' merge keeps a comment line as a row with blanks: its integer columns come out as 128.0
+    ("merged-comment-with-commas", f"{GDN_HEADER}\n{GDN_ROWS[0]}\n# a, comment\n{GDN_ROWS[2]}\n", True),
+    ("merged-commented-out-row", f"{GDN_HEADER}\n{GDN_ROWS[0]}\n#{GDN_ROWS[1]}\n{GDN_ROWS[2]}\n", True),
+    ("merged-row-without-bv", f"{GDN_HEADER}\n{GDN_ROWS[0]}\n{GDN_ROWS[1].replace(',32,149.7', ',,149.7')}\n", True),
+    ("merged-leading-comment", f"# tuned on MI300X\n{GDN_HEADER}\n{GDN_ROWS[0]}\n{GDN_ROWS[2]}\n", True),
+)
+
+
+@pytest.mark.parametrize("name,text,merged", GDN_COMMENTED, ids=[c[0] for c in GDN_COMMENTED])
+def test_gdn_comment_lines_are_read_as_aiter_reads_them(name, text, merged, tmp_path):
+    """The GDN K5 loader skips '#' lines (csv over the lines not starting with '#', int() of its cells, {} on a
+    ValueError: linear_attention_prefill_kernels.py:658-705); AITER's ':' merge reads with pandas, which keeps
+    them as rows (and a first-line comment as the header). The service (TableFamily.comment_prefix, loader_ints)
+    must agree with AITER's own code, one deployed file and merged with the shipped default."""
+    current = next((r for r in RELEASES if r[0] == "current"), None)
+    if current is None:
+        pytest.skip("AITER's sources not found: the current release's")
+    family = get_family("gdn_k5_opt")
+    src = aiter_tree_with(family.aiter_lookup.split(":")[0])
+    gfx, cu = "gfx942", 304
+    keys = [c for c in family.shape_columns]
+    shapes = [{k: dict(zip(GDN_HEADER.split(","), r.split(",")))[k] for k in keys} for r in GDN_ROWS]
+    shapes.append(dict(shapes[0], H="64"))  # a shape no row has
+    root = sandbox(tmp_path, CONFIGS, family, CURRENT)
+    cfg = root / "aiter" / "configs"
+    deployed = root / "overlays" / "commented.csv"
+    deployed.parent.mkdir()
+    deployed.write_text(text)
+    files = [deployed] + ([cfg / family.tuned_file] if merged else [])
+    tables = [read_table(p.read_text(), p.name, family.comment_prefix) for p in files]
+    untuned = parse_header_line((cfg / family.untuned_file).read_text().splitlines()[0])
+    table, error, _ = deploy.resolve(CURRENT, family, tables, [p.name for p in files], untuned, gfx)
+    out = ax.run(src, src / "csrc", "current", root, family, ":".join(map(str, files)),
+                 ax.Identity(gfx, cu, True), shapes)
+    aiter_error = out.error or out.lookup_error
+    assert bool(error) == bool(aiter_error), (error, aiter_error)
+    if error:
+        return
+    mine = eng.check(family, family.key_columns, gfx, cu, shapes, table)
+    theirs = out.verdicts
+    assert [m.hit for m in mine] == [h for h, _ in theirs], [m.reason for m in mine]
+    assert [(m.row or {}).get("BV") for m in mine if m.hit] == [str(c["BV"]) for h, c in theirs if h]
+    RESULTS.append(("gdn_k5_opt", f"comments:{name}", f"{gfx}/{cu}", True, "current", len(shapes),
+                    f"hits {sum(m.hit for m in mine)}", "disagree 0"))
