@@ -169,12 +169,13 @@ class LiveServer:
 
 
 def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None, port: int | None = None,
-                 args: tuple[str, ...] = ()) -> LiveServer:
-    """port: a restart on the port workers already use; args: more `serve` flags (--access-log)."""
+                 args: tuple[str, ...] = (), cwd: Path = ROOT) -> LiveServer:
+    """port: a restart on the port workers already use; args: more `serve` flags (--access-log); cwd: the
+    checkout whose app/ it serves (a benchmark's older commit)."""
     port = port or free_port()
     env = dict(os.environ, DATABASE_URL=db_url, TUNER_ADMIN_TOKEN=ADMIN, **(env_extra or {}))
     out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args], cwd=cwd, env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Open(BaseModel):
@@ -61,10 +61,23 @@ class EngagementReport(Open):
     form: str  # the deploy form the verdict is on (or "supplied")
     release: str  # the AITER release whose rules built and read the table
     refused: str | None = None  # why AITER raises on this form (then nothing engages)
-    hits: int
-    misses: int
-    proof: dict[str, Any] | None = None  # the latest workers.verify --engagement run in the image, if any
-    report: list[dict[str, Any]]
+    shapes: int  # captured shapes, every page
+    # Totals over every shape, not the page. A large campaign's are counted after its first view, off the
+    # request (app/services/page_totals.py): until then they are null, never 0; once shapes, results or the
+    # proof moved on, the last count is shown with its age. Either way totals_pending is true.
+    hits: int | None = Field(description="shapes whose key AITER finds (null: not counted yet)")
+    misses: int | None = Field(description="shapes AITER finds no row for (null: not counted yet)")
+    served_time_covered: float | None = Field(
+        description="share of the campaign's served time on hitting shapes (null: not counted yet)")
+    totals_pending: bool = Field(
+        False, description="the totals are not of the campaign as it is now: null (counting) or stale; ask again")
+    totals_stale_s: float | None = Field(
+        None, description="the totals shown were counted this many seconds ago, on an older state (else null)")
+    proof: dict[str, Any] | None = Field(None, description=(
+        "the latest workers.verify --engagement run in the image, if any; its `disagreements` with the "
+        "prediction over every shape is a total (null while totals_pending without a count)"))
+    report: list[dict[str, Any]] = Field(description="one page of shapes (limit, after), each with its verdict")
+    next: str | None = Field(None, description="the cursor of the report's next page (`after`); null: the last")
 
 
 class ProofRecorded(Open):

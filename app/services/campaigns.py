@@ -13,6 +13,9 @@ from app.services import builds
 from app.services.leasing import SUPERSEDED, est_shape_cost
 
 STATES = tuple(st.value for st in ShapeState)
+# what a listed shape shows: plain rows, not ORM objects
+_LISTED = tuple(getattr(CampaignShape, c) for c in ("id", "shape", "calls", "flops", "steps", "default_measured",
+                                                     "default_us", "priority", "state", "attempts", "last_error"))
 
 
 def summaries(s: Session, default_cost: float, campaign_id: int | None = None) -> list[dict]:
@@ -76,16 +79,8 @@ def _cost_any(s: Session, campaign_id: int, default: float) -> float:
 
 def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after: str | None = None
            ) -> tuple[list[dict], str | None]:
-    """One page of the campaign's shapes by served time, and the next page's cursor. Each state's rows come
-    from ix_shapes_queue in this order already: a few index seeks, merged, whatever the campaign's size."""
-    pos = pages.position(after)
-    rows: list[CampaignShape] = []
-    for state in STATES:
-        q = (select(CampaignShape).where(CampaignShape.campaign_id == campaign_id, CampaignShape.state == state)
-             .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(limit + 1))
-        rows += s.scalars(q.where(pages.after_clause(pos)) if pos else q)
-    rows.sort(key=lambda x: (-x.priority, x.id))
-    rows, nxt = pages.page(rows, lambda x: (x.priority, x.id), limit, None)
+    """One page of the campaign's shapes by served time, and the next page's cursor (pages.keyset)."""
+    rows, nxt = pages.keyset(s, select(*_LISTED).where(CampaignShape.campaign_id == campaign_id), limit, after)
     best: dict[int, Result] = {}
     for r in s.scalars(select(Result).where(Result.shape_id.in_([x.id for x in rows] or [-1]))
                        .order_by(Result.id)):

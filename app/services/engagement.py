@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import EngagementProofIn
+from app.db.session import Database
 from app.db.models import Campaign, CampaignShape, Capture, EngagementProof, Image
 from app.domain.families import TableFamily, get_family, lookup_identity
 from app.domain.keys import m_candidates
@@ -18,7 +22,7 @@ from app.domain.shapes import ShapeError, make_shape
 from app.domain.deploy import FORMS
 from app.domain.tables import Table, read_table
 from app.errors import Invalid, NotFound
-from app.services import overlays, pages
+from app.services import overlays, page_totals, pages
 from app.services.captures import family_or_422
 
 
@@ -39,44 +43,108 @@ class Verdicts:
     warnings: list[str]
     shapes: list  # rows with id, shape, priority, state (_SHAPES)
     checks: list[eng.ShapeEngagement]
+    table: Table  # the table checked
+
+    def rules(self) -> str:
+        """A digest of everything besides the shape that decides a shape's verdict (the arguments of
+        eng.check): the release's rules, the table as checked, the serving environment, a refusal."""
+        h = hashlib.blake2b(json.dumps(
+            [self.ov.release.name, self.ov.family.name, list(self.ov.schema.key_columns), self.refused, self.ident,
+             self.camp.gfx, self.camp.cu_num, list(self.table.header)], sort_keys=True, default=str).encode(),
+            digest_size=16)
+        h.update(json.dumps([list(r.values()) for r in self.table.rows], default=str).encode())
+        return h.hexdigest()
 
 
 # what a verdict reads of each shape: plain rows, not ORM objects (a 100k-shape campaign loads 2x faster)
 _SHAPES = (CampaignShape.id, CampaignShape.shape, CampaignShape.priority, CampaignShape.state)
 
 
+def _shapes_state(s: Session, campaign_id: int) -> tuple:
+    """The campaign's shapes as the totals see them, from ix_shapes_queue alone: how many and the newest (shapes
+    are only added, and never change), their served times (a capture or a measured default moves them)."""
+    n, top, served, placed = s.execute(
+        select(func.count(), func.max(CampaignShape.id), func.sum(CampaignShape.priority),
+               func.sum(CampaignShape.priority * CampaignShape.id))
+        .where(CampaignShape.campaign_id == campaign_id)).one()
+    return n, top, f"{served or 0:.12g}", f"{placed or 0:.12g}"  # sums in the engine's order: compared rounded
+
+
+def _totals(v: Verdicts, proof: EngagementProof | None) -> dict:
+    """The totals over every shape of v (checked without `only`)."""
+    proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
+    total = sum(x.priority for x in v.shapes) or 1.0
+    return {"hits": sum(c.hit for c in v.checks), "misses": sum(not c.hit for c in v.checks),
+            "served_time_covered": sum(x.priority for x, c in zip(v.shapes, v.checks) if c.hit) / total,
+            "disagreements": None if proof is None else sum(
+                1 for x, c in zip(v.shapes, v.checks) if x.id in proved and proved[x.id] != c.hit)}
+
+
+def _version(v: Verdicts, shapes: tuple, proof: EngagementProof | None) -> tuple:
+    """Everything that decides the totals (the page_totals version): the rules and table, the shapes, the proof."""
+    return v.rules(), shapes, proof.id if proof is not None else None
+
+
+def _count(campaign_id: int, form: str | None, table_csv: str | None) -> page_totals.Counter:
+    def count(s: Session) -> tuple[tuple, dict]:
+        shapes = _shapes_state(s, campaign_id)
+        v = verdicts(s, campaign_id, table_csv=table_csv, form=form)
+        proof = latest_proof(s, campaign_id, v.used)
+        return _version(v, shapes, proof), _totals(v, proof)
+    return count
+
+
+def _every_or_page(s: Session, db: Database | None, campaign_id: int, page: list, **on) -> tuple:
+    """The verdicts and the totals over every shape: within the request for a small campaign (or without a
+    database to count in), else for the page's shapes only, the totals from page_totals.TOTALS. Returns
+    (verdicts, latest proof, page_totals.Shown, the number of shapes)."""
+    shapes = _shapes_state(s, campaign_id)
+    every = db is None or shapes[0] <= page_totals.INLINE_MAX
+    v = verdicts(s, campaign_id, only=None if every else page, **on)
+    proof = latest_proof(s, v.camp.id, v.used)
+    if every:
+        return v, proof, page_totals.Shown(_totals(v, proof), None, None), shapes[0]
+    text = on.get("table_csv")
+    what = v.used if text is None else "supplied:" + hashlib.sha256(text.encode()).hexdigest()
+    assert db is not None
+    return v, proof, page_totals.TOTALS.get(db, (v.camp.id, what), _version(v, shapes, proof), _count(
+        v.camp.id, None if text is not None else v.used, text)), shapes[0]
+
+
 def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
-               form: str | None = None, limit: int = pages.DEFAULT_LIMIT, after: str | None = None) -> dict:
+               form: str | None = None, limit: int = pages.DEFAULT_LIMIT, after: str | None = None,
+               db: Database | None = None) -> tuple[dict, Callable[[], None] | None]:
     """The verdict per captured shape on the table AITER builds from a deploy form (the plan's first offered
-    one unless asked); table_csv: check a table as written (a hand-made or older overlay) instead."""
-    v = verdicts(s, campaign_id, merged, table_csv, form)
-    camp, ov, ident, used, refused, warnings, shapes, checks = (v.camp, v.ov, v.ident, v.used, v.refused,
-                                                               v.warnings, v.shapes, v.checks)
-    report, nxt = pages.page(zip(shapes, checks), lambda xc: (xc[0].priority, xc[0].id), limit, after)
-    total = sum(x.priority for x in shapes) or 1.0
-    covered = sum(x.priority for x, c in zip(shapes, checks) if c.hit)
-    proof = latest_proof(s, camp.id, used)
+    one unless asked); table_csv: check a table as written (a hand-made or older overlay) instead. One page of
+    shapes is checked; the totals over every shape come from a count off the request (_every_or_page).
+    Returns the report and what starts a due count (run it after the report is sent)."""
+    camp = campaign_or_404(s, campaign_id)
+    rows, nxt = pages.keyset(s, select(*_SHAPES).where(CampaignShape.campaign_id == camp.id), limit, after)
+    v, proof, shown, n = _every_or_page(s, db, camp.id, rows, merged=merged, table_csv=table_csv, form=form)
+    checked = {x.id: c for x, c in zip(v.shapes, v.checks)}
     proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
+    t = shown.totals or dict.fromkeys(("hits", "misses", "served_time_covered", "disagreements"))
+    ov, ident = v.ov, v.ident
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
         "cu_num": camp.cu_num, "env_var": ov.family.env_var, "release": ov.release.name,
-        "table": used, "form": used, "refused": refused,
-        "warnings": warnings + ident["mismatches"], "identity": ident,
-        "header": list(ov.schema.header), "shapes": len(shapes), "hits": sum(c.hit for c in checks),
-        "misses": sum(not c.hit for c in checks), "served_time_covered": covered / total,
+        "table": v.used, "form": v.used, "refused": v.refused,
+        "warnings": v.warnings + ident["mismatches"], "identity": ident,
+        "header": list(ov.schema.header), "shapes": n,
+        "hits": t["hits"], "misses": t["misses"], "served_time_covered": t["served_time_covered"],
+        "totals_pending": shown.pending, "totals_stale_s": shown.stale_s,
         "proof": None if proof is None else {
             "id": proof.id, "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version,
             "worker_id": proof.worker_id, "flydsl": proof.flydsl, "error": proof.error,
-            "created_at": proof.created_at.isoformat(),
-            "disagreements": sum(1 for x, c in zip(shapes, checks) if x.id in proved and proved[x.id]["hit"] != c.hit)},
+            "created_at": proof.created_at.isoformat(), "disagreements": t["disagreements"]},
         "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
                     "matched_m": c.matched_m, "reason": c.reason, "kernel": _kernel(c.row),
                     "proved_hit": proved[x.id]["hit"] if x.id in proved else None,
                     "proved_kernel": proved[x.id].get("kernel") if x.id in proved else None,
                     "disagrees": x.id in proved and proved[x.id]["hit"] != c.hit}
-                   for x, c in report],
-        "next": nxt,  # the report is paged (limit, after); the counts above cover every shape
-    }
+                   for x in rows for c in (checked[x.id],)],
+        "next": nxt,  # the report is paged (limit, after); the totals above cover every shape
+    }, shown.start
 
 
 def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
@@ -124,7 +192,7 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
                 c.fails, c.reason = True, f"no row, and the default path raises here: {ident['miss_error']}"
     if refused is not None:  # AITER raises at start: nothing engages
         checks = [eng.ShapeEngagement(c.shape, False, c.tried_m, reason=refused) for c in checks]
-    return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks)
+    return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks, table)
 
 
 class _Listed(NamedTuple):
@@ -134,24 +202,24 @@ class _Listed(NamedTuple):
     state: str
 
 
-def page_summary(s: Session, campaign_id: int, listed: list[dict] | None = None) -> dict:
+def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database | None = None
+                 ) -> tuple[dict, Callable[[], None] | None]:
     """For the campaign page: the prediction on the plan's first offered form beside the latest proof in the
-    image, with each shape's pair (predicted hit, proved hit or None) by shape id. listed: the page's shapes
-    (campaigns.shapes rows): only they are checked, and the totals over every shape (predicted hits,
-    disagreements with the proof) are left None for app/services/page_totals.py to count off the request."""
-    rows = None if listed is None else [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
-    v = verdicts(s, campaign_id, only=rows)
-    proof = latest_proof(s, v.camp.id, v.used)
+    image, with each listed shape's pair (predicted hit, proved hit or None) by shape id. listed: the page's
+    shapes (campaigns.shapes rows); the totals over every shape (predicted hits, disagreements with the proof)
+    are the engagement report's on that form (_every_or_page: None while counted, with their age once stale).
+    Returns the summary and what starts a due count (run it after the page is sent)."""
+    rows = [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
+    v, proof, shown, n = _every_or_page(s, db, campaign_id, rows)
     proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
     by_shape = {x.id: (c.hit, proved.get(x.id)) for x, c in zip(v.shapes, v.checks)}
-    every = listed is None
-    return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": len(v.shapes),
-            "predicted_hits": sum(c.hit for c in v.checks) if every else None, "by_shape": by_shape,
+    t = shown.totals or {"hits": None, "disagreements": None}
+    return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
+            "predicted_hits": t["hits"], "stale_s": shown.stale_s, "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
                 "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,
-                "hits": sum(1 for h in proved.values() if h),
-                "disagreements": sum(1 for p, q in by_shape.values() if q is not None and p != q) if every else None}}
+                "hits": sum(1 for h in proved.values() if h), "disagreements": t["disagreements"]}}, shown.start
 
 
 def _kernel(row: dict | None) -> str | None:

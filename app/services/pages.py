@@ -7,9 +7,11 @@ import base64
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from sqlalchemy import ColumnElement, and_, or_
+from sqlalchemy import ColumnElement, Row, Select, and_, or_
+from sqlalchemy.orm import Session
 
 from app.db.models import CampaignShape
+from app.domain.lease_states import ShapeState
 from app.errors import Invalid
 
 DEFAULT_LIMIT = 200  # a page of shapes stays well under 1 MB in any family
@@ -59,3 +61,17 @@ def page(items: Iterable[T], key: Callable[[T], tuple[float, int]], limit: int, 
             return out, cursor(*last)
         out.append(it)
     return out, None
+
+
+def keyset(s: Session, q: Select, limit: int, after: str | None) -> tuple[list[Row], str | None]:
+    """One page of q (columns of one campaign's shapes, id and priority among them) in served-time order, and
+    the next page's cursor: each state's rows come from ix_shapes_queue in this order already, so it is a
+    few index seeks, merged, whatever the campaign's size."""
+    pos = position(after)
+    rows: list[Row] = []
+    for state in ShapeState:
+        one = (q.where(CampaignShape.state == state.value)
+               .order_by(CampaignShape.priority.desc(), CampaignShape.id).limit(limit + 1))
+        rows += s.execute(one.where(after_clause(pos)) if pos else one).all()
+    rows.sort(key=lambda x: (-x.priority, x.id))
+    return page(rows, lambda x: (x.priority, x.id), limit, None)

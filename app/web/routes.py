@@ -10,14 +10,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.background import BackgroundTask
-from sqlalchemy import func, select
 
 from app.api.deps import DbDep, IdPath, SettingsDep
 from app.auth import COOKIE, ReadAuth, resolve
 from app.domain.families import get_family
-from app.services import campaigns, engagement, overlays, page_totals, verifications
+from app.services import campaigns, engagement, overlays, verifications
 from app.domain.roofline import processor
-from app.db.models import EngagementProof
 from app.web.plots import coverage_svg
 
 router = APIRouter(include_in_schema=False)
@@ -63,11 +61,6 @@ def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> R
     return _page(request, "index.html", {"images": list(images.values())})
 
 
-# The predicted totals check every captured shape (seconds at 100k shapes): a large campaign's page checks only
-# the shapes it lists and takes the totals from a count made off the request (app/services/page_totals.py).
-_TOTALS = page_totals.PageTotals()
-
-
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
 def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth,
                   after: str | None = None) -> Response:
@@ -78,16 +71,8 @@ def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: Se
         fam = get_family(summary["family"])
         name = overlays.overlay_filename(fam, summary["image_digest"])
         checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
-        start_count = None
-        if summary["shapes"] <= page_totals.INLINE_MAX:
-            verdict = engagement.page_summary(s, campaign_id)
-        else:
-            verdict = engagement.page_summary(s, campaign_id, listed=shapes)
-            # the campaign's version: its counts and latest proof (a result, capture or proof moves them)
-            version = (tuple(summary[k] for k in ("shapes", *campaigns.STATES)), s.scalar(
-                select(func.max(EngagementProof.id)).where(EngagementProof.campaign_id == campaign_id)))
-            start_count = _TOTALS.fill(verdict, db, campaign_id, version)
-        verdict["shapes"] = summary["shapes"]
+        # only the listed shapes are checked: the totals over every shape are counted off the request
+        verdict, start_count = engagement.page_summary(s, campaign_id, shapes, db)
     page = _page(request, "campaign.html", {"verifications": checks, "verdict": verdict,
         "c": summary, "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
         "env_line": f"{fam.env_var}=/overlays/{name}",

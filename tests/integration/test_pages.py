@@ -90,3 +90,90 @@ def test_a_large_campaign_page_checks_only_its_listed_shapes_and_counts_the_tota
         time.sleep(0.1)
     assert now == inline  # the background count is the same count
     assert ("page-totals-%d" % cid, 205) in checked
+
+
+def test_a_large_campaign_report_checks_its_page_and_counts_totals_per_version_off_the_request(client,
+                                                                                                 monkeypatch):
+    """The report of a large campaign checks its page's shapes only; its totals over every shape are a
+    background count kept per (form or table, rules and table, shapes, proof): null and pending until counted,
+    then equal to a count of every shape within the request, and counted anew when any of those moves."""
+    import threading
+    import time
+
+    from app.domain import engagement as eng
+    from app.services import page_totals
+    from tests.integration.test_leasing_api import ok_row, plausible_us
+
+    cid = capture(client, [{"M": m, "N": 64, "K": 64, "count": m} for m in range(1, 206)]).json()["campaign_id"]
+    url = f"/v1/campaigns/{cid}/engagement"
+    totals = ("hits", "misses", "served_time_covered", "totals_pending", "totals_stale_s")
+    monkeypatch.setattr(page_totals, "REFRESH_S", 0.0)  # a newer version is recounted at once
+
+    def full(**kw):  # the same report counted over every shape within the request
+        monkeypatch.setattr(page_totals, "INLINE_MAX", 10_000)
+        try:
+            return view(**kw)
+        finally:
+            monkeypatch.setattr(page_totals, "INLINE_MAX", 100)
+
+    def view(table=None, **params):
+        r = (client.get(url, params=params) if table is None else
+             client.post(url, params=params, content=table, headers={"content-type": "text/csv"}))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def settled(**kw):
+        deadline = time.monotonic() + 60
+        while (body := view(**kw))["totals_pending"]:
+            assert time.monotonic() < deadline, "the count never landed"
+            time.sleep(0.05)
+        want = full(**kw)
+        assert {k: body[k] for k in totals} == {k: want[k] for k in totals}
+        assert (body["proof"] or {}).get("disagreements") == (want["proof"] or {}).get("disagreements")
+        return body
+
+    checked: list[tuple[str, int]] = []
+    real = eng.check
+    monkeypatch.setattr(eng, "check", lambda *a, **k: checked.append(
+        (threading.current_thread().name, len(a[4]))) or real(*a, **k))
+    monkeypatch.setattr(page_totals, "INLINE_MAX", 100)
+    first = view(limit=10)
+    assert [n for name, n in checked if not name.startswith("page-totals")] == [10], checked  # the page only
+    assert first["shapes"] == 205 and len(first["report"]) == 10 and first["next"]
+    assert first["totals_pending"] and first["hits"] is first["misses"] is first["served_time_covered"] is None
+    assert first["report"] == full(limit=10)["report"]  # each shape's verdict as when every shape is checked
+    before = settled(limit=10)
+    assert before["hits"] == 0 and before["misses"] == 205 and before["totals_stale_s"] is None
+    assert ("page-totals-%d" % cid, 205) in checked
+
+    body = lease(client, max_shapes=3, budget_s=1000).json()  # a result lands: its row makes a hit
+    for item in body["shapes"]:
+        assert client.post(f"/v1/leases/{body['lease_id']}/results",
+                           json=ok_row(body, item, plausible_us(body, item, 2.0))).status_code == 200
+    moved = view()
+    assert moved["totals_pending"] and moved["totals_stale_s"] is not None and moved["hits"] == 0  # the last count
+    tuned = settled()
+    assert tuned["hits"] == 3 and tuned["served_time_covered"] > 0
+
+    capture(client, [dict(item["shape"], count=10_000) for item in body["shapes"]])  # their served time grows
+    assert view()["totals_pending"]
+    assert settled()["served_time_covered"] > tuned["served_time_covered"]
+
+    proof = {"form": tuned["form"], "worker_id": "w1", "results": [  # proved misses: 3 disagreements
+        {"shape_id": item["shape_id"], "hit": False} for item in body["shapes"]]}
+    assert client.post(f"{url}/proofs", json=proof).status_code == 201
+    assert view()["totals_pending"]
+    assert settled()["proof"]["disagreements"] == 3
+
+    other = next(f for f in ("merged", "layer") if f != tuned["form"])  # another form: its own count
+    assert view(form=other)["hits"] is None
+    settled(form=other)
+
+    header = "gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName"
+    row = "gfx942,304,{m},64,64,False,torch.bfloat16,torch.bfloat16,False,False,hipblaslt,1,0,5.0,k"
+    one = f"{header}\n{row.format(m=7)}\n"
+    assert view(table=one)["hits"] is None  # a supplied table: its own count, by its content
+    assert settled(table=one)["hits"] == 1
+    two = f"{header}\n{row.format(m=7)}\n{row.format(m=8)}\n"
+    assert view(table=two)["hits"] is None
+    assert settled(table=two)["hits"] > 1  # M=8 is also the padded M of smaller shapes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DbDep, IdPath, SettingsDep
@@ -53,14 +53,22 @@ def list_shapes(campaign_id: IdPath, db: DbDep, who: ReadAuth, limit: Limit = pa
 
 
 @router.get("/v1/campaigns/{campaign_id}/engagement", response_model=EngagementReport)
-def get_engagement(campaign_id: IdPath, db: DbDep, who: ReadAuth, merged: bool = False, form: str | None = None,
-                   limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
+def get_engagement(campaign_id: IdPath, db: DbDep, who: ReadAuth, later: BackgroundTasks, merged: bool = False,
+                   form: str | None = None, limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """The verdict per captured shape on the table AITER builds from a deploy form (layer, merged,
-    model_configs_dropin; default: the deploy plan's first offered form); the report one page at a time."""
+    model_configs_dropin; default: the deploy plan's first offered form); the report one page at a time, its
+    totals over every shape counted after the first view of a large campaign (`totals_pending`)."""
     with db.session(write=False) as s:
         _scoped(s, who, campaign_id)
-        return engagement.pre_deploy(s, campaign_id, merged=merged, form=form, limit=pages.check_limit(limit),
-                                     after=after)
+        report, start = engagement.pre_deploy(s, campaign_id, merged=merged, form=form,
+                                              limit=pages.check_limit(limit), after=after, db=db)
+    return _counting_after(report, start, later)
+
+
+def _counting_after(report: dict, start, later: BackgroundTasks) -> dict:  # type: ignore[no-untyped-def]
+    if start is not None:  # the totals' count, after the report is sent
+        later.add_task(start)
+    return report
 
 
 @router.post("/v1/campaigns/{campaign_id}/engagement/proofs", status_code=201, response_model=ProofRecorded)
@@ -73,7 +81,7 @@ def post_engagement_proof(campaign_id: IdPath, body: EngagementProofIn, db: DbDe
 
 @router.post("/v1/campaigns/{campaign_id}/engagement", response_model=EngagementReport,
              openapi_extra=csv_body("the table to check, as written (AITER tuned CSV)"))
-async def check_supplied_table(campaign_id: IdPath, request: Request, db: DbDep, who: ReadAuth,
+async def check_supplied_table(campaign_id: IdPath, request: Request, db: DbDep, who: ReadAuth, later: BackgroundTasks,
                                limit: Limit = pages.DEFAULT_LIMIT, after: After = None) -> dict:
     """Would this CSV (as written) engage in the campaign's image? Body: the table, text/csv."""
     text = (await request.body()).decode("utf-8", errors="replace")
@@ -81,7 +89,9 @@ async def check_supplied_table(campaign_id: IdPath, request: Request, db: DbDep,
     def work() -> dict:  # CSV parsing and the database: off the event loop
         with db.session(write=False) as s:
             _scoped(s, who, campaign_id)
-            return engagement.pre_deploy(s, campaign_id, table_csv=text, limit=pages.check_limit(limit), after=after)
+            report, start = engagement.pre_deploy(s, campaign_id, table_csv=text, limit=pages.check_limit(limit),
+                                                  after=after, db=db)
+        return _counting_after(report, start, later)
 
     return await run_in_threadpool(work)
 

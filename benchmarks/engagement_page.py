@@ -1,0 +1,109 @@
+"""The engagement report's first page on a 100k-shape campaign (issue #15 item 5): does a page cost in
+proportion to the page? Not a test: it prints figures.
+
+    python benchmarks/engagement_page.py [--shapes 100000] [--before REF]
+
+One service (uvicorn, the CLI's flags) on a fresh SQLite database holding one campaign of --shapes captured
+shapes (the same CSV capture as benchmarks/service_load.py). Timed, for GET /v1/campaigns/{id}/engagement
+and for POST of a small supplied table: the first view, how long until its totals over every shape are
+counted (a background count since the report pages; the first view says `totals_pending`), and a repeat view
+(median of 3) once they are. --before REF: the same on a checkout of REF (git worktree) in the same run, its
+server started the same way, and the totals of both compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.service_load import AUTH, csv_capture, fresh_db, post_csv, timed_get  # noqa: E402
+from tests.conftest import start_server  # noqa: E402
+
+TABLE = ("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,err_ratio,"
+         "tflops,bw\ngfx942,304,1,6400,4096,False,torch.bfloat16,torch.bfloat16,False,False,hipblaslt,1,0,5.0,"
+         "k_one,0.0,1.0,1.0\n")
+TOTALS = ("hits", "misses", "served_time_covered")
+
+
+def timed_post(base: str, path: str, text: str) -> tuple[float, httpx.Response]:
+    t0 = time.perf_counter()
+    r = httpx.post(base + path, content=text.encode(), timeout=600, headers={**AUTH, "content-type": "text/csv"})
+    return (time.perf_counter() - t0) * 1e3, r
+
+
+def measure(root: Path, db_url: str, tmp: Path, name: str, shapes: int) -> dict:
+    env = {"TUNER_MAX_CAPTURE_SHAPES": str(shapes), "TUNER_MAX_CAMPAIGN_SHAPES": str(2 * shapes)}
+    srv = start_server(db_url, tmp / f"{name}.log", env, cwd=root)
+    out: dict = {}
+    try:
+        cid = post_csv(srv.url, csv_capture(shapes, 100))[1]["campaign_id"]
+        path = f"/v1/campaigns/{cid}/engagement"
+        for what, view in (("GET", lambda: timed_get(srv.url, path)),
+                           ("POST table", lambda: timed_post(srv.url, path, TABLE))):
+            ms_first, first = view()
+            assert first.status_code == 200, first.text[:500]
+            t0 = time.perf_counter()
+            body = first.json()
+            while body.get("totals_pending"):
+                time.sleep(0.2)
+                body = view()[1].json()
+            counted = time.perf_counter() - t0
+            runs = sorted(view() for _ in range(3))
+            ms, again = runs[1]
+            out[what] = {"first_ms": ms_first, "first_kB": len(first.content) / 1e3,
+                         "first_pending": bool(first.json().get("totals_pending")), "counted_s": counted,
+                         "repeat_ms": ms, "repeat_kB": len(again.content) / 1e3,
+                         "totals": {k: again.json()[k] for k in TOTALS}, "rows": len(again.json()["report"])}
+    finally:
+        srv.proc.terminate()
+        srv.proc.wait()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", type=int, default=100_000)
+    p.add_argument("--before", help="a git ref to measure the same way in the same run (e.g. the commit before)")
+    a = p.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    runs = {}
+    try:
+        if a.before:
+            old = tmp / "before"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.before], check=True,
+                           capture_output=True)
+            runs[f"before ({a.before})"] = measure(old, fresh_db("sqlite", None, tmp, "before"), tmp, "before",
+                                                   a.shapes)
+        runs["now"] = measure(ROOT, fresh_db("sqlite", None, tmp, "now"), tmp, "now", a.shapes)
+    finally:
+        if a.before:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")])
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"engagement report, first page of a {a.shapes // 1000}k-shape campaign (SQLite); machine: "
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
+    for name, r in runs.items():
+        for what, m in r.items():
+            print(f"{name:>22} {what:<10}  first view {m['first_ms']:7.0f} ms {m['first_kB']:6.0f} kB"
+                  f"{' (totals pending)' if m['first_pending'] else '':<17}  totals counted {m['counted_s']:5.1f} s "
+                  f"later  repeat view {m['repeat_ms']:6.0f} ms {m['repeat_kB']:5.0f} kB  {m['rows']} rows  "
+                  f"totals {m['totals']}")
+    if a.before:
+        (b, then), now = list(runs.items())[0], runs["now"]
+        for what in now:
+            print(f"{what}: first view {then[what]['first_ms'] / now[what]['first_ms']:.1f}x faster, repeat view "
+                  f"{then[what]['repeat_ms'] / now[what]['repeat_ms']:.1f}x faster; totals "
+                  f"{'equal' if then[what]['totals'] == now[what]['totals'] else 'DIFFER'}")
+
+
+if __name__ == "__main__":
+    main()
