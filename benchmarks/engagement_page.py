@@ -1,9 +1,10 @@
 """The engagement report's first page on a 100k-shape campaign (issue #15 item 5): does a page cost in
 proportion to the page? Not a test: it prints figures.
 
-    python benchmarks/engagement_page.py [--shapes 100000] [--before REF]
+    python benchmarks/engagement_page.py [--shapes 100000] [--before REF] [--postgresql [--pg-url URL]]
 
-One service (uvicorn, the CLI's flags) on a fresh SQLite database holding one campaign of --shapes captured
+One service (uvicorn, the CLI's flags) on a fresh SQLite (or PostgreSQL: a throwaway one as
+benchmarks/service_load.py starts, unless --pg-url) database holding one campaign of --shapes captured
 shapes (the same CSV capture as benchmarks/service_load.py). Timed, for GET /v1/campaigns/{id}/engagement
 and for POST of a small supplied table: the first view, how long until its totals over every shape are
 counted (a background count since the report pages; the first view says `totals_pending`), and a repeat view
@@ -26,7 +27,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.service_load import AUTH, csv_capture, fresh_db, post_csv, timed_get  # noqa: E402
+from benchmarks.service_load import AUTH, csv_capture, fresh_db, post_csv, start_pg, timed_get  # noqa: E402
 from tests.conftest import start_server  # noqa: E402
 
 TABLE = ("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,err_ratio,"
@@ -74,7 +75,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", type=int, default=100_000)
     p.add_argument("--before", help="a git ref to measure the same way in the same run (e.g. the commit before)")
+    p.add_argument("--postgresql", action="store_true")
+    p.add_argument("--pg-url", default=os.environ.get("TUNER_TEST_PG_URL"))
     a = p.parse_args()
+    kind, pg, stop = ("postgresql" if a.postgresql else "sqlite"), a.pg_url, None
+    if a.postgresql and not pg:
+        pg, stop = start_pg()
     tmp = Path(tempfile.mkdtemp())
     runs = {}
     try:
@@ -82,14 +88,15 @@ def main() -> None:
             old = tmp / "before"
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.before], check=True,
                            capture_output=True)
-            runs[f"before ({a.before})"] = measure(old, fresh_db("sqlite", None, tmp, "before"), tmp, "before",
-                                                   a.shapes)
-        runs["now"] = measure(ROOT, fresh_db("sqlite", None, tmp, "now"), tmp, "now", a.shapes)
+            runs[f"before ({a.before})"] = measure(old, fresh_db(kind, pg, tmp, "before"), tmp, "before", a.shapes)
+        runs["now"] = measure(ROOT, fresh_db(kind, pg, tmp, "now"), tmp, "now", a.shapes)
     finally:
         if a.before:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")])
+        if stop:
+            subprocess.run(stop, stdout=subprocess.DEVNULL)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"engagement report, first page of a {a.shapes // 1000}k-shape campaign (SQLite); machine: "
+    print(f"engagement report, first page of a {a.shapes // 1000}k-shape campaign ({kind}); machine: "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
     for name, r in runs.items():
         for what, m in r.items():

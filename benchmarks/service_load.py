@@ -429,7 +429,8 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
         tag = page.headers["etag"]
         ms_304, same, _ = median_get(large.url, f"/campaigns/{cid}", headers={"If-None-Match": tag})
         ms_api, api, _ = median_get(large.url, f"/v1/campaigns/{cid}")
-        ms_eng, eng, _ = median_get(large.url, f"/v1/campaigns/{cid}/engagement", n=1)
+        # the report's totals on the page's form are the page's count (the same slot and version): not recounted
+        ms_eng, eng, cold_eng = median_get(large.url, f"/v1/campaigns/{cid}/engagement", n=1)
         fill = a.queue - 2000 - a.shapes
         if fill > 0:
             post_csv(large.url, csv_capture(fill, 100 + a.shapes // 4096 + 2))
@@ -484,8 +485,10 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
          "304", same.status_code == 304),
         (e, "  API campaign (first page of shapes)", f"{ms_api:.0f} ms, {len(api.content) / 1e3:.0f} kB", "", None,
          "< 1 MB", len(api.content) < 1e6),
-        (e, "  engagement report (first page)", f"{ms_eng:.0f} ms, {len(eng.content) / 1e3:.0f} kB", "", None,
-         "< 1 MB", len(eng.content) < 1e6),
+        (e, "  engagement report (first page: first / repeat view)",
+         f"{cold_eng:.0f} / {ms_eng:.0f} ms, {len(eng.content) / 1e3:.0f} kB"
+         + (" (totals pending)" if eng.json().get("totals_pending") else ""), "", None, "< 300 ms, < 1 MB",
+         max(cold_eng, ms_eng) < 300 and len(eng.content) < 1e6),
     ]
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -94,21 +94,22 @@ def _count(campaign_id: int, form: str | None, table_csv: str | None) -> page_to
     return count
 
 
-def _every_or_page(s: Session, db: Database | None, campaign_id: int, page: list, **on) -> tuple:
+def _every_or_page(s: Session, db: Database | None, campaign_id: int, page: list, merged: bool = False,
+                   table_csv: str | None = None, form: str | None = None
+                   ) -> tuple[Verdicts, EngagementProof | None, page_totals.Shown, int]:
     """The verdicts and the totals over every shape: within the request for a small campaign (or without a
     database to count in), else for the page's shapes only, the totals from page_totals.TOTALS. Returns
     (verdicts, latest proof, page_totals.Shown, the number of shapes)."""
     shapes = _shapes_state(s, campaign_id)
     every = db is None or shapes[0] <= page_totals.INLINE_MAX
-    v = verdicts(s, campaign_id, only=None if every else page, **on)
+    v = verdicts(s, campaign_id, merged, table_csv, form, only=None if every else page)
     proof = latest_proof(s, v.camp.id, v.used)
     if every:
         return v, proof, page_totals.Shown(_totals(v, proof), None, None), shapes[0]
-    text = on.get("table_csv")
-    what = v.used if text is None else "supplied:" + hashlib.sha256(text.encode()).hexdigest()
+    what = v.used if table_csv is None else "supplied:" + hashlib.sha256(table_csv.encode()).hexdigest()
     assert db is not None
     return v, proof, page_totals.TOTALS.get(db, (v.camp.id, what), _version(v, shapes, proof), _count(
-        v.camp.id, None if text is not None else v.used, text)), shapes[0]
+        v.camp.id, v.used if table_csv is None else None, table_csv)), shapes[0]
 
 
 def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
