@@ -6,9 +6,9 @@ proportion to the page? Not a test: it prints figures.
 One service (uvicorn, the CLI's flags) on a fresh SQLite (or PostgreSQL: a throwaway one as
 benchmarks/service_load.py starts, unless --pg-url) database holding one campaign of --shapes captured
 shapes (the same CSV capture as benchmarks/service_load.py). Timed, for GET /v1/campaigns/{id}/engagement
-and for POST of a small supplied table: the first view, how long until its totals over every shape are
-counted (a background count since the report pages; the first view says `totals_pending`), and a repeat view
-(median of 3) once they are. --before REF: the same on a checkout of REF (git worktree) in the same run, its
+and for POST of a small supplied table (and the campaign page, HTML, beside them): the first view, how long
+until its totals over every shape are counted (a background count since the report pages; the first view
+says `totals_pending`, the page "(counting)"), and a repeat view (median of 3) once they are. --before REF: the same on a checkout of REF (git worktree) in the same run, its
 server started the same way, and the totals of both compared.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,12 @@ TABLE = ("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solid
          "tflops,bw\ngfx942,304,1,6400,4096,False,torch.bfloat16,torch.bfloat16,False,False,hipblaslt,1,0,5.0,"
          "k_one,0.0,1.0,1.0\n")
 TOTALS = ("hits", "misses", "served_time_covered")
+PREDICTED = re.compile(r'id="predicted">.*?(\(counting\)|\d+)(?:</i>)?\s+of (\d+) captured', re.S)
+
+
+def pending(r: httpx.Response) -> bool:
+    """The totals over every shape are still being counted (the campaign page says "(counting)")."""
+    return "(counting)" in r.text if r.headers["content-type"].startswith("text/html") else bool(r.json().get("totals_pending"))
 
 
 def timed_post(base: str, path: str, text: str) -> tuple[float, httpx.Response]:
@@ -50,21 +57,24 @@ def measure(root: Path, db_url: str, tmp: Path, name: str, shapes: int) -> dict:
         cid = post_csv(srv.url, csv_capture(shapes, 100))[1]["campaign_id"]
         path = f"/v1/campaigns/{cid}/engagement"
         for what, view in (("GET", lambda: timed_get(srv.url, path)),
-                           ("POST table", lambda: timed_post(srv.url, path, TABLE))):
+                           ("POST table", lambda: timed_post(srv.url, path, TABLE)),
+                           ("page HTML", lambda: timed_get(srv.url, f"/campaigns/{cid}"))):
             ms_first, first = view()
             assert first.status_code == 200, first.text[:500]
             t0 = time.perf_counter()
-            body = first.json()
-            while body.get("totals_pending"):
+            last = first
+            while pending(last):
                 time.sleep(0.2)
-                body = view()[1].json()
+                last = view()[1]
             counted = time.perf_counter() - t0
-            runs = sorted(view() for _ in range(3))
+            runs = sorted((view() for _ in range(3)), key=lambda r: r[0])
             ms, again = runs[1]
-            out[what] = {"first_ms": ms_first, "first_kB": len(first.content) / 1e3,
-                         "first_pending": bool(first.json().get("totals_pending")), "counted_s": counted,
-                         "repeat_ms": ms, "repeat_kB": len(again.content) / 1e3,
-                         "totals": {k: again.json()[k] for k in TOTALS}, "rows": len(again.json()["report"])}
+            html = what == "page HTML"
+            out[what] = {"first_ms": ms_first, "first_kB": len(first.content) / 1e3, "first_pending": pending(first),
+                         "counted_s": counted, "repeat_ms": ms, "repeat_kB": len(again.content) / 1e3,
+                         "totals": PREDICTED.search(again.text).group(1) if html
+                         else {k: again.json()[k] for k in TOTALS},
+                         "rows": again.text.count('class="shape"') if html else len(again.json()["report"])}
     finally:
         srv.proc.terminate()
         srv.proc.wait()
