@@ -79,6 +79,62 @@ DIM_BOUNDS: tuple[tuple[str, int, int], ...] = (
 
 
 @dataclass(frozen=True)
+class LogLine:
+    """A line AITER logs on a lookup, as a pattern matched from its first occurrence of `start` on: a hit (a
+    row found; needs AITER_LOG_TUNED_CONFIG=1 before `import aiter`) or a miss (always logged, INFO). Named
+    groups: shape columns as printed (a printed None is a cell not given: shape_defaults fill it), padded (the M
+    a row was found at), cu (the cu_num looked up), gfx, file, libtype, kernel; keys: the lookup key tuple, in
+    the family's key_columns order (the family is the one whose key has as many items)."""
+    where: str  # AITER's f-string, file:line at ROCm/aiter e4048607a5
+    hit: bool
+    start: str
+    pattern: str
+
+
+_LOG_PAD = r"found padded_M: (?P<padded>\d+), N:\d+, K:\d+"
+_LOG_MNK = r"shape is M:(?P<M>\d+), N:(?P<N>\d+), K:(?P<K>\d+)"
+_LOG_BMNK = r"shape is B:(?P<B>\d+), M:(?P<M>\d+), N:(?P<N>\d+), K:(?P<K>\d+)"
+# {dtype=} renders dtype='torch.bfloat16' for a str, torch.bfloat16 for a dtype; otype=None: the input dtype
+_LOG_BF16 = (_LOG_MNK + r" dtype='?(?P<dtype>[\w.]+)'? otype='?(?P<outdtype>[\w.]+)'? bias=(?P<bias>\w+), "
+             r"scaleAB=(?P<scaleAB>\w+), bpreshuffle=(?P<bpreshuffle>\w+)")
+LOG_BF16 = (
+    LogLine("tuned_gemm.py:232", False, "shape is M:",
+            _LOG_BF16 + r", not found tuned config in (?P<file>\S+), will use default"),
+    LogLine("tuned_gemm.py:183", True, "shape is M:",
+            _LOG_BF16 + rf" {_LOG_PAD} is tuned on cu_num = (?P<cu>\d+) in (?P<file>\S+), libtype is "
+                        r"(?P<libtype>\S+), kernel name is (?P<kernel>\S*)"))
+LOG_A8W8 = (  # get_GEMM_config_with_quant_type: a8w8 and bpreshuffle
+    LogLine("ops/gemm_op_a8w8.py:551", False, "shape is M:",
+            _LOG_MNK + r", q_dtype_w:(?P<q_dtype_w>[\w.]+), not found tuned config in (?P<file>\S+), will use default"),
+    LogLine("ops/gemm_op_a8w8.py:542-546", True, "shape M:",
+            rf"shape M:(?P<M>\d+), N:(?P<N>\d+), K:(?P<K>\d+) q_dtype_w:(?P<q_dtype_w>[\w.]+), {_LOG_PAD} is tuned, "
+            r"in (?P<file>\S+?)!(?: libtype is (?P<libtype>\S+?)!)?(?: kernelName is (?P<kernel>\S+))?"))
+LOG_CK = (  # get_CKGEMM_config (blockscale, blockscale bpreshuffle) and gemm_op_a4w4.py:71/:76 print the same
+    LogLine("ops/gemm_op_a8w8.py:488", False, "shape is M:",
+            _LOG_MNK + r", not found tuned config in (?P<file>\S+), will use default"),
+    LogLine("ops/gemm_op_a8w8.py:483", True, "shape is M:",
+            _LOG_MNK + rf", {_LOG_PAD} is tuned on cu_num = (?P<cu>\d+) in (?P<file>\S+?) ?, kernel name is "
+                       r"(?P<kernel>[^,!\s]+)"))
+LOG_BF16_BATCHED = (
+    LogLine("ops/batched_gemm_op_bf16.py:102", False, "shape is B:",
+            _LOG_BMNK + r" dtype is bf16, not found tuned config"),
+    LogLine("ops/batched_gemm_op_bf16.py:94", True, "shape is B:",
+            _LOG_BMNK + r" dtype is bf16, is tuned on cu_num = (?P<cu>\d+) in (?P<file>\S+), kernel name is "
+                        r"(?P<kernel>[^,\s]+)"))
+LOG_A8W8_BATCHED = (
+    LogLine("ops/batched_gemm_op_a8w8.py:119", False, "shape is B:", _LOG_BMNK + r", not found tuned config"),
+    LogLine("ops/batched_gemm_op_a8w8.py:111", True, "shape is B:",
+            _LOG_BMNK + r", is tuned on cu_num = (?P<cu>\d+) in (?P<file>\S+), kernel name is (?P<kernel>[^,\s]+)"))
+# fused_moe.py:2461-2463 (fmoe, and fhmoe's longer key); one anchored match at the last marker keeps the lazy
+# `.*?` linear on a hostile line
+_LOG_MOE = r"\[fused_moe\] using (?:1stage|2stage)(?: xbf16)? "
+LOG_MOE = (
+    LogLine("fused_moe.py:2462", False, "[fused_moe] using", _LOG_MOE + r"default for (?P<keys>\(.*\))"),
+    LogLine("fused_moe.py:2462", True, "[fused_moe] using",
+            _LOG_MOE + r"\(kernelName1=(?:'(?P<kernel>[^']*)')?.*?\) for (?P<keys>\(.*\))"))
+
+
+@dataclass(frozen=True)
 class TableFamily:
     name: str
     env_var: str
@@ -173,6 +229,8 @@ class TableFamily:
     # one int() rejects (a pandas merge writes an integer column holding a blank as 128.0) empties the table
     comment_prefix: str | None = None
     loader_ints: tuple[tuple[str, bool], ...] = ()
+    # the lines AITER logs when this family's lookup finds a row or not (log_lines.parse_log reads them back)
+    log_lines: tuple[LogLine, ...] = ()
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -221,6 +279,7 @@ _MNK_FILE = ("M", "N", "K", "@file")
 FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
     TableFamily(
         name="bf16_gemm", env_var="AITER_CONFIG_GEMM_BF16",
+        log_lines=LOG_BF16,
         tuned_file="bf16_tuned_gemm.csv", untuned_file="bf16_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,"
                         "kernelName,err_ratio,tflops,bw"),
@@ -238,6 +297,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         untuned_variants=("M,N,K,bias,dtype,outdtype,scaleAB", "M,N,K")),
     TableFamily(
         name="a8w8_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8",
+        log_lines=LOG_A8W8,
         tuned_file="a8w8_tuned_gemm.csv", untuned_file="a8w8_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
@@ -248,6 +308,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_variants=_CK_OLD_VARIANT, math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
+        log_lines=LOG_A8W8,
         tuned_file="a8w8_bpreshuffle_tuned_gemm.csv", untuned_file="a8w8_bpreshuffle_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
@@ -267,6 +328,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle_tune.py"),
     TableFamily(
         name="a8w8_blockscale_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
+        log_lines=LOG_CK,
         tuned_file="a8w8_blockscale_tuned_gemm.csv", untuned_file="a8w8_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
@@ -278,6 +340,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
     TableFamily(
         name="a8w8_blockscale_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",
+        log_lines=LOG_CK,
         tuned_file="a8w8_blockscale_bpreshuffle_tuned_gemm.csv",
         untuned_file="a8w8_blockscale_bpreshuffle_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K,libtype," + _CK_RESULT),
@@ -295,6 +358,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuner_args=("--preshuffle",)),
     TableFamily(
         name="a4w4_blockscale_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A4W4",
+        log_lines=LOG_CK,
         tuned_file="a4w4_blockscale_tuned_gemm.csv", untuned_file="a4w4_blockscale_untuned_gemm.csv",
         tuned_header=_h("gfx,cu_num,M,N,K," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
@@ -303,6 +367,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         math="fp4", tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py"),
     TableFamily(
         name="a8w8_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_A8W8_BATCHED_GEMM",
+        log_lines=LOG_A8W8_BATCHED,
         tuned_file="a8w8_tuned_batched_gemm.csv", untuned_file="a8w8_untuned_batched_gemm.csv",
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
@@ -312,6 +377,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
     TableFamily(
         name="bf16_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_BF16_BATCHED_GEMM",
+        log_lines=LOG_BF16_BATCHED,
         tuned_file="bf16_tuned_batched_gemm.csv", untuned_file="bf16_untuned_batched_gemm.csv",
         tuned_header=_h("gfx,cu_num,B,M,N,K," + _CK_RESULT),
         untuned_header=_h("B,M,N,K"), key_columns=_h("gfx,cu_num,B,M,N,K"), shape_columns=_h("B,M,N,K"),
@@ -333,6 +399,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py", tuner_races=False),
     TableFamily(
         name="fmoe", gfx_optional=True, env_var="AITER_CONFIG_FMOE",
+        log_lines=LOG_MOE,
         tuned_file="tuned_fmoe.csv", untuned_file="untuned_fmoe.csv",
         # what gemm_moe_tune.py writes today; the shipped default lacks gfx and has _tag (see headers.py)
         tuned_header=_FMOE_KEY + _h("block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,"
@@ -358,6 +425,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py"),
     TableFamily(
         name="fhmoe", env_var="AITER_CONFIG_FHMOE",
+        log_lines=LOG_MOE,
         tuned_file="tuned_fhmoe.csv", untuned_file="untuned_fhmoe.csv",
         tuned_header=_h("gfx,cu_num,token,model_dim,inter_dim,expert,topk,shared_expert_id,act_type,dtype,"
                         "q_dtype_a,q_dtype_w,q_type,use_g1u1,doweight_stage1,hidden_pad,intermediate_pad,"

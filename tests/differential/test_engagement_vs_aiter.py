@@ -25,7 +25,8 @@ from app.domain.capture_parsing import from_untuned_csv
 from app.domain.families import CURRENT, RELEASE_0_1_7, get_family, lookup_identity
 from app.domain.headers import parse_header_line, tuned_schema
 from app.domain.keys import m_candidates
-from app.domain.shapes import ShapeError
+from app.domain.log_lines import parse_log
+from app.domain.shapes import ShapeError, make_shape
 from app.domain.tables import Table, read_table, render_csv
 from app.domain.families import FAMILIES as ALL_FAMILIES
 from tests.conftest import CONFIGS, aiter_tree_with
@@ -322,6 +323,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         assert not out.rewritten, (form, out.rewritten)
 
         theirs = out.verdicts
+        if rel_name == "current":
+            disagreements += log_disagreements(family, shapes, theirs, out.log)[:4]
         bad = 0
         for s, m, (h, c) in zip(shapes, mine, theirs):
             # a row AITER's lookup returned (used or not) must be the row the service found
@@ -334,6 +337,37 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         RESULTS.append((family_name, form, where, flydsl, rel_name, len(shapes),
                         f"hits {sum(x.hit for x in mine)}", f"disagree {bad}"))
     assert not disagreements, "\n".join(disagreements)
+
+
+def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str]) -> list[str]:
+    """AITER's own log lines of these lookups (AITER_LOG_TUNED_CONFIG=1), read with the service's grammar
+    (TableFamily.log_lines): every line is this family's and names a shape probed (as AITER printed it: MoE
+    prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
+    GEMM's: every call) logged one (AITER's lookups are cached per call)."""
+    printed: dict[tuple, bool] = {}
+    for s, (_, c) in zip(shapes, theirs):
+        found = c is not None and ("us" in c or "kernelName1" in c)
+        s = family.remap(s)
+        s.update({c: str(int(s[src]) + off) for c, src, off in family.lookup_derived})  # as the lookup keys it
+        for m in (m_candidates(family, s) if family.m_column == "token" else [None]):
+            printed[make_shape(family, s if m is None else dict(s, token=str(m)), "probe").key] = found
+    events = parse_log("\n".join(log)).events
+    if not family.log_lines:  # its lookup logs no line of the grammar's (GDN, grouped fmoe; mxscale's logger is
+        # `from aiter import logger`, which the harness does not capture)
+        return [f"log line read as {ev.family} {ev.shape}, but {family.name} logs none" for ev in events[:1]]
+    out, seen = [], set()
+    for ev in events:
+        key = make_shape(family, ev.shape, "log").key if ev.family == family.name else None
+        if key not in printed or printed[key] != ev.hit:
+            out.append(f"log line read as {ev.family} hit={ev.hit} {ev.shape}: AITER's lookup "
+                       + ("made no such call" if key not in printed else f"found={printed[key]}"))
+        seen.add(key)
+    hits = {k for k, ev_hit in printed.items() if ev_hit}
+    if not hits <= seen:
+        out.append(f"log: {len(hits - seen)} lookup(s) that found a row have no line read")
+    if family.m_column != "token" and seen != set(printed):  # a GEMM's miss is logged too (MoE: padded tokens)
+        out.append(f"log: {len(seen)} distinct lookup line(s) read, {len(printed)} distinct lookups made")
+    return out
 
 
 def teardown_module(module):

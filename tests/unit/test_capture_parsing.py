@@ -132,3 +132,16 @@ def test_untuned_csv_with_wrong_columns_is_refused():
     with pytest.raises(ShapeError) as e:
         cp.from_untuned_csv(BF16, "M,N,K\n1,2\n")
     assert e.value.field == "untuned_csv.line2"
+
+
+def test_every_log_line_cites_the_aiter_fstring_it_reads():
+    """TableFamily.log_lines: the file:line each pattern cites holds an f-string logging that line's start."""
+    from app.domain.families import FAMILIES as ALL
+    from tests.conftest import aiter_tree_with
+    lines = {ll for f in ALL.values() for ll in f.log_lines}
+    assert {f.name for f in ALL.values() if f.log_lines} >= {"bf16_gemm", "a8w8_gemm", "fmoe", "fhmoe"}
+    for ll in lines:
+        path, at = ll.where.split(":")
+        src = aiter_tree_with("aiter/" + path) / "aiter" / path
+        text = src.read_text().splitlines()[int(at.split("-")[0]) - 1]
+        assert 'f"' in text and ll.start in text, (ll.where, text)
