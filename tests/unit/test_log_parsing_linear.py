@@ -1,6 +1,7 @@
-"""Log parsing is linear: 8 MB of hostile AITER-looking text parses in under a second (it used to be
+"""Log parsing is linear: 8 MB of hostile AITER-looking text parses in under a second of CPU (it used to be
 quadratic on fused_moe lines: a 320 KB log took ~14 s). Each case runs in a child with a hard timeout, so a
-regression fails fast instead of hanging the suite."""
+regression fails fast instead of hanging the suite. The child's CPU time is what is bounded, not the wall
+clock: on a loaded 2-core CI machine the wall time of a 0.25 s parse went past 1 s (five busy loops beside it)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import json, sys, time
 from app.domain.log_lines import parse_log
 unit = sys.stdin.read()
 text = (unit * ({n} // len(unit) + 1))[:{n}]
-t = time.perf_counter(); parse_log(text); print(json.dumps(time.perf_counter() - t))
+t = time.process_time(); parse_log(text); print(json.dumps(time.process_time() - t))
 """
 
 
@@ -39,5 +40,5 @@ def test_an_8mb_hostile_log_parses_in_under_a_second(unit):
     except subprocess.TimeoutExpired:
         pytest.fail("parsing 8 MB took over 30 s: quadratic again")
     took = json.loads(out.stdout)
-    print(f"8 MB of {unit[:30]!r}...: {took:.3f} s")
+    print(f"8 MB of {unit[:30]!r}...: {took:.3f} s of CPU")
     assert took < 1.0
