@@ -64,7 +64,10 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
     # with no lease request coming, the server's own sweeper requeues them (dashboard and metrics see it)
     back = wait_for(lambda: (s := campaign(c, cid))["leased"] == 0 and s, timeout=20, every=0.5)
     assert back["queued"] == len(SHAPES) - len(tuned_before)
-    b = worker(live_server.url, "survivor", 1.5, "--once", token=tok)
+    # B's budget is 2.5 times the cost A measured (as the service estimates it), so its first batch holds two
+    # shapes on any machine; a fixed 1.5 s took all seven at once where a shape costs under 0.21 s (this
+    # 2-core VM measures 0.05-0.45 s a shape, the load slows it, a faster CI machine would not)
+    b = worker(live_server.url, "survivor", 2.5 * back["est_shape_cost_s"], "--once", token=tok)
     out, _ = b.communicate(timeout=240)
     assert b.returncode == 0, out
     stats = json.loads(out.strip().splitlines()[-1])
