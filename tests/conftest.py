@@ -145,6 +145,17 @@ def client(settings):
         yield c
 
 
+def wait_for(pred, timeout: float = 60.0, every: float = 0.1):  # type: ignore[no-untyped-def]
+    """Poll until pred() is truthy and return its value; a state is waited for, never slept for (a fixed
+    sleep is a guess at how fast a loaded machine gets there)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if v := pred():
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, DIGEST, start_server
+from tests.conftest import ADMIN, DIGEST, start_server, wait_for
 from workers.agent import Agent, AgentConfig
 from workers.backends.base import ShapeResult
 from workers.client import ServiceClient
@@ -98,7 +98,7 @@ def test_results_finished_during_a_database_stall_are_delivered_after_it(server,
     a = agent(server, Scripted(gate=gate), tmp_path)
     t = threading.Thread(target=a.run)
     t.start()
-    time.sleep(1.0)  # leased, the backend waits at the gate
+    wait_for(lambda: a.backend.seen)  # leased, the backend waits at the gate
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     gate.set()
@@ -117,11 +117,11 @@ def test_the_spool_outlives_the_agent_and_a_new_one_delivers_it(server, tmp_path
     a = agent(server, Scripted(gate=gate), tmp_path)
     t = threading.Thread(target=a.run)
     t.start()
-    time.sleep(1.0)
+    wait_for(lambda: a.backend.seen)  # leased, the backend waits at the gate
     server.proc.kill()  # the service dies while the shape is being tuned
     server.proc.wait()
     gate.set()
-    time.sleep(1.0)
+    wait_for(a.spool.pending)  # finished: spooled, its post waiting for the service
     a.stop.set()  # a signal: the agent stops waiting, the result stays spooled
     t.join(timeout=30)
     assert not t.is_alive() and len(a.spool.pending()) == 1

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import DIGEST, ROOT
+from tests.conftest import DIGEST, ROOT, wait_for
 from workers.identity import cpu_count
 
 pytestmark = pytest.mark.e2e
@@ -30,16 +30,6 @@ def worker(url, wid, budget, *extra, token):
 
 def campaign(c, cid):
     return c.get(f"/v1/campaigns/{cid}").json()
-
-
-def wait_for(pred, timeout=60, every=0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):

@@ -10,11 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
-from tests.conftest import DIGEST, ROOT, free_port
+from tests.conftest import DIGEST, ROOT, free_port, wait_for
 from tests.unit.test_capture_parsing import aiter_lines
 
 pytestmark = pytest.mark.e2e
@@ -176,15 +175,6 @@ def test_rotation_while_down_and_while_following(live_server, agent_env, tmp_pat
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
     assert calls(live_server) == {str(m): 1 for m in range(1, 8)}
-
-
-def wait_for(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_metrics_weight_the_queue_by_served_steps(live_server, agent_env, tmp_path, metrics_page):

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import DIGEST, ROOT, start_server
+from tests.conftest import DIGEST, ROOT, start_server, wait_for
 from workers.identity import cpu_count
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.timeout(540)]  # ~3 min on a 2-core VM
@@ -131,15 +131,6 @@ def progress(url: str, cid: int) -> dict:
         return {}
 
 
-def wait_for(pred, timeout: float, every: float = 0.5):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if v := pred():
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s")
-
-
 def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path, capsys):
     seed = int(os.environ.get("TUNER_CHAOS_SEED") or random.randrange(2**32))
     rng, t0 = random.Random(seed), time.monotonic()
@@ -159,7 +150,7 @@ def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path, capsys):
     chaos_thread = threading.Thread(target=chaos, args=(fleet, random.Random(rng.random()), stop_chaos))
     locker = None
     try:
-        wait_for(lambda: progress(srv.url, cid).get("tuned", 0) >= 5, timeout=90)
+        wait_for(lambda: progress(srv.url, cid).get("tuned", 0) >= 5, timeout=90, every=0.5)
         chaos_thread.start()
         time.sleep(rng.uniform(2, 6))
         srv.proc.send_signal(signal.SIGKILL)  # the server dies mid-flight, restarts on the same file and port
@@ -178,9 +169,9 @@ def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path, capsys):
         stop_chaos.set()
         chaos_thread.join()
         fleet.continue_all()
-        wait_for(lambda: progress(srv.url, cid).get("tuned") == N_SHAPES, timeout=240)
+        wait_for(lambda: progress(srv.url, cid).get("tuned") == N_SHAPES, timeout=240, every=0.5)
         # spooled results of killed workers go out on their successors' next turns
-        wait_for(lambda: not list((tmp_path / "spool").glob("*/*.json")), timeout=30)
+        wait_for(lambda: not list((tmp_path / "spool").glob("*/*.json")), timeout=30, every=0.5)
         alive = {w.wid: w.proc.poll() is None for w in fleet.workers.values()}
         for w in fleet.workers.values():
             w.proc.send_signal(signal.SIGTERM)
