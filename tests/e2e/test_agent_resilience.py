@@ -139,7 +139,13 @@ def test_the_spool_outlives_the_agent_and_a_new_one_delivers_it(server, tmp_path
 def test_an_absent_service_is_waited_for_until_a_stop(tmp_path):
     cl = ServiceClient("http://127.0.0.1:9", backoff_cap_s=0.2)
     t0 = time.monotonic()
-    threading.Timer(2.0, cl.stop.set).start()
+
+    def stop_once_waited() -> None:  # after 2 s and 5 retries, however long a loaded machine takes for them
+        try:
+            wait_for(lambda: cl.retries >= 5 and time.monotonic() - t0 >= 2.0)
+        finally:
+            cl.stop.set()
+    threading.Thread(target=stop_once_waited, daemon=True).start()
     with pytest.raises(Exception) as e:
         cl.lease({"worker_id": "x", "image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304, "backends": ["torch"],
                   "budget_s": 10})
