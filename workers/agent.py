@@ -75,8 +75,8 @@ class Spool:
     def put(self, lease_id: str, payload: dict[str, Any]) -> Path:
         path = self.root / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"lease_id": lease_id, "payload": payload}, f)
+        with open(tmp, "w") as f:  # dumps, not dump: json.dump to a file takes the pure-Python encoder
+            f.write(json.dumps({"lease_id": lease_id, "payload": payload}))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
