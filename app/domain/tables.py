@@ -103,6 +103,11 @@ def _dtype(cells: list[str]) -> str:
     """pandas' dtype of one file's column: int64, float64 (numbers with a NaN or a fraction) or object."""
     kind = "int"
     for c in cells:
+        if c.isdecimal():  # the common cells without the regexes: \d+ (an integer, never NA) ...
+            continue
+        if c.replace(".", "", 1).isdecimal() and "." in c:  # ... and \d+\.\d* or \.\d+ (a fraction)
+            kind = "float"
+            continue
         if c in _NA or _FLOAT_TEXT.fullmatch(c) and not _INT_TEXT.fullmatch(c):
             kind = "float"
         elif not _INT_TEXT.fullmatch(c):
@@ -120,14 +125,15 @@ def as_pandas_writes(files: list[list[dict[str, str]]], header: tuple[str, ...])
         kinds = [_dtype([r[col] for r in rows]) for rows in live]
         merged_float = "float" in kinds and "object" not in kinds
         for rows, kind in zip([o for o in out if o], kinds):
+            as_float = kind == "float" or (merged_float and kind == "int")
             for r in rows:
                 c = r[col]
                 if c in _NA:
                     r[col] = ""
-                elif kind == "float" or (merged_float and kind == "int"):
+                elif as_float:
                     r[col] = repr(float(c))
-                elif kind == "int":
-                    r[col] = str(int(c))
+                elif kind == "int" and not (c.isascii() and c.isdecimal() and (c[0] != "0" or len(c) == 1)):
+                    r[col] = str(int(c))  # a sign, a leading zero or a non-ASCII digit: pandas prints it plainly
     return out
 
 
