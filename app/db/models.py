@@ -62,6 +62,9 @@ class ImageTable(Base):
     kind: Mapped[str] = mapped_column(String(16))  # default | model_config | untuned
     header: Mapped[str] = mapped_column(Text)
     content: Mapped[str] = mapped_column(Text)
+    # sha256 of content: what the overlay cache keys the shipped tables on without reading them
+    # (app/services/overlays.py); content is replaced in place when a worker reports the table again
+    sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -110,32 +110,62 @@ def lookup_index(family: TableFamily, key_columns: tuple[str, ...], rows: list[d
     return index
 
 
-def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int,
-          shapes: list[dict[str, str]], table: Table, flydsl: bool = True,
-          cpp_at: tuple[str, int] | None = None,
-          build_targets: tuple[tuple[str, int], ...] | None = None) -> list[ShapeEngagement]:
-    """Per captured shape, whether AITER's lookup finds a row it uses. (gfx, cu_num): what the Python lookup keys
-    on; cpp_at: the device the compiled table is asked for (default the same); build_targets: the (gfx, cu_num)
-    rows it is built from (default cpp_at) - see families.lookup_identity. Raises LookupRaises where the loader
-    itself would raise on the table."""
+@dataclass
+class Lookup:
+    """A table as the family's loader keeps it, indexed the way its run-time lookup reads it (prepare): the
+    part of check that costs in proportion to the table, made once per table and reused for any shapes."""
+    key_columns: tuple[str, ...]  # the columns the lookup keys on (lookup_columns)
+    rows: list[dict[str, str]]
+    index: dict | None = None  # lookup key: row (None: a wildcard family, or nothing is looked up)
+    cpp: dict | None = None  # the compiled table's (_cpp_index)
+    misses: str | None = None  # why every shape misses (a key column missing, a loader that reads no row)
+    tried_on: tuple[str, ...] = ()  # the key columns the M candidates of a shape that misses are listed on
+    raises: str | None = None  # LookupRaises: AITER's loader raises on this table
+
+
+def prepare(family: TableFamily, key_columns: tuple[str, ...], gfx: str, table: Table,
+            cpp_targets: tuple[tuple[str, int], ...]) -> Lookup:
+    """The table as AITER's lookup reads it on gfx; cpp_targets: the (gfx, cu_num) rows its compiled table is
+    built from (see check)."""
     missing = [c for c in key_columns if c not in table.header and not (c == "gfx" and family.backfill_gfx)]
     if missing:  # AITER's set_index raises, or keys on something else: nothing in it engages
-        why = (f"the table's header lacks key column(s) {', '.join(missing)} that this image's AITER indexes on; "
-               f"header is {','.join(table.header)}")
-        return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, key_columns, gfx, cu_num, shape)],
-                                reason=why) for shape in shapes]
+        return Lookup(key_columns, [], tried_on=key_columns, misses=(
+            f"the table's header lacks key column(s) {', '.join(missing)} that this image's AITER indexes on; "
+            f"header is {','.join(table.header)}"))
     key_columns = lookup_columns(family, key_columns)
     rows = loaded_rows(family, table, gfx)
     bad = loader_error(family, rows)
     if bad:  # linear_attention_prefill_kernels.py:704-705: the loader returns no rows
-        why = f"AITER's loader reads no row of this table ({bad}); every shape takes its default"
-        return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, key_columns, gfx, cu_num, shape)],
-                                reason=why) for shape in shapes]
+        return Lookup(key_columns, rows, tried_on=key_columns, misses=(
+            f"AITER's loader reads no row of this table ({bad}); every shape takes its default"))
     if family.key_match == "wildcard":
-        return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
-    index = lookup_index(family, key_columns, rows)
+        return Lookup(key_columns, rows)
+    try:
+        index = lookup_index(family, key_columns, rows)
+    except LookupRaises as e:
+        return Lookup(key_columns, rows, raises=str(e))
+    return Lookup(key_columns, rows, index, _cpp_index(family, cpp_targets, rows))
+
+
+def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int,
+          shapes: list[dict[str, str]], table: Table, flydsl: bool = True,
+          cpp_at: tuple[str, int] | None = None,
+          build_targets: tuple[tuple[str, int], ...] | None = None,
+          prepared: Lookup | None = None) -> list[ShapeEngagement]:
+    """Per captured shape, whether AITER's lookup finds a row it uses. (gfx, cu_num): what the Python lookup keys
+    on; cpp_at: the device the compiled table is asked for (default the same); build_targets: the (gfx, cu_num)
+    rows it is built from (default cpp_at) - see families.lookup_identity. prepared: prepare() of these
+    arguments, made earlier. Raises LookupRaises where the loader itself would raise on the table."""
     cpp_at = cpp_at or (gfx, cu_num)
-    cpp = _cpp_index(family, build_targets or (cpp_at,), rows)
+    lk = prepared or prepare(family, key_columns, gfx, table, build_targets or (cpp_at,))
+    if lk.raises is not None:
+        raise LookupRaises(lk.raises)
+    if lk.misses is not None:
+        return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)],
+                                reason=lk.misses) for shape in shapes]
+    key_columns, rows, index, cpp = lk.key_columns, lk.rows, lk.index, lk.cpp
+    if index is None:  # family.key_match == "wildcard"
+        return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
     out = []
     for raw in shapes:
         shape = family.remap(raw)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -43,6 +45,11 @@ def read_table(text: str, name: str = "", comment: str | None = None) -> Table:
         # pandas fills a short row with NaN; keep cells as written (no strip: AITER does not strip either)
         rows.append({c: (rec[i].rstrip("\t") if i < len(rec) else "") for i, c in enumerate(header)})
     return Table(header, rows, name, preamble)
+
+
+def rows_digest(table: Table) -> str:
+    """A digest of the table's header and rows, cell by cell (what a lookup on it can depend on)."""
+    return hashlib.blake2b(json.dumps([table.header, table.rows], default=str).encode(), digest_size=16).hexdigest()
 
 
 def render_csv(header: tuple[str, ...], rows: list[dict[str, str]]) -> str:

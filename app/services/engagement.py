@@ -20,7 +20,7 @@ from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
 from app.domain.deploy import FORMS
-from app.domain.tables import Table, read_table
+from app.domain.tables import Table, read_table, rows_digest
 from app.errors import Invalid, NotFound
 from app.services import overlays, page_totals, pages
 from app.services.captures import family_or_422
@@ -47,13 +47,13 @@ class Verdicts:
 
     def rules(self) -> str:
         """A digest of everything besides the shape that decides a shape's verdict (the arguments of
-        eng.check): the release's rules, the table as checked, the serving environment, a refusal."""
-        h = hashlib.blake2b(json.dumps(
+        eng.check): the release's rules, the table as checked, the serving environment, a refusal. A form's
+        table digest is made once per built overlay (overlays.Overlay.digest)."""
+        table = rows_digest(self.table) if self.used == "supplied" else self.ov.digest(self.used)
+        return hashlib.blake2b(json.dumps(
             [self.ov.release.name, self.ov.family.name, list(self.ov.schema.key_columns), self.refused, self.ident,
-             self.camp.gfx, self.camp.cu_num, list(self.table.header)], sort_keys=True, default=str).encode(),
-            digest_size=16)
-        h.update(json.dumps([list(r.values()) for r in self.table.rows], default=str).encode())
-        return h.hexdigest()
+             self.camp.gfx, self.camp.cu_num, list(self.table.header), table], sort_keys=True, default=str).encode(),
+            digest_size=16).hexdigest()
 
 
 # what a verdict reads of each shape: plain rows, not ORM objects (a 100k-shape campaign loads 2x faster)
@@ -177,11 +177,13 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
     shapes = only if only is not None else s.execute(
         select(*_SHAPES).where(CampaignShape.campaign_id == camp.id)
         .order_by(CampaignShape.priority.desc(), CampaignShape.id)).all()
+    cpp_at = (camp.gfx, camp.cu_num)
+    targets = tuple(tuple(t) for t in ident["build_targets"]) or (cpp_at,)
     try:
         checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
-                           [x.shape for x in shapes], table, flydsl=ident["flydsl"],
-                           cpp_at=(camp.gfx, camp.cu_num),
-                           build_targets=tuple(tuple(t) for t in ident["build_targets"]))
+                           [x.shape for x in shapes], table, flydsl=ident["flydsl"], cpp_at=cpp_at,
+                           build_targets=targets,  # the built form's table is prepared once (Overlay.lookup)
+                           prepared=None if used == "supplied" else ov.lookup(used, ident["lookup_gfx"], targets))
     except eng.LookupRaises as e:
         refused = f"AITER's loader raises on this table: {e}"
         checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]

@@ -2,38 +2,74 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Campaign, CampaignShape, Result
+from app.db.dialect import Plain
+from app.db.models import Campaign, CampaignShape, ImageTable, Result
 from app.domain import deploy
+from app.domain import engagement as eng
 from app.domain.deploy import Shipped
 from app.domain.families import AiterRelease, TableFamily
 from app.domain.headers import Schema
 from app.domain.keys import row_key
-from app.domain.tables import Table, render_csv
+from app.domain.tables import Table, render_csv, rows_digest
 from app.errors import Conflict
 from app.services.captures import family_or_422
 from app.services.schemas import release_of, schema_for, shipped_for
+from app.slot_cache import SlotCache
 
 
 @dataclass
 class Overlay:
+    """Read-only once built: build() hands the same one to every request until an input changes (a changed
+    overlay is a new one: dataclasses.replace), and what is derived from it is made once (memo)."""
     family: TableFamily  # the family as the image's AITER release reads it
     release: AiterRelease
     schema: Schema
     table: Table
     shipped: Shipped
     live_gfx: str
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: Any = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
 
     def csv(self) -> str:
         return render_csv(self.table.header, self.table.rows)
 
+    def memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """make(), once per key for this overlay (concurrent askers wait for the first)."""
+        with self._lock:
+            if key not in self._memo:
+                self._memo[key] = make()
+            return self._memo[key]
+
     def artifacts(self) -> dict[str, deploy.Artifact]:
-        return deploy.artifacts(self.release, self.family, self.shipped, self.table, self.live_gfx,
-                                self.schema.key_columns)
+        """What AITER builds from each deploy form (seconds for big shipped tables): made once per overlay."""
+        return self.memo("artifacts", lambda: deploy.artifacts(self.release, self.family, self.shipped, self.table,
+                                                               self.live_gfx, self.schema.key_columns))
+
+    def digest(self, form: str) -> str:
+        """rows_digest of the table AITER reads for form (empty where it builds none)."""
+        return self.memo(("digest", form), lambda: rows_digest(self.artifacts()[form].table or Table(())))
+
+    def lookup(self, form: str, gfx: str, cpp_targets: tuple[tuple[str, int], ...]) -> eng.Lookup:
+        """eng.prepare of the table AITER reads for form, looked up on gfx (the compiled table built for
+        cpp_targets)."""
+        def make() -> eng.Lookup:
+            art = self.artifacts()[form]
+            return eng.prepare(self.family, self.schema.key_columns, gfx,
+                               art.table if art.table is not None else Table(self.table.header), cpp_targets)
+        return self.memo(("lookup", form, gfx, cpp_targets), make)
+
+    def weight(self) -> int:
+        """Rows held: the shipped tables and the overlay, and about as many again for each form built from them."""
+        shipped = sum(len(t.rows) for t in [self.shipped.default, *self.shipped.model_configs] if t is not None)
+        return (1 + len(deploy.FORMS)) * (shipped + len(self.table.rows)) + 1
 
 
 def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
@@ -60,14 +96,40 @@ def live_gfx(s: Session, digest: str, family: str) -> str:
     return camp.gfx if camp else ""
 
 
+# Overlays as built, per process: for an image with big shipped tables (a blockscale image: 9 tables, 39k rows)
+# building one with its artifacts takes seconds, and every engagement view, deploy plan and campaign page reads
+# one. Kept per (database, image, family, serving gfx), rebuilt when what determines it changes (_inputs);
+# least recently used first past MAX_ROWS rows (~1 kB each with what is derived from them).
+MAX_ROWS = 2_000_000
+_BUILT: SlotCache[Overlay] = SlotCache(MAX_ROWS, Overlay.weight)
+
+
+def _inputs(s: Session, digest: str, family: str) -> tuple:
+    """What build() reads of the database, cheaply: the image's tables of the family by id, path, kind and
+    content hash (a table reported again is replaced in place), and its verified results (only ever added,
+    so their count and newest id move with each one; any family's, which only rebuilds more often)."""
+    tables = s.execute(select(ImageTable.id, ImageTable.path, ImageTable.kind, ImageTable.sha256)
+                       .where(ImageTable.image_digest == digest, ImageTable.family == family)
+                       .order_by(ImageTable.id)).all()
+    results = s.execute(select(func.count(), func.max(Result.id))
+                        .where(Result.image_digest == digest, Result.verified.is_(True))).one()
+    return tuple(map(tuple, tables)), tuple(results)
+
+
 def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overlay:
-    """The overlay, unchecked, with what the image ships and the release that will read it."""
+    """The overlay, unchecked, with what the image ships and the release that will read it: the same object
+    (read-only) while none of that changes."""
     fam = family_or_422(family)
     release = release_of(s, digest)
     schema = schema_for(s, digest, fam.name)
-    table = Table(schema.header, best_rows(s, digest, fam.name, schema), overlay_filename(fam, digest))
-    return Overlay(release.family(fam.name), release, schema, table, shipped_for(s, digest, fam.name, release),
-                   gfx or live_gfx(s, digest, fam.name))
+    gfx = gfx or live_gfx(s, digest, fam.name)
+    version = (release.name, schema, _inputs(s, digest, fam.name))  # read before what it versions
+
+    def make() -> Overlay:
+        table = Table(schema.header, best_rows(s, digest, fam.name, schema), overlay_filename(fam, digest))
+        return Overlay(release.family(fam.name), release, schema, table, shipped_for(s, digest, fam.name, release),
+                       gfx)
+    return _BUILT.get((Plain.of(s).key, digest, fam.name, gfx), version, make)
 
 
 def deployable(s: Session, digest: str, family: str, merged: bool = False, exclude_shipped: bool = False,
@@ -81,14 +143,13 @@ def deployable(s: Session, digest: str, family: str, merged: bool = False, exclu
         if art.refused:
             raise Conflict(f"{form or 'merged'}: {art.refused}", "form" if form else "merged")
         assert art.overlay is not None
-        ov.table = art.overlay
-        return ov
-    layer = deploy.build(ov.release, ov.family, "layer", ov.shipped, ov.table, ov.live_gfx)
+        return replace(ov, table=art.overlay)
+    layer = ov.memo("layer", lambda: deploy.build(ov.release, ov.family, "layer", ov.shipped, ov.table, ov.live_gfx))
     if layer.refused is None:
         return ov
     if exclude_shipped:
-        ov.table.rows = deploy.without_shipped_keys(ov.release, ov.family, ov.shipped, ov.table, ov.live_gfx)
-        return ov
+        return replace(ov, table=replace(ov.table, rows=deploy.without_shipped_keys(
+            ov.release, ov.family, ov.shipped, ov.table, ov.live_gfx)))
     raise Conflict(f"overlay: as a ':'-joined {ov.family.env_var} layer: {layer.refused}. Ask for merged=true (one "
                    f"file, lowest us wins) or exclude_shipped=true (the shipped row stays).", "overlay")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
@@ -42,11 +44,12 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
             except HeaderError as e:
                 raise Invalid(f"tables.{path}: {e}", f"tables.{path}") from None
         old = s.scalars(select(ImageTable).where(ImageTable.image_digest == digest, ImageTable.path == path)).first()
+        sha = hashlib.sha256(text.encode()).hexdigest()
         if old is None:
             s.add(ImageTable(image_digest=digest, family=fam.name, path=path, kind=kind, header=",".join(header),
-                             content=text))
+                             content=text, sha256=sha))
         else:
-            old.header, old.content, old.kind, old.family = ",".join(header), text, kind, fam.name
+            old.header, old.content, old.sha256, old.kind, old.family = ",".join(header), text, sha, kind, fam.name
         stored[fam.name] = stored.get(fam.name, 0) + 1
     _HEADERS.clear()
     event.listen(s, "after_commit", lambda _s: _HEADERS.clear(), once=True)  # and once others can read them

@@ -1,0 +1,89 @@
+"""The overlays a service keeps built (app/services/overlays.py build, per process): every view reads the same
+one until something it is built from changes, and then never the old one: a new result, an image table added or
+replaced in place, another AITER release, another database. Each test sees the view change with that input
+(and fails if the cache key misses it)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.main import create_app
+from app.services import overlays
+from tests.conftest import CONFIGS, DIGEST, capture
+from tests.integration.test_leasing_api import lease, ok_row, plausible_us, tune_all
+
+DS_V3 = "model_configs/a8w8_blockscale_tuned_gemm_ds_v3.csv"
+
+
+def rows(text: str) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def ship(client, tables: dict[str, str], **extra) -> None:
+    r = client.put(f"/v1/images/{DIGEST}/tables", json={"tables": tables, **extra})
+    assert r.status_code == 200, r.text
+
+
+def tune_one(client, us: float = 2.0) -> None:
+    body = lease(client, max_shapes=1).json()
+    item = body["shapes"][0]
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, plausible_us(body, item, us)))
+    assert r.status_code == 200 and r.json()["verified"], r.text
+
+
+def test_a_new_result_is_in_the_next_view(client):
+    cid = capture(client, [{"M": 1, "N": 1280, "K": 8192, "count": 9},
+                           {"M": 2, "N": 1280, "K": 8192}]).json()["campaign_id"]
+    url = f"/v1/campaigns/{cid}/engagement"
+    assert client.get(url).json()["hits"] == 0
+    builds = overlays._BUILT.builds
+    assert client.get(url).json()["hits"] == 0 and overlays._BUILT.builds == builds  # kept while nothing moved
+    tune_one(client)
+    assert client.get(url).json()["hits"] == 1
+    assert len(rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)) == 1
+    tune_one(client)
+    assert client.get(url).json()["hits"] == 2
+    assert len(rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)) == 2
+    assert client.get(f"/campaigns/{cid}").status_code == 200
+
+
+def test_an_image_table_added_or_replaced_in_place_is_in_the_next_view(client):
+    default = (CONFIGS / "a8w8_blockscale_tuned_gemm.csv").read_text()
+    ship(client, {"a8w8_blockscale_tuned_gemm.csv": default})
+    plan = f"/v1/overlays/{DIGEST}/a8w8_blockscale_gemm/deploy"
+    assert len(client.get(plan).json()["layer"]["files"]) == 2
+    ds_v3 = (CONFIGS / DS_V3).read_text()
+    ship(client, {DS_V3: ds_v3})  # another table: the layer lists it
+    assert client.get(plan).json()["layer"]["files"][1].endswith(DS_V3)
+
+    merged = f"/v1/overlays/{DIGEST}/a8w8_blockscale_gemm.csv"
+    before = rows(client.get(merged, params={"form": "merged"}).text)
+    assert len(before) == len(rows(default)) + len(rows(ds_v3))
+    lines = ds_v3.splitlines(keepends=True)
+    ship(client, {DS_V3: "".join(lines[:-1])})  # the same path again, one row less: the same row id, new content
+    after = rows(client.get(merged, params={"form": "merged"}).text)
+    assert len(after) == len(before) - 1
+
+
+def test_another_release_of_the_image_is_in_the_next_view(client):
+    capture(client, [{"M": 1, "N": 1280, "K": 8192}])
+    plan = f"/v1/overlays/{DIGEST}/bf16_gemm/deploy"
+    assert client.get(plan).json()["release"] == "current"
+    ship(client, {}, aiter_version="0.1.7.post2.dev18")
+    assert client.get(plan).json()["release"] == "0.1.7"
+
+
+def test_each_database_has_its_own(tmp_path):
+    """Two databases in one process with the same image, ids and counts, different rows."""
+    def overlay(name: str, us: float) -> list[dict]:
+        settings = Settings(database_url=f"sqlite:///{tmp_path / name}", auth=False)
+        with TestClient(create_app(settings)) as c:
+            capture(c, [{"M": 1, "N": 1280, "K": 8192}])
+            tune_all(c, us_of=lambda item: us)
+            return rows(c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)
+    one, two = overlay("one.db", 5.0), overlay("two.db", 7.0)
+    assert [r["us"] for r in one] != [r["us"] for r in two]
