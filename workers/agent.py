@@ -243,11 +243,12 @@ class Agent:
 
         def emit(res: ShapeResult) -> None:
             finished.add(res.shape_id)
-            path = self.spool.put(lid, res.payload(self.backend.name, self.cfg.aiter_commit))
+            payload = res.payload(self.backend.name, self.cfg.aiter_commit)
+            path = self.spool.put(lid, payload)
             self.stats.spooled += 1
             log.info("shape %s finished (%s) for lease %s, spooled", res.shape_id, res.status, lid)
             try:
-                if not self._deliver(path, lid, json.loads(path.read_text())["payload"]):
+                if not self._deliver(path, lid, payload):
                     hb.lost.set()  # the lease is dead: stop working on its shapes
             except Stopped:  # stays in the spool for the next start
                 hb.lost.set()
