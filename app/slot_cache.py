@@ -67,5 +67,10 @@ class SlotCache(Generic[V]):
             self._slots.clear()
             self._weight = 0
 
+    @property
+    def weight(self) -> int:
+        """The weight of what is kept."""
+        return self._weight
+
     def __len__(self) -> int:
         return len(self._slots)

@@ -1,7 +1,7 @@
 """The engagement report's first page on a 100k-shape campaign (issue #15 item 5): does a page cost in
 proportion to the page? Not a test: it prints figures.
 
-    python benchmarks/engagement_page.py [--shapes 100000] [--before REF] [--postgresql [--pg-url URL]]
+    python benchmarks/engagement_page.py [--shapes 100000] [--before REF] [--ship] [--postgresql [--pg-url URL]]
 
 One service (uvicorn, the CLI's flags) on a fresh SQLite (or PostgreSQL: a throwaway one as
 benchmarks/service_load.py starts, unless --pg-url) database holding one campaign of --shapes captured
@@ -9,7 +9,8 @@ shapes (the same CSV capture as benchmarks/service_load.py). Timed, for GET /v1/
 and for POST of a small supplied table (and the campaign page, HTML, beside them): the first view, how long
 until its totals over every shape are counted (a background count since the report pages; the first view
 says `totals_pending`, the page "(counting)"), and a repeat view (median of 3) once they are. --before REF: the same on a checkout of REF (git worktree) in the same run, its
-server started the same way, and the totals of both compared.
+server started the same way, and the totals of both compared. --ship: the image reports AITER's shipped bf16
+tables before the capture, so each view reads what AITER builds from them (kept built since the overlay cache).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.service_load import AUTH, csv_capture, fresh_db, post_csv, start_pg, timed_get  # noqa: E402
+from benchmarks.overlay_build import configs_dir  # noqa: E402
+from benchmarks.service_load import AUTH, DIGEST, csv_capture, fresh_db, post_csv, start_pg, timed_get  # noqa: E402
 from tests.conftest import start_server  # noqa: E402
 
 TABLE = ("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,err_ratio,"
@@ -49,11 +51,21 @@ def timed_post(base: str, path: str, text: str) -> tuple[float, httpx.Response]:
     return (time.perf_counter() - t0) * 1e3, r
 
 
-def measure(root: Path, db_url: str, tmp: Path, name: str, shapes: int) -> dict:
+def shipped_bf16() -> dict[str, str]:
+    """AITER's shipped bf16 tables (the default and model_configs), as a worker reports them."""
+    conf = configs_dir(None)
+    files = [conf / "bf16_tuned_gemm.csv", *sorted((conf / "model_configs").glob("*bf16_tuned_gemm*.csv"))]
+    return {str(f.relative_to(conf)): f.read_text() for f in files if f.is_file()}
+
+
+def measure(root: Path, db_url: str, tmp: Path, name: str, shapes: int, ship: bool = False) -> dict:
     env = {"TUNER_MAX_CAPTURE_SHAPES": str(shapes), "TUNER_MAX_CAMPAIGN_SHAPES": str(2 * shapes)}
     srv = start_server(db_url, tmp / f"{name}.log", env, cwd=root)
     out: dict = {}
     try:
+        if ship:
+            httpx.put(f"{srv.url}/v1/images/{DIGEST}/tables", json={"tables": shipped_bf16()}, headers=AUTH,
+                      timeout=600).raise_for_status()
         cid = post_csv(srv.url, csv_capture(shapes, 100))[1]["campaign_id"]
         path = f"/v1/campaigns/{cid}/engagement"
         for what, view in (("GET", lambda: timed_get(srv.url, path)),
@@ -86,6 +98,8 @@ def main() -> None:
     p.add_argument("--shapes", type=int, default=100_000)
     p.add_argument("--before", help="a git ref to measure the same way in the same run (e.g. the commit before)")
     p.add_argument("--postgresql", action="store_true")
+    p.add_argument("--ship", action="store_true", help="the image reports AITER's shipped bf16 tables first "
+                   "(../shared/aiter-configs, else TUNER_AITER_CONFIGS, else the fixtures): each view merges them")
     p.add_argument("--pg-url", default=os.environ.get("TUNER_TEST_PG_URL"))
     a = p.parse_args()
     kind, pg, stop = ("postgresql" if a.postgresql else "sqlite"), a.pg_url, None
@@ -98,15 +112,18 @@ def main() -> None:
             old = tmp / "before"
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.before], check=True,
                            capture_output=True)
-            runs[f"before ({a.before})"] = measure(old, fresh_db(kind, pg, tmp, "before"), tmp, "before", a.shapes)
-        runs["now"] = measure(ROOT, fresh_db(kind, pg, tmp, "now"), tmp, "now", a.shapes)
+            runs[f"before ({a.before})"] = measure(old, fresh_db(kind, pg, tmp, "before", upgrade=False), tmp,
+                                               "before", a.shapes, a.ship)
+        runs["now"] = measure(ROOT, fresh_db(kind, pg, tmp, "now"), tmp, "now", a.shapes, a.ship)
     finally:
         if a.before:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")])
         if stop:
             subprocess.run(stop, stdout=subprocess.DEVNULL)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"engagement report, first page of a {a.shapes // 1000}k-shape campaign ({kind}); machine: "
+    shipped = f", the image reporting {sum(len(t.splitlines()) - 1 for t in shipped_bf16().values())} shipped bf16 rows" \
+        if a.ship else ""
+    print(f"engagement report, first page of a {a.shapes // 1000}k-shape campaign ({kind}{shipped}); machine: "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
     for name, r in runs.items():
         for what, m in r.items():

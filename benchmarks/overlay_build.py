@@ -72,7 +72,8 @@ def main() -> None:
     a = p.parse_args()
     fam = get_family(a.family)
     conf = configs_dir(a.configs)
-    files = [f for f in [conf / fam.tuned_file, conf / fam.untuned_file, *sorted((conf / "model_configs").glob("*.csv"))]
+    files = [f for f in [conf / fam.tuned_file, conf / fam.untuned_file,
+                         *sorted((conf / "model_configs").glob("*.csv"))]
              if f.is_file() and (f.name == fam.untuned_file or fam.merge_name in f.name)]
     tables = {str(f.relative_to(conf)): f.read_text() for f in files}
     rows = sum(len(read_table(t).rows) for k, t in tables.items() if "untuned" not in k)
@@ -104,6 +105,7 @@ def main() -> None:
         timed(c, views["engagement"])
         held = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
+        weighed = overlays._BUILT.weight
     print(f"{fam.name}: {len(tables)} tables reported ({rows} tuned rows) from {conf}; {a.shapes} shapes, "
           f"{a.shapes // 2 + 1} tuned; machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
@@ -112,7 +114,8 @@ def main() -> None:
               f"{fw / rw:6.0f}x")
     print(f"{'new result':>14}: engagement {moved[0]:7.0f} ms (built again)")
     print(f"{'kept':>14}: {held / 1e6:.0f} MB for this image's overlay with its artifacts, lookups and digests "
-          f"(tracemalloc, {held / max(rows, 1) / 1e3:.1f} kB per shipped row; overlays.MAX_ROWS={overlays.MAX_ROWS})")
+          f"(tracemalloc, {held / max(rows, 1) / 1e3:.1f} kB per shipped row); weighed as {weighed / 1e3:.0f} MB "
+          f"of overlays.MAX_MB={overlays.MAX_MB}")
 
 
 if __name__ == "__main__":

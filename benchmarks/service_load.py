@@ -363,7 +363,8 @@ def open_loop(t: Target, agents: int, seconds: float, warm_s: float = 2.0
 
 # ---- one engine ----------------------------------------------------------------------------------------------
 
-def fresh_db(kind: str, pg_url: str | None, tmp: Path, name: str) -> str:
+def fresh_db(kind: str, pg_url: str | None, tmp: Path, name: str, upgrade: bool = True) -> str:
+    """upgrade=False: left empty, for a server of another checkout that upgrades it to its own migrations."""
     from app.db import migrate
     if kind == "sqlite":
         url = f"sqlite:///{tmp / (name + '.db')}"
@@ -373,7 +374,8 @@ def fresh_db(kind: str, pg_url: str | None, tmp: Path, name: str) -> str:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{db}"')
         url = pg_url.rsplit("/", 1)[0] + "/" + db
-    migrate.upgrade(url)
+    if upgrade:
+        migrate.upgrade(url)
     return url
 
 

@@ -3,7 +3,7 @@ image's AITER release loads and reads the table it builds from what is deployed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.domain.families import TableFamily, gfx_from_cu_num
 from app.domain.keys import cpp_m_candidates, lookup_keys, row_key
@@ -25,25 +25,47 @@ class LookupRaises(Exception):
     """AITER's loader raises on this table (a repeated key where the lookup needs a unique index)."""
 
 
-def _miss_reason(family: TableFamily, keys: tuple[str, ...], want: tuple, tried: list, index: dict) -> str:
-    if not index:
-        return "the table has no rows"
-    mcol = family.m_column
-    mi = keys.index(mcol) if mcol in keys else None
-    if mi is not None:
-        near = sorted({k[mi] for k in index if k[:mi] + k[mi + 1:] == want[:mi] + want[mi + 1:]},
-                      key=lambda v: (v is None, v if isinstance(v, int) else 0))
-        if near:
-            return (f"rows exist for this shape only at {mcol}={near}; AITER looks up {mcol} in {tried} "
-                    f"(raw, then padded)")
-    best, best_diff = None, None
+def _m_at(family: TableFamily, keys: tuple[str, ...]) -> int | None:
+    return keys.index(family.m_column) if family.m_column in keys else None
+
+
+def _rest(key: tuple, mi: int | None) -> tuple:
+    """A lookup key less its M cell (all of it where the key has none)."""
+    return key if mi is None else key[:mi] + key[mi + 1:]
+
+
+def _by_rest(family: TableFamily, keys: tuple[str, ...], index: dict) -> dict[tuple, list]:
+    """The index's keys grouped by their cells besides M, in index order, with their Ms: what a miss is
+    explained from (_miss_reason) without reading every row for each shape that misses."""
+    mi = _m_at(family, keys)
+    out: dict[tuple, list] = {}
     for k in index:
-        diff = [i for i, (a, b) in enumerate(zip(k, want)) if a != b and i != mi]
-        if best_diff is None or len(diff) < len(best_diff):
-            best, best_diff = k, diff
-    assert best is not None and best_diff is not None
-    parts = [f"{keys[i]}: table has {best[i]!r}, runtime uses {want[i]!r}" for i in best_diff]
-    return "closest row differs in " + "; ".join(parts) if parts else "no row at any M tried"
+        out.setdefault(_rest(k, mi), []).append(None if mi is None else k[mi])
+    return out
+
+
+def _miss_reason(family: TableFamily, keys: tuple[str, ...], want: tuple, tried: list, by_rest: dict,
+                 closest: dict) -> str:
+    """closest: the closest-row reasons made so far in this check, by the key's cells besides M."""
+    if not by_rest:
+        return "the table has no rows"
+    mcol, mi = family.m_column, _m_at(family, keys)
+    rest = _rest(want, mi)
+    if mi is not None and rest in by_rest:
+        near = sorted(set(by_rest[rest]), key=lambda v: (v is None, v if isinstance(v, int) else 0))
+        return (f"rows exist for this shape only at {mcol}={near}; AITER looks up {mcol} in {tried} "
+                f"(raw, then padded)")
+    if rest not in closest:
+        names = [c for i, c in enumerate(keys) if i != mi]
+        best, best_diff = None, None
+        for r in by_rest:  # the first row (in index order) differing in the fewest cells besides M
+            diff = [j for j, (a, b) in enumerate(zip(r, rest)) if a != b]
+            if best_diff is None or len(diff) < len(best_diff):
+                best, best_diff = r, diff
+        assert best is not None and best_diff is not None
+        parts = [f"{names[j]}: table has {best[j]!r}, runtime uses {rest[j]!r}" for j in best_diff]
+        closest[rest] = "closest row differs in " + "; ".join(parts) if parts else "no row at any M tried"
+    return closest[rest]
 
 
 def _written_as_comment(first_cell: str, prefix: str) -> bool:
@@ -118,6 +140,7 @@ class Lookup:
     rows: list[dict[str, str]]
     index: dict | None = None  # lookup key: row (None: a wildcard family, or nothing is looked up)
     cpp: dict | None = None  # the compiled table's (_cpp_index)
+    by_rest: dict = field(default_factory=dict)  # _by_rest of index
     misses: str | None = None  # why every shape misses (a key column missing, a loader that reads no row)
     tried_on: tuple[str, ...] = ()  # the key columns the M candidates of a shape that misses are listed on
     raises: str | None = None  # LookupRaises: AITER's loader raises on this table
@@ -144,7 +167,8 @@ def prepare(family: TableFamily, key_columns: tuple[str, ...], gfx: str, table: 
         index = lookup_index(family, key_columns, rows)
     except LookupRaises as e:
         return Lookup(key_columns, rows, raises=str(e))
-    return Lookup(key_columns, rows, index, _cpp_index(family, cpp_targets, rows))
+    return Lookup(key_columns, rows, index, _cpp_index(family, cpp_targets, rows),
+                  by_rest=_by_rest(family, key_columns, index))
 
 
 def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int,
@@ -166,7 +190,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     key_columns, rows, index, cpp = lk.key_columns, lk.rows, lk.index, lk.cpp
     if index is None:  # family.key_match == "wildcard"
         return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
-    out = []
+    out: list[ShapeEngagement] = []
+    closest: dict[tuple, str] = {}
     for raw in shapes:
         shape = family.remap(raw)
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
@@ -201,7 +226,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 _check_cpp(family, cpp, cpp_at[0], cpp_at[1], res)
             break
         if res is None:
-            reason = _miss_reason(family, key_columns, cands[0][1], tried, index)
+            reason = _miss_reason(family, key_columns, cands[0][1], tried, lk.by_rest, closest)
             if skipped:
                 reason = (f"FlyDSL rows at {family.m_column}={skipped} are skipped (flydsl is not importable in the "
                           f"serving image); " + reason)

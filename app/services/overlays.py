@@ -66,10 +66,11 @@ class Overlay:
                                art.table if art.table is not None else Table(self.table.header), cpp_targets)
         return self.memo(("lookup", form, gfx, cpp_targets), make)
 
-    def weight(self) -> int:
-        """Rows held: the shipped tables and the overlay, and about as many again for each form built from them."""
+    def weight_kb(self) -> int:
+        """About what it holds once its artifacts are built: the shipped tables and the overlay, and a table as
+        long for each form built from them, at ROW_KB per row."""
         shipped = sum(len(t.rows) for t in [self.shipped.default, *self.shipped.model_configs] if t is not None)
-        return (1 + len(deploy.FORMS)) * (shipped + len(self.table.rows)) + 1
+        return int(ROW_KB * (1 + len(deploy.FORMS)) * (shipped + len(self.table.rows))) + 1
 
 
 def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
@@ -96,12 +97,14 @@ def live_gfx(s: Session, digest: str, family: str) -> str:
     return camp.gfx if camp else ""
 
 
-# Overlays as built, per process: for an image with big shipped tables (a blockscale image: 9 tables, 39k rows)
-# building one with its artifacts takes seconds, and every engagement view, deploy plan and campaign page reads
-# one. Kept per (database, image, family, serving gfx), rebuilt when what determines it changes (_inputs);
-# least recently used first past MAX_ROWS rows (~1 kB each with what is derived from them).
-MAX_ROWS = 2_000_000
-_BUILT: SlotCache[Overlay] = SlotCache(MAX_ROWS, Overlay.weight)
+# Overlays as built, per process: for an image with big shipped tables (a blockscale image: 39k rows) building
+# one with its artifacts takes seconds, and every engagement view, deploy plan and campaign page reads one. Kept
+# per (database, image, family, serving gfx), rebuilt when what determines it changes (_inputs); the least
+# recently used go first past MAX_MB. ROW_KB: that blockscale image's overlay held 128 MB with every form built,
+# its lookups and digests, 0.82 kB per row counted by weight_kb (benchmarks/overlay_build.py).
+MAX_MB = 512
+ROW_KB = 0.85
+_BUILT: SlotCache[Overlay] = SlotCache(MAX_MB * 1000, Overlay.weight_kb)
 
 
 def _inputs(s: Session, digest: str, family: str) -> tuple:

@@ -62,3 +62,19 @@ def test_a_miss_names_the_field_that_differs():
     assert not res.hit and "cu_num" in res.reason
     res = check(fam, fam.key_columns, "gfx942", int(row["cu_num"]), [shape], table)[0]
     assert not res.hit and "gfx" in res.reason
+
+
+def test_each_miss_in_one_check_names_its_own_difference():
+    """The reasons are made from the table's keys grouped by their cells besides M, once per such group within
+    a check: shapes that miss differently each get their own."""
+    fam = FAMILIES["bf16_gemm"]
+    table = read_table((CONFIGS / "bf16_tuned_gemm.csv").read_text())
+    row = table.rows[0]
+    shape = {c: row[c] for c in fam.shape_columns}
+    other_n, other_k = dict(shape, N="77777"), dict(shape, K="99999")
+    res = check(fam, fam.key_columns, row["gfx"], int(row["cu_num"]),
+                [other_n, other_k, other_n, dict(shape, M="99991")], table)
+    assert [x.hit for x in res] == [False] * 4
+    assert "N: table has" in res[0].reason and "K: table has" not in res[0].reason and res[2].reason == res[0].reason
+    assert "K: table has" in res[1].reason and "N: table has" not in res[1].reason
+    assert res[3].reason.startswith("rows exist for this shape only at M=") and row["M"] in res[3].reason
