@@ -22,12 +22,14 @@ def serve(args: argparse.Namespace) -> int:
         return 2
 
     from app.config import Settings
-    from app.main import create_app
+    from app.main import create_app, ready_to_serve
     settings = Settings()
     if args.database_url:
         settings.database_url = args.database_url
+    app = create_app(settings)
+    ready_to_serve(app)
     # httptools parses HTTP and uvloop runs the event loop in C: a lease round trip's framework share halves
-    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port,
+    uvicorn.run(app, host=args.host or settings.host, port=args.port or settings.port,
                 log_level="info", http="httptools", loop="uvloop",
                 access_log=args.access_log)  # a log line per request costs ~5% of a lease
     return 0

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import EngagementProofIn
@@ -22,7 +22,7 @@ from app.domain.shapes import ShapeError, make_shape
 from app.domain.deploy import FORMS
 from app.domain.tables import Table, read_table, rows_digest
 from app.errors import Invalid, NotFound
-from app.services import overlays, page_totals, pages
+from app.services import campaigns, overlays, page_totals, pages
 from app.services.captures import family_or_422
 
 
@@ -60,14 +60,12 @@ class Verdicts:
 _SHAPES = (CampaignShape.id, CampaignShape.shape, CampaignShape.priority, CampaignShape.state)
 
 
-def _shapes_state(s: Session, campaign_id: int) -> tuple:
-    """The campaign's shapes as the totals see them, from ix_shapes_queue alone: how many and the newest (shapes
-    are only added, and never change), their served times (a capture or a measured default moves them)."""
-    n, top, served, placed = s.execute(
-        select(func.count(), func.max(CampaignShape.id), func.sum(CampaignShape.priority),
-               func.sum(CampaignShape.priority * CampaignShape.id))
-        .where(CampaignShape.campaign_id == campaign_id)).one()
-    return n, top, f"{served or 0:.12g}", f"{placed or 0:.12g}"  # sums in the engine's order: compared rounded
+def shapes_version(counts: dict[str, campaigns.StateCounts]) -> tuple:
+    """The campaign's shapes as the totals see them, from its campaigns.shape_counts: how many (shapes are only
+    added, and never change), their served times (a capture or a measured default moves them)."""
+    by = [counts[st] for st in sorted(counts)]  # summed in one order: the count and the page compare them
+    return (sum(c.n for c in by), f"{sum(c.served for c in by):.12g}",  # rounded: the engine's sums may differ
+            f"{sum(c.placed for c in by):.12g}")  # in the last bits between two reads of the same rows
 
 
 def _totals(v: Verdicts, proof: EngagementProof | None) -> dict:
@@ -87,7 +85,7 @@ def _version(v: Verdicts, shapes: tuple, proof: EngagementProof | None) -> tuple
 
 def _count(campaign_id: int, form: str | None, table_csv: str | None) -> page_totals.Counter:
     def count(s: Session) -> tuple[tuple, dict]:
-        shapes = _shapes_state(s, campaign_id)
+        shapes = shapes_version(campaigns.shape_counts(s, campaign_id).get(campaign_id, {}))
         v = verdicts(s, campaign_id, table_csv=table_csv, form=form)
         proof = latest_proof(s, campaign_id, v.used)
         return _version(v, shapes, proof), _totals(v, proof)
@@ -95,12 +93,16 @@ def _count(campaign_id: int, form: str | None, table_csv: str | None) -> page_to
 
 
 def _every_or_page(s: Session, db: Database | None, campaign_id: int, page: list, merged: bool = False,
-                   table_csv: str | None = None, form: str | None = None
+                   table_csv: str | None = None, form: str | None = None,
+                   counts: dict[str, campaigns.StateCounts] | None = None
                    ) -> tuple[Verdicts, EngagementProof | None, page_totals.Shown, int]:
     """The verdicts and the totals over every shape: within the request for a small campaign (or without a
-    database to count in), else for the page's shapes only, the totals from page_totals.TOTALS. Returns
-    (verdicts, latest proof, page_totals.Shown, the number of shapes)."""
-    shapes = _shapes_state(s, campaign_id)
+    database to count in), else for the page's shapes only, the totals from page_totals.TOTALS. counts: the
+    campaign's campaigns.shape_counts where the caller has them. Returns (verdicts, latest proof,
+    page_totals.Shown, the number of shapes)."""
+    if counts is None:
+        counts = campaigns.shape_counts(s, campaign_id).get(campaign_id, {})
+    shapes = shapes_version(counts)
     every = db is None or shapes[0] <= page_totals.INLINE_MAX
     v = verdicts(s, campaign_id, merged, table_csv, form, only=None if every else page)
     proof = latest_proof(s, v.camp.id, v.used)
@@ -205,15 +207,16 @@ class _Listed(NamedTuple):
     state: str
 
 
-def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database | None = None
-                 ) -> tuple[dict, Callable[[], None] | None]:
+def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database | None = None,
+                 counts: dict[str, campaigns.StateCounts] | None = None) -> tuple[dict, Callable[[], None] | None]:
     """For the campaign page: the prediction on the plan's first offered form beside the latest proof in the
     image, with each listed shape's pair (predicted hit, proved hit or None) by shape id. listed: the page's
     shapes (campaigns.shapes rows); the totals over every shape (predicted hits, disagreements with the proof)
-    are the engagement report's on that form (_every_or_page: None while counted, with their age once stale).
-    Returns the summary and what starts a due count (run it after the page is sent)."""
+    are the engagement report's on that form (_every_or_page: None while counted, with their age once stale);
+    counts: the campaign's campaigns.shape_counts, which the page's summary read. Returns the summary and what
+    starts a due count (run it after the page is sent)."""
     rows = [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
-    v, proof, shown, n = _every_or_page(s, db, campaign_id, rows)
+    v, proof, shown, n = _every_or_page(s, db, campaign_id, rows, counts=counts)
     proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
     by_shape = {x.id: (c.hit, proved.get(x.id)) for x, c in zip(v.shapes, v.checks)}
     t = shown.totals or {"hits": None, "disagreements": None}
