@@ -72,18 +72,23 @@ def _lookup(db, key: str) -> Principal:  # type: ignore[no-untyped-def]
         return Principal(tok.id, tok.role, tok.name, tuple(tok.digests) if tok.digests else None)
 
 
+async def authorize(request: Request, roles: tuple[str, ...], read: bool = False) -> Principal:
+    """The caller, if one of these roles (or an admin) may act; async: a cached token costs no thread hop."""
+    settings = request.app.state.settings
+    if not settings.auth or (read and settings.read_open):
+        return OPEN if not settings.auth else (await _principal(request) or OPEN)
+    p = await _principal(request)
+    if p is None:
+        raise Unauthorized(f"authorization: a {' or '.join(roles)} token is required", "authorization")
+    if p.role != "admin" and p.role not in roles:
+        raise Forbidden(f"authorization: role {p.role!r} may not do this; needs {' or '.join(roles)}",
+                        "authorization")
+    return p
+
+
 def require(*roles: str, read: bool = False):  # type: ignore[no-untyped-def]
-    async def dep(request: Request) -> Principal:  # async: a cached token costs no thread hop
-        settings = request.app.state.settings
-        if not settings.auth or (read and settings.read_open):
-            return OPEN if not settings.auth else (await _principal(request) or OPEN)
-        p = await _principal(request)
-        if p is None:
-            raise Unauthorized(f"authorization: a {' or '.join(roles)} token is required", "authorization")
-        if p.role != "admin" and p.role not in roles:
-            raise Forbidden(f"authorization: role {p.role!r} may not do this; needs {' or '.join(roles)}",
-                            "authorization")
-        return p
+    async def dep(request: Request) -> Principal:
+        return await authorize(request, roles, read)
     return Depends(dep)
 
 

@@ -4,6 +4,7 @@ Not a test: it prints a table of figures, ratios and the goals of issue #15 (met
 
     python benchmarks/service_load.py          # both engines: it starts a throwaway PostgreSQL itself
     python benchmarks/service_load.py [--pg-url postgresql://...] [--no-pg | --no-sqlite] [--shapes 100000] [--open-s 20]
+    python benchmarks/service_load.py --no-sqlite --open-rounds 4 [--before main]  # only the open loop, 4 rounds
 
 Per engine, one service (uvicorn, the CLI's flags) on a fresh database:
 - ingest: a 100k-shape untuned CSV posted as one capture, against plain sqlite3 / psycopg parsing the same
@@ -495,6 +496,74 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def db_cpu_s(pg_url: str | None) -> float:
+    """CPU seconds of the PostgreSQL cluster (it serves only this benchmark): its live processes, and the ended
+    ones as the postmaster's reaped children; 0 on SQLite."""
+    if not pg_url:
+        return 0.0
+    import psycopg
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity")]
+    master = int(open(f"/proc/{pids[0]}/stat").read().rsplit(")", 1)[1].split()[1])
+    f = open(f"/proc/{master}/stat").read().rsplit(")", 1)[1].split()
+    total = sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")  # its own and its reaped children's
+    for pid in pids:
+        try:
+            total += cpu_s(pid)
+        except OSError:  # a backend that just ended (counted among the reaped at the next reading)
+            pass
+    return total
+
+
+def open_rounds(kind: str, pg_url: str | None, a: argparse.Namespace) -> None:
+    """Only the open loop, in alternating rounds (raw, the service, and with --before REF the service at REF) on
+    a --shapes queue each: per round, lease p50/p99 (from when due), release p99, and per lease+release the
+    server's CPU and the database's (PostgreSQL's processes)."""
+    tmp = Path(tempfile.mkdtemp())
+    env = {"TUNER_LEASE_TTL_S": "600", "TUNER_MAX_CAPTURE_SHAPES": str(a.shapes),
+           "TUNER_MAX_CAMPAIGN_SHAPES": str(4 * a.shapes)}
+    roots = [("service", ROOT)]
+    if a.before:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / "before"), a.before],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        roots.append((f"@{a.before}"[:9], tmp / "before"))
+    servers = []
+    try:
+        for name, root in roots:
+            srv = start_server(fresh_db(kind, pg_url, tmp, name.strip("@")), tmp / f"{len(servers)}.log", env,
+                               cwd=root)
+            servers.append((name, srv))
+            post_csv(srv.url, csv_capture(a.shapes, 1))
+        raw_url = fresh_db(kind, pg_url, tmp, "raw")
+        raw_ingest(raw_url, csv_capture(a.shapes, 1))
+        if pg_url:
+            import psycopg
+            for u in [raw_url] + [srv.db_url for _, srv in servers]:
+                with psycopg.connect(u, autocommit=True) as conn:
+                    conn.execute("ANALYZE")
+        raw = start_raw(raw_url)
+        servers.append(("raw", raw))
+        print(f"{kind}, {a.agents} agents x 1 lease/s, {a.open_s:.0f} s a round, {a.shapes} queued; per "
+              "lease+release: server CPU ms, database CPU ms", flush=True)
+        for k in range(a.open_rounds):
+            for name, srv in servers[-1:] + servers[:-1]:
+                pid, t = srv.proc.pid, Target(srv.url, name == "raw")
+                c0, d0, t0 = cpu_s(pid), db_cpu_s(pg_url), time.strftime("%H:%M:%S")
+                lease, rel, err, _ = open_loop(t, a.agents, a.open_s)
+                n = a.agents * (a.open_s + 2)  # leases in the round, warm-up included
+                print(f"  {t0} round {k + 1} {name:9s} lease p50/p99 {pct(lease, .5):5.1f} / {pct(lease, .99):5.1f} "
+                      f"ms  release p99 {pct(rel, .99):5.1f} ms  server {(cpu_s(pid) - c0) / n * 1e3:.2f}  db "
+                      f"{(db_cpu_s(pg_url) - d0) / n * 1e3:.2f}  failed {err}  load {os.getloadavg()[0]:.2f}",
+                      flush=True)
+    finally:
+        for _, p in servers:
+            p.proc.terminate()
+            p.proc.wait()
+        if a.before:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def start_pg() -> tuple[str, list[str]]:
     """A throwaway PostgreSQL on loopback, as scripts/test.sh starts one (returns its URL and stop command)."""
     bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
@@ -527,12 +596,15 @@ def main() -> None:
     p.add_argument("--pg-url", default=os.environ.get("TUNER_TEST_PG_URL"))
     p.add_argument("--no-pg", action="store_true")
     p.add_argument("--no-sqlite", action="store_true")
-    p.add_argument("--shapes", type=int, default=100_000)
+    p.add_argument("--shapes", type=int, help="shapes in the big capture (100k); the open-rounds queue (20k)")
     p.add_argument("--queue", type=int, default=200_000, help="shapes queued for the second lease figure")
     p.add_argument("--ops", type=int, default=400, help="closed-loop lease+release round trips per figure")
     p.add_argument("--rounds", type=int, default=8, help="alternating rounds those round trips are split into")
     p.add_argument("--agents", type=int, default=64)
     p.add_argument("--open-s", type=float, default=20.0)
+    p.add_argument("--open-rounds", type=int, default=0,
+                   help="only the open loop: this many alternating raw/service rounds on a --shapes queue")
+    p.add_argument("--before", help="with --open-rounds: the service at this git ref too, in the same rounds")
     p.add_argument("--raw-server", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -543,8 +615,12 @@ def main() -> None:
         return
     rows: list[tuple] = []
     began = time.monotonic()
+    a.shapes = a.shapes or (20_000 if a.open_rounds else 100_000)
     if not a.no_sqlite:
-        bench("sqlite", None, a, rows)
+        if a.open_rounds:
+            open_rounds("sqlite", None, a)
+        else:
+            bench("sqlite", None, a, rows)
     print(table(rows), flush=True)  # SQLite's figures, before PostgreSQL's run
     stop = None
     if not a.no_pg:
@@ -552,7 +628,10 @@ def main() -> None:
         if not pg:
             pg, stop = start_pg()
         try:
-            bench("postgresql", pg, a, rows)
+            if a.open_rounds:
+                open_rounds("postgresql", pg, a)
+            else:
+                bench("postgresql", pg, a, rows)
         finally:
             if stop:
                 subprocess.run(stop, stdout=subprocess.DEVNULL)

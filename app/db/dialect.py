@@ -105,20 +105,20 @@ PLAIN_SQL = {
     "pick": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE campaign_id = :cid AND state = 'queued' "
             "ORDER BY priority DESC, id LIMIT :n${skip_locked}",
     "held": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE lease_id = :lid AND state = 'leased'",
-    # one shape's transition, guarded by the state it was read in
+    # one shape's transition, guarded by the state and the lease it was read in
     "write_shape": "UPDATE shapes SET state = :state, attempts = :attempts, attempts_base = :base, "
-                   "lease_id = :lease, last_error = :error, updated_at = :now WHERE id = :id AND state = :was",
+                   "lease_id = :lease, last_error = :error, updated_at = :now WHERE id = :id AND state = :was "
+                   "AND lease_id ${is} :was_lease",
     "add_lease": "INSERT INTO leases (id, worker_id, campaign_id, backend, token_id, budget_s, created_at, "
                  "heartbeat_at, hard_deadline, expires_at, state) VALUES (:id, :wid, :cid, :backend, :tok, "
                  ":budget_s, :now, :now, :hard, :exp, :state)",
-    "lease": f"SELECT {_LEASE_COLS} FROM leases WHERE id = :lid",
-    "campaign_digest": "SELECT image_digest FROM campaigns WHERE id = :cid",
+    # a lease with its campaign's facts (the token's image scope, a result's checks): one primary-key join
+    "lease": f"SELECT {', '.join('l.' + c for c in _LEASE_COLS.split(', '))}, c.family, c.image_digest, c.gfx, "
+             "c.cu_num FROM leases l JOIN campaigns c ON c.id = l.campaign_id WHERE l.id = :lid",
     "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now",
     "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
     "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",
-    "campaign": "SELECT id, family, image_digest, gfx, cu_num, NULL AS top FROM campaigns WHERE id = :cid",
     "shape": f"SELECT {_SHAPE_FACTS}, campaign_id, steps FROM shapes WHERE id = :sid",
-    "shape_state": "SELECT state FROM shapes WHERE id = :sid",
     "measured_default": "UPDATE shapes SET default_us = :us, default_measured = TRUE, priority = :priority "
                         "WHERE id = :sid",
     "add_result": "INSERT INTO results (shape_id, lease_id, worker_id, backend, image_digest, aiter_commit, status, "
@@ -136,12 +136,15 @@ PLAIN_SQL = {
 
 def _render(sql: str, pg: bool) -> str:
     sql = sql.replace("${skip_locked}", " FOR UPDATE SKIP LOCKED" if pg else "")
+    sql = sql.replace("${is}", "IS NOT DISTINCT FROM" if pg else "IS")  # equal, NULL equal to NULL
     sql = re.sub(r"\$\{json:(\w+)\}", r"CAST(:\1 AS json)" if pg else r":\1", sql)
     return re.sub(r":(\w+)", r"%(\1)s", sql) if pg else sql
 
 
 _RENDERED = {pg: {k: _render(v, pg) for k, v in PLAIN_SQL.items()} for pg in (False, True)}
-_LEASE_ROW = namedtuple("_LEASE_ROW", _LEASE_COLS.split(", "))
+# a lease row; from "lease" also its campaign's family, image_digest, gfx and cu_num
+_LEASE_ROW = namedtuple("_LEASE_ROW", _LEASE_COLS.split(", ") + ["family", "image_digest", "gfx", "cu_num"],
+                        defaults=(None,) * 4)
 _SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", ") + ["campaign_id", "steps"], defaults=(None, None))
 _CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num top")
 

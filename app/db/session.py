@@ -3,14 +3,16 @@ deadlocking on lock upgrade (SQLAlchemy's pysqlite recipe); PostgreSQL via DATAB
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.dialect import Plain, db_key
@@ -44,7 +46,33 @@ def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True) ->
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     # as many kept connections as request threads (anyio's 40): a burst of leases never waits on a new
     # PostgreSQL backend being forked for it (64-agent lease p99 ~22 -> ~15 ms)
-    return create_engine(url, pool_pre_ping=True, pool_size=40, max_overflow=10)
+    engine = create_engine(url, pool_size=40, max_overflow=10)
+    _ping_when_idle(engine)
+    return engine
+
+
+IDLE_PING_S = 2.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """pool_pre_ping's check, only for a connection that sat in the pool IDLE_PING_S or longer (a database
+    restarted meanwhile is found there, and a fresh connection replaces it): pool_pre_ping would cost every
+    request a round trip. A connection that dies in use is dropped (Database.plain; SQLAlchemy's own for
+    sessions) and its request answers 503, which the agent retries."""
+    error = engine.dialect.loaded_dbapi.Error
+
+    @event.listens_for(engine, "checkin")
+    def _back(_dbapi_conn, rec):  # type: ignore[no-untyped-def]
+        rec.info["back_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _out(dbapi_conn, rec, _proxy):  # type: ignore[no-untyped-def]
+        if time.monotonic() - rec.info.pop("back_at", math.inf) < IDLE_PING_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except error as e:
+            raise DisconnectionError(str(e)) from e  # the pool connects afresh
 
 
 class Database:
@@ -93,7 +121,10 @@ class Database:
                 yield Plain(fairy.dbapi_connection, not self.is_sqlite, self.key)
                 fairy.commit()
             except BaseException as e:
-                fairy.rollback()
+                if isinstance(e, driver_error) and engine.dialect.is_disconnect(e, fairy.dbapi_connection, None):
+                    fairy.invalidate(e)  # dead (the database restarted): never back into the pool
+                else:
+                    fairy.rollback()
                 if isinstance(e, driver_error):  # as SQLAlchemy raises it (busy or locked: a 503, app/errors.py)
                     raise DBAPIError.instance(None, None, e, driver_error) from e
                 raise

@@ -51,12 +51,14 @@ def _row_facts(r) -> ls.ShapeFacts:  # type: ignore[no-untyped-def]
     return ls.ShapeFacts(ls.ShapeState(r.state), r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
 
 
-def _write_facts(p: Plain, changes: list[tuple[int, str, ls.ShapeFacts]], now: datetime) -> None:
-    """(shape id, the state it was read in, its new facts): all or nothing (409 if a row moved meanwhile)."""
+def _write_facts(p: Plain, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> None:
+    """(shape row as read, its new facts), each write guarded by the state and the lease it was read in (a shape
+    requeued and leased again meanwhile is not written): all or nothing (409 if a row moved meanwhile)."""
     stamp = p.stamp(now)
-    done = p.run_each("write_shape", [{"id": sid, "was": was, "state": f.state.value, "attempts": f.attempts,
-                                       "base": f.attempts_base, "lease": f.lease_id, "error": f.last_error,
-                                       "now": stamp} for sid, was, f in changes])
+    done = p.run_each("write_shape", [{"id": r.id, "was": r.state, "was_lease": r.lease_id,  # type: ignore[attr-defined]
+                                       "state": f.state.value, "attempts": f.attempts, "base": f.attempts_base,
+                                       "lease": f.lease_id, "error": f.last_error, "now": stamp}
+                                      for r, f in changes])
     if done != len(changes):
         raise Conflict("shape_id: a shape changed state meanwhile; retry", "shape_id")
 
@@ -76,7 +78,7 @@ def sweep_expired(p: Plain, settings: Settings, now: datetime | None = None) -> 
     for lease in dead:
         _end_lease(p, lease, ls.LeaseState.EXPIRED)
         why = f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)"
-        _write_facts(p, [(r.id, r.state, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts))
+        _write_facts(p, [(r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts))
                          for r in p.shape_rows("held", {"lid": lease.id})], now)
     return len(dead)
 
@@ -152,7 +154,7 @@ def lease_batch(p: Plain, body: LeaseIn, settings: Settings, token_id: int | Non
                         "budget_s": body.budget_s, "now": p.stamp(now), "hard": p.stamp(lf.hard_deadline),
                         "exp": p.stamp(lf.expires_at), "state": lf.state.value})
     leased = [(r, ls.lease(_row_facts(r), lease_id)) for r in rows]
-    _write_facts(p, [(r.id, r.state, f) for r, f in leased], now)
+    _write_facts(p, leased, now)
     tuned, untuned = table_schemas.lease_headers(p, camp.image_digest, camp.family)
     # every value built here from typed rows: constructed without a second validation
     return LeaseOut.model_construct(
@@ -177,9 +179,9 @@ class Caller:
 ANYONE = Caller()
 
 
-def _owned_lease(p: Plain, lease_id: str, caller: Caller):  # type: ignore[no-untyped-def]
-    """The lease's row, if this caller may act on it."""
-    found = p.lease_rows("lease", {"lid": lease_id})
+def _owned_lease(p: Plain, lease_id: str, caller: Caller, found: list | None = None):  # type: ignore[no-untyped-def,type-arg]
+    """The lease's row (with its campaign's facts; found: the row read already), if this caller may act on it."""
+    found = p.lease_rows("lease", {"lid": lease_id}) if found is None else found
     if not found:
         raise NotFound(f"lease_id: no lease {lease_id}", "lease_id")
     lease = found[0]
@@ -188,16 +190,15 @@ def _owned_lease(p: Plain, lease_id: str, caller: Caller):  # type: ignore[no-un
     if caller.worker_id is not None and lease.worker_id != caller.worker_id:
         raise Forbidden(f"worker_id: lease {lease_id} was granted to worker {lease.worker_id!r}, not to "
                         f"{caller.worker_id!r}", "worker_id")
-    if caller.digests is not None:
-        (digest,), = p.rows("campaign_digest", {"cid": lease.campaign_id})
-        if digest not in caller.digests:
-            raise Forbidden(f"image_digest: lease {lease_id} is for {digest}, outside this token's images",
-                            "image_digest")
+    if caller.digests is not None and lease.image_digest not in caller.digests:
+        raise Forbidden(f"image_digest: lease {lease_id} is for {lease.image_digest}, outside this token's images",
+                        "image_digest")
     return lease
 
 
-def _live_lease(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE):  # type: ignore[no-untyped-def]
-    lease = _owned_lease(p, lease_id, caller)
+def _live_lease(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE,  # type: ignore[no-untyped-def]
+                found: list | None = None):  # type: ignore[type-arg]
+    lease = _owned_lease(p, lease_id, caller, found)
     now = utcnow()
     if ls.is_expired(_lease_facts(lease), now):
         sweep_expired(p, settings, now)
@@ -223,7 +224,7 @@ def release(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE
     lease = _live_lease(p, lease_id, settings, caller)
     _end_lease(p, lease, ls.LeaseState.RELEASED)
     back = p.shape_rows("held", {"lid": lease.id})
-    _write_facts(p, [(r.id, r.state, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts))
+    _write_facts(p, [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts))
                      for r in back], utcnow())
     return len(back)
 
@@ -293,7 +294,7 @@ def _lease_for_result(p: Plain, lease, settings: Settings, caller: Caller):  # t
         lease = _owned_lease(p, lease_id, caller)
     if lease.state == ls.LeaseState.EXPIRED.value:
         return lease, True
-    return _live_lease(p, lease_id, settings, caller), False
+    return _live_lease(p, lease_id, settings, caller, [lease]), False
 
 
 def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE
@@ -301,16 +302,17 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     p = Plain.of(s)
     lease = _owned_lease(p, lease_id, caller)
     dup = p.rows("result_of", {"lid": lease_id, "sid": body.shape_id})
-    if dup:  # a retried POST: same answer, nothing stored twice
-        state = p.rows("shape_state", {"sid": body.shape_id})
-        return ResultOut(result_id=dup[0][0], shape_state=state[0][0] if state else "?", verified=bool(dup[0][1]),
-                         duplicate=True)
-    lease, late = _lease_for_result(p, lease, settings, caller)
     found = p.shape_rows("shape", {"sid": body.shape_id})
+    if dup:  # a retried POST: same answer, nothing stored twice
+        return ResultOut(result_id=dup[0][0], shape_state=found[0].state if found else "?",
+                         verified=bool(dup[0][1]), duplicate=True)
+    lease, late = _lease_for_result(p, lease, settings, caller)
+    if late:  # the expiry (maybe this request's sweep) moved the shape: read it again
+        found = p.shape_rows("shape", {"sid": body.shape_id})
     shape = found[0] if found else None
     if shape is None or shape.campaign_id != lease.campaign_id or (not late and not _row_facts(shape).held_by(lease.id)):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
-    camp = p.campaign_rows("campaign", {"cid": lease.campaign_id})[0]
+    camp = lease  # its row carries the campaign's family, image_digest, gfx and cu_num
     now = utcnow()
     if late and shape.state != ls.ShapeState.QUEUED.value:
         return _superseded(p, camp, shape, lease, body, now, f"shape {body.shape_id} is {shape.state} now")
@@ -321,7 +323,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         if late:
             return Refused(e, shape.state)
         f = ls.result_refused(_row_facts(shape), lease.id, e.detail, settings.max_attempts)
-        _write_facts(p, [(shape.id, shape.state, f)], now)
+        _write_facts(p, [(shape, f)], now)
         _finish_if_empty(p, lease)
         return Refused(e, f.state.value)
     err_max = get_family(camp.family).err_max
@@ -333,7 +335,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         row = None
     result_id = _add_result(p, camp, shape, lease, body, now, row, verified,
                             "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status)
-    _COSTS.pop((p.key, camp.id, body.backend))
+    _COSTS.pop((p.key, lease.campaign_id, body.backend))
     if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
         # the default path measured on this identity replaces the roofline estimate in the served time
         p.run("measured_default", {"sid": shape.id, "us": body.default_us,
@@ -343,7 +345,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         f = ls.late_result(_row_facts(shape), kind)
     else:
         f = ls.result(_row_facts(shape), lease.id, kind, None if verified else why, settings.max_attempts)
-    _write_facts(p, [(shape.id, shape.state, f)], now)
+    _write_facts(p, [(shape, f)], now)
     if not late:
         _finish_if_empty(p, lease)
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
+import pytest
+
 from tests.conftest import DIGEST, OTHER_DIGEST, capture
 
 
@@ -199,3 +201,27 @@ def test_workers_list_shows_identity_and_lease(client):
     body = lease(client, worker="gpu-7").json()
     (w,) = client.get("/v1/workers").json()
     assert w["worker_id"] == "gpu-7" and w["lease_id"] == body["lease_id"] and not w["stale"]
+
+
+def test_a_shape_read_under_one_lease_is_not_written_once_another_lease_holds_it(client, settings):
+    """A write decided on a shape as read (leased by A) must not land once the shape went back to the queue
+    and another lease B took it meanwhile: the state alone reads "leased" both times, the lease does not."""
+    from app.domain import lease_states as ls
+    from app.errors import Conflict
+    from app.services import leasing
+    capture(client, shapes(1))
+    a = lease(client, worker="a").json()
+    db = client.app.state.db
+    with db.plain() as p:
+        (stale,) = p.shape_rows("held", {"lid": a["lease_id"]})  # as A's release would read it
+    r = client.post(f"/v1/leases/{a['lease_id']}/results", json={
+        "shape_id": stale.id, "backend": "torch", "status": "failed", "error": "boom"})
+    assert r.json()["shape_state"] == "queued"
+    b = lease(client, worker="b").json()
+    assert [x["shape_id"] for x in b["shapes"]] == [stale.id]
+    with pytest.raises(Conflict), db.plain() as p:
+        leasing._write_facts(p, [(stale, ls.release(leasing._row_facts(stale), a["lease_id"], False,
+                                                    settings.max_attempts))], leasing.utcnow())
+    with db.plain() as p:
+        (now,) = p.shape_rows("shape", {"sid": stale.id})
+    assert (now.state, now.lease_id) == ("leased", b["lease_id"])  # still B's
