@@ -109,13 +109,14 @@ _BUILT: SlotCache[Overlay] = SlotCache(MAX_MB * 1000, Overlay.weight_kb)
 
 def _inputs(s: Session, digest: str, family: str) -> tuple:
     """What build() reads of the database, cheaply: the image's tables of the family by id, path, kind and
-    content hash (a table reported again is replaced in place), and its verified results (only ever added,
-    so their count and newest id move with each one; any family's, which only rebuilds more often)."""
+    content hash (a table reported again is replaced in place), and its results (only ever added, so their
+    count moves with each one, also where a lower id commits after a higher one). Every result of the image,
+    not only the family's verified ones, which only rebuilds more often: a count over ix_results_image_digest
+    alone (15 ms at 100k results on SQLite, against 47-90 ms reading each row's verified)."""
     tables = s.execute(select(ImageTable.id, ImageTable.path, ImageTable.kind, ImageTable.sha256)
                        .where(ImageTable.image_digest == digest, ImageTable.family == family)
                        .order_by(ImageTable.id)).all()
-    results = s.execute(select(func.count(), func.max(Result.id))
-                        .where(Result.image_digest == digest, Result.verified.is_(True))).one()
+    results = s.execute(select(func.count(), func.max(Result.id)).where(Result.image_digest == digest)).one()
     return tuple(map(tuple, tables)), tuple(results)
 
 
