@@ -39,7 +39,8 @@ class Overlay:
     _lock: Any = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
 
     def csv(self) -> str:
-        return render_csv(self.table.header, self.table.rows)
+        """The overlay file (made once: a merged file of a big image's tables is ~40k rows)."""
+        return self.memo("csv", lambda: render_csv(self.table.header, self.table.rows))
 
     def memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """make(), once per key for this overlay (concurrent askers wait for the first)."""
@@ -147,13 +148,13 @@ def deployable(s: Session, digest: str, family: str, merged: bool = False, exclu
         if art.refused:
             raise Conflict(f"{form or 'merged'}: {art.refused}", "form" if form else "merged")
         assert art.overlay is not None
-        return replace(ov, table=art.overlay)
+        return ov.memo(("deployable", form or "merged"), lambda: replace(ov, table=art.overlay))
     layer = ov.memo("layer", lambda: deploy.build(ov.release, ov.family, "layer", ov.shipped, ov.table, ov.live_gfx))
     if layer.refused is None:
         return ov
     if exclude_shipped:
-        return replace(ov, table=replace(ov.table, rows=deploy.without_shipped_keys(
-            ov.release, ov.family, ov.shipped, ov.table, ov.live_gfx)))
+        return ov.memo(("deployable", "exclude_shipped"), lambda: replace(ov, table=replace(
+            ov.table, rows=deploy.without_shipped_keys(ov.release, ov.family, ov.shipped, ov.table, ov.live_gfx))))
     raise Conflict(f"overlay: as a ':'-joined {ov.family.env_var} layer: {layer.refused}. Ask for merged=true (one "
                    f"file, lowest us wins) or exclude_shipped=true (the shipped row stays).", "overlay")
 

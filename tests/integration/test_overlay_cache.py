@@ -63,6 +63,7 @@ def test_an_image_table_added_or_replaced_in_place_is_in_the_next_view(client):
     merged = f"/v1/overlays/{DIGEST}/a8w8_blockscale_gemm.csv"
     before = rows(client.get(merged, params={"form": "merged"}).text)
     assert len(before) == len(rows(default)) + len(rows(ds_v3))
+    assert rows(client.get(merged, params={"form": "layer"}).text) == []  # each form's own file: no results yet
     lines = ds_v3.splitlines(keepends=True)
     ship(client, {DS_V3: "".join(lines[:-1])})  # the same path again, one row less: the same row id, new content
     after = rows(client.get(merged, params={"form": "merged"}).text)
