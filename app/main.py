@@ -6,6 +6,7 @@ import asyncio
 import gc
 import os
 import sys
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -104,15 +105,20 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     return app
 
 
-def ready_to_serve(app: FastAPI) -> None:
+def ready_to_serve(app: FastAPI) -> threading.Thread:
     """Once, in the serving process before its first request, what that request would otherwise pay for.
     FastAPI builds an included router's request handling (its routes' parameter models) the first time a request
     walks that router; the dashboard's router is the last one, so a server's first campaign page built them all:
     80-260 ms of that page on the 2-core VM. SQLAlchemy configures the ORM on its first query. Then gc.freeze():
     what start-up made (modules, routes, the ORM: ~140k objects) lives as long as the process, and a full
-    collection, which runs inside whichever request allocated last, no longer walks it."""
+    collection, which runs inside whichever request allocated last, no longer walks it. Last, the newest
+    campaigns' pages are made once in a thread (web.warm_pages), which it returns."""
     for _ in getattr(routing, "iter_route_contexts", lambda routes: ())(app.routes):  # built eagerly before 0.16x
         pass
     configure_mappers()
     gc.collect()
     gc.freeze()
+    warm = threading.Thread(target=web.warm_pages, args=(app.state.db, app.state.settings), daemon=True,
+                            name="warm-pages")
+    warm.start()
+    return warm

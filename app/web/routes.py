@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 from starlette.background import BackgroundTask
 
 from app.api.deps import DbDep, IdPath, SettingsDep
 from app.auth import COOKIE, ReadAuth, resolve
+from app.config import Settings
+from app.db.models import Campaign
+from app.db.session import Database
 from app.domain.families import get_family
 from app.services import campaigns, engagement, overlays, verifications
 from app.domain.roofline import processor
 from app.web.plots import coverage_svg
 
+log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 STATIC = Path(__file__).parent / "static"
@@ -66,22 +74,44 @@ def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: Se
                   after: str | None = None) -> Response:
     with db.session(write=False) as s:
         who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
-        counts = campaigns.shape_counts(s, campaign_id)  # one pass: the summary's and the totals' version's
-        summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id, counts)
-        shapes, nxt = campaigns.shapes(s, campaign_id, after=after)
-        fam = get_family(summary["family"])
-        name = overlays.overlay_filename(fam, summary["image_digest"])
-        checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
-        # only the listed shapes are checked: the totals over every shape are counted off the request
-        verdict, start_count = engagement.page_summary(s, campaign_id, shapes, db, counts.get(campaign_id, {}))
-    page = _page(request, "campaign.html", {"verifications": checks, "verdict": verdict,
-        "c": summary, "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
-        "env_line": f"{fam.env_var}=/overlays/{name}",
-        "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
-        "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"})
+        ctx, start_count = _campaign(s, db, settings, campaign_id, after)
+    page = _page(request, "campaign.html", ctx)
     if start_count is not None:  # after the page is sent
         page.background = BackgroundTask(start_count)
     return page
+
+
+def _campaign(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None = None
+              ) -> tuple[dict, Callable[[], None] | None]:
+    """The campaign page's context, and what starts a due count of its totals."""
+    counts = campaigns.shape_counts(s, campaign_id)  # one pass: the summary's and the totals' version's
+    summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id, counts)
+    shapes, nxt = campaigns.shapes(s, campaign_id, after=after)
+    fam = get_family(summary["family"])
+    name = overlays.overlay_filename(fam, summary["image_digest"])
+    checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
+    # only the listed shapes are checked: the totals over every shape are counted off the request
+    verdict, start_count = engagement.page_summary(s, campaign_id, shapes, db, counts.get(campaign_id, {}))
+    return {"verifications": checks, "verdict": verdict, "c": summary, "shapes": shapes, "next": nxt,
+            "family": fam, "overlay_name": name, "env_line": f"{fam.env_var}=/overlays/{name}",
+            "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
+            "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"}, start_count
+
+
+WARM_PAGES = 4
+
+
+def warm_pages(db: Database, settings: Settings, n: int = WARM_PAGES) -> None:
+    """The newest n campaigns' pages made once, off any request, after a start (app.main.ready_to_serve runs
+    it in a thread): their image's overlay is built (seconds for an image with big shipped tables; then kept,
+    overlays.build), the page's statements compiled and its rows read, so the first view after a restart
+    costs what any view does. No count of their totals is started."""
+    try:
+        with db.session(write=False) as s:
+            for cid in s.scalars(select(Campaign.id).order_by(Campaign.id.desc()).limit(n)).all():
+                _campaign(s, db, settings, cid)
+    except Exception as e:  # a busy or closing database: the first views pay instead
+        log.warning("warming the campaign pages failed: %s", e)
 
 
 @router.get("/campaigns/{campaign_id}/coverage.svg")

@@ -134,7 +134,7 @@ def test_a_served_apps_first_request_builds_no_routes(settings, monkeypatch):
         lambda cls, **kw: built.append(kw["original_route"].path) or real(cls, **kw)))
     app = create_app(settings)
     try:
-        ready_to_serve(app)
+        ready_to_serve(app).join(60)
         assert built and gc.get_freeze_count() > 0
         ahead = len(built)
         with TestClient(app) as c:
@@ -143,3 +143,29 @@ def test_a_served_apps_first_request_builds_no_routes(settings, monkeypatch):
         assert built[ahead:] == []
     finally:
         gc.unfreeze()
+
+
+def test_after_a_restart_the_newest_campaign_pages_are_made_before_their_first_view(client, settings):
+    """ready_to_serve makes the newest campaigns' pages once in a thread (web.warm_pages): their overlay is
+    built and the page's statements compiled, so the first view after a restart builds and compiles nothing."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app, ready_to_serve
+    from app.services import overlays, page_totals
+
+    cid = capture(client, shapes(1, 30)).json()["campaign_id"]
+    overlays._BUILT.clear()  # as in a new process
+    app = create_app(settings)  # the restart: a new process's database and caches
+    try:
+        ready_to_serve(app).join(60)
+    finally:
+        gc.unfreeze()
+    assert not page_totals.TOTALS._running  # no count started by the warming
+    engine = app.state.db.read_engine
+    built, compiled = overlays._BUILT.builds, len(engine._compiled_cache)
+    assert len(overlays._BUILT) == 1 and compiled > 0
+    with TestClient(app) as c:
+        assert c.get(f"/campaigns/{cid}").status_code == 200
+    assert (overlays._BUILT.builds, len(engine._compiled_cache)) == (built, compiled)
