@@ -2,22 +2,21 @@
 
 Nothing about one shape ends the loop (arq's rule: a failing job is counted, never fatal): a backend error
 becomes that shape's failed result, a refused result is logged, counted and reported as a failed shape, and an
-unavailable service is waited out (workers/client.py). Every finished result is written to a local spool before
-it is posted and removed only once the service answered, so a crash or a long outage loses none: the spool is
-delivered first on the next turn (or the next start). Only a signal, or --once with no work left, ends it.
+unavailable service is waited out (workers/client.py). Every finished result is written to a local spool
+(workers/spool.py) before it is posted and acknowledged there once the service answered, so a crash or a long
+outage loses none: the spool is delivered first on the next turn (or the next start). Only a signal, or --once
+with no work left, ends it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import signal
 import threading
 import time
 import traceback
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 from workers.backends.base import Backend, Batch, ShapeResult, now_iso
 from workers.client import LeaseLost, Refused, ServiceClient, ServiceError, Stopped
 from workers.identity import WorkerIdentity
+from workers.spool import Spool
 
 log = logging.getLogger("aiter_tuner.worker")
 
@@ -63,38 +63,6 @@ def default_spool_dir(worker_id: str, service: str) -> Path:
         os.environ.get("XDG_STATE_HOME", os.path.expanduser("~/.local/state")), "aiter-tuner", "spool")
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in worker_id)
     return Path(base) / f"{name}-{hashlib.sha256(service.encode()).hexdigest()[:12]}"
-
-
-class Spool:
-    """Finished results not yet acknowledged by the service: one JSON file each, written atomically."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-
-    def put(self, lease_id: str, payload: dict[str, Any]) -> Path:
-        path = self.root / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:  # dumps, not dump: json.dump to a file takes the pure-Python encoder
-            f.write(json.dumps({"lease_id": lease_id, "payload": payload}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
-
-    def pending(self) -> list[tuple[Path, str, dict[str, Any]]]:
-        out = []
-        for path in sorted(self.root.glob("*.json")):
-            try:
-                d = json.loads(path.read_text())
-                out.append((path, d["lease_id"], d["payload"]))
-            except (OSError, ValueError, KeyError):  # a torn file from a crash mid-write: nothing to deliver
-                path.unlink(missing_ok=True)
-        return out
-
-    @staticmethod
-    def done(path: Path) -> None:
-        path.unlink(missing_ok=True)
 
 
 class Heartbeat(threading.Thread):
@@ -188,15 +156,15 @@ class Agent:
 
     def deliver_spool(self) -> None:
         """Results finished earlier (an outage, a crash) go out first, in the order they finished."""
-        for path, lease_id, payload in self.spool.pending():
+        for rid, lease_id, payload in self.spool.pending():
             try:
-                self._deliver(path, lease_id, payload)
+                self._deliver(rid, lease_id, payload)
             except Stopped:
                 raise
             except ServiceError as e:  # a fault on this one result: it stays spooled, the rest go out
-                log.error("could not deliver spooled result %s: %s", path.name, e)
+                log.error("could not deliver spooled result %s: %s", rid, e)
 
-    def _deliver(self, path: Path, lease_id: str, payload: dict[str, Any]) -> bool:
+    def _deliver(self, rid: str, lease_id: str, payload: dict[str, Any]) -> bool:
         """Post one spooled result; False when the service already gave the shape to another lease."""
         sid = payload["shape_id"]
         try:
@@ -204,18 +172,18 @@ class Agent:
         except LeaseLost as e:  # dead lease, and another worker has the shape now (the service took what it could)
             self.stats.superseded += 1
             log.warning("result for shape %s (lease %s) superseded, not taken: %s", sid, lease_id, e)
-            self.spool.done(path)
+            self.spool.done(rid)
             return False
         except Refused as e:
             self.stats.refused += 1
             log.error("the service refused the result for shape %s (%s): %s", sid, e.field, e.detail)
-            self.spool.done(path)
+            self.spool.done(rid)
             if payload.get("status") != "failed" and e.status != 409:  # report it as a failed shape
                 self._post_failed(lease_id, sid, payload.get("backend", self.backend.name),
                                   f"the service refused the result ({e.field}): {e.detail}")
             self.stats.results.append({"shape_id": sid, "status": "refused", "field": e.field})
             return True
-        self.spool.done(path)
+        self.spool.done(rid)
         log.info("result for shape %s (lease %s) delivered: result %s", sid, lease_id, out.get("result_id"))
         self.stats.posted += 1
         self.stats.results.append({"shape_id": sid, "status": payload.get("status"), **out})
@@ -244,11 +212,11 @@ class Agent:
         def emit(res: ShapeResult) -> None:
             finished.add(res.shape_id)
             payload = res.payload(self.backend.name, self.cfg.aiter_commit)
-            path = self.spool.put(lid, payload)
+            rid = self.spool.put(lid, payload)
             self.stats.spooled += 1
             log.info("shape %s finished (%s) for lease %s, spooled", res.shape_id, res.status, lid)
             try:
-                if not self._deliver(path, lid, payload):
+                if not self._deliver(rid, lid, payload):
                     hb.lost.set()  # the lease is dead: stop working on its shapes
             except Stopped:  # stays in the spool for the next start
                 hb.lost.set()
