@@ -181,6 +181,30 @@ class ResultOut(BaseModel):
     duplicate: bool = False
 
 
+MAX_RESULTS = 64  # results in one batch post
+
+
+class ResultsIn(Wire):
+    """Results of one lease in one request: what a worker finished since its last post (at most one post a
+    second, workers/agent.py), each taken as its own POST .../results would take it."""
+
+    results: list[ResultIn] = Field(min_length=1, max_length=MAX_RESULTS)
+
+
+class ResultOutcome(BaseModel):
+    """One result's answer in a batch: the ResultOut its own post would give, or that post's problem."""
+
+    shape_id: int
+    status: int  # the HTTP status its own post would have answered
+    result: ResultOut | None = None
+    field: str | None = None
+    detail: str | None = None
+
+
+class ResultsOut(BaseModel):
+    outcomes: list[ResultOutcome]  # in the order posted
+
+
 class ReleaseIn(Wire):
     started: list[Id] = Field(default_factory=list, max_length=10_000)  # shapes being worked on: they count a try
 

@@ -11,6 +11,7 @@ with no work left, ends it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.backends.base import Backend, Batch, ShapeResult, now_iso
+from app.wire import MAX_RESULTS
 from workers.client import LeaseLost, Refused, ServiceClient, ServiceError, Stopped
 from workers.identity import WorkerIdentity
 from workers.spool import Spool
@@ -42,6 +44,7 @@ class AgentConfig:
     max_shapes: int | None = None
     spool_dir: str | None = None  # where finished results wait for delivery (default: per worker, under ~)
     compile_budget_s: float = 1800.0  # the compile lane's own budget (0: no lane), outside every lease
+    post_every_s: float = 1.0  # results finished within this of the last post wait for the next (0: each at once)
 
 
 @dataclass
@@ -156,37 +159,46 @@ class Agent:
 
     def deliver_spool(self) -> None:
         """Results finished earlier (an outage, a crash) go out first, in the order they finished."""
-        for rid, lease_id, payload in self.spool.pending():
-            try:
-                self._deliver(rid, lease_id, payload)
-            except Stopped:
-                raise
-            except ServiceError as e:  # a fault on this one result: it stays spooled, the rest go out
-                log.error("could not deliver spooled result %s: %s", rid, e)
+        for lease_id, group in itertools.groupby(self.spool.pending(), key=lambda e: e[1]):
+            items = [(rid, payload) for rid, _, payload in group]
+            for at in range(0, len(items), MAX_RESULTS):
+                try:
+                    self._deliver(lease_id, items[at:at + MAX_RESULTS])
+                except Stopped:
+                    raise
+                except ServiceError as e:  # a fault on these: they stay spooled, the rest go out
+                    log.error("could not deliver %d spooled results of lease %s: %s", len(items[at:at + MAX_RESULTS]),
+                              lease_id, e)
 
-    def _deliver(self, rid: str, lease_id: str, payload: dict[str, Any]) -> bool:
-        """Post one spooled result; False when the service already gave the shape to another lease."""
-        sid = payload["shape_id"]
+    def _deliver(self, lease_id: str, items: list[tuple[str, dict[str, Any]]]) -> bool:
+        """Post spooled results of one lease in one request; False when the service already gave a shape of
+        them to another lease. A fault on the request as a whole raises, and they all stay spooled."""
         try:
-            out = self.client.post_result(lease_id, payload)
-        except LeaseLost as e:  # dead lease, and another worker has the shape now (the service took what it could)
-            self.stats.superseded += 1
-            log.warning("result for shape %s (lease %s) superseded, not taken: %s", sid, lease_id, e)
-            self.spool.done(rid)
-            return False
-        except Refused as e:
-            self.stats.refused += 1
-            log.error("the service refused the result for shape %s (%s): %s", sid, e.field, e.detail)
-            self.spool.done(rid)
-            if payload.get("status") != "failed" and e.status != 409:  # report it as a failed shape
-                self._post_failed(lease_id, sid, payload.get("backend", self.backend.name),
-                                  f"the service refused the result ({e.field}): {e.detail}")
-            self.stats.results.append({"shape_id": sid, "status": "refused", "field": e.field})
-            return True
+            answers: list = self.client.post_results(lease_id, [payload for _, payload in items])
+        except (LeaseLost, Refused) as e:  # the request as a whole: the lease gone, or refused for all
+            answers = [e] * len(items)
+        return all([self._settle(rid, lease_id, payload, a) for (rid, payload), a in zip(items, answers)])
+
+    def _settle(self, rid: str, lease_id: str, payload: dict[str, Any], answer: dict | Exception) -> bool:
+        """One result's answer: taken, superseded (False) or refused; acknowledged in the spool either way."""
+        sid = payload["shape_id"]
         self.spool.done(rid)
-        log.info("result for shape %s (lease %s) delivered: result %s", sid, lease_id, out.get("result_id"))
+        if isinstance(answer, LeaseLost):  # dead lease, and another worker has the shape now (the service took what it could)
+            self.stats.superseded += 1
+            log.warning("result for shape %s (lease %s) superseded, not taken: %s", sid, lease_id, answer)
+            return False
+        if isinstance(answer, Refused):
+            self.stats.refused += 1
+            log.error("the service refused the result for shape %s (%s): %s", sid, answer.field, answer.detail)
+            if payload.get("status") != "failed" and answer.status != 409:  # report it as a failed shape
+                self._post_failed(lease_id, sid, payload.get("backend", self.backend.name),
+                                  f"the service refused the result ({answer.field}): {answer.detail}")
+            self.stats.results.append({"shape_id": sid, "status": "refused", "field": answer.field})
+            return True
+        assert isinstance(answer, dict)
+        log.info("result for shape %s (lease %s) delivered: result %s", sid, lease_id, answer.get("result_id"))
         self.stats.posted += 1
-        self.stats.results.append({"shape_id": sid, "status": payload.get("status"), **out})
+        self.stats.results.append({"shape_id": sid, "status": payload.get("status"), **answer})
         return True
 
     def _post_failed(self, lease_id: str, shape_id: int, backend: str, error: str) -> None:
@@ -208,20 +220,33 @@ class Agent:
         deadline = time.monotonic() + min(self.cfg.budget_s, to_hard)
         batch = Batch(lease, deadline, lambda: self.stop.is_set() or hb.lost.is_set())
         finished: set[int] = set()
+        unposted: list[tuple[str, dict[str, Any]]] = []  # spooled, not yet posted
+        posted_at = [float("-inf")]
+
+        def post() -> None:
+            if not unposted:
+                return
+            items = unposted[:]
+            unposted.clear()
+            posted_at[0] = time.monotonic()
+            try:
+                if not self._deliver(lid, items):
+                    hb.lost.set()  # the lease is dead: stop working on its shapes
+            except Stopped:  # they stay in the spool for the next start
+                hb.lost.set()
+            except ServiceError as e:  # a service fault on these: they stay spooled, the batch goes on
+                log.error("could not post the results for shapes %s: %s", [p["shape_id"] for _, p in items], e)
 
         def emit(res: ShapeResult) -> None:
             finished.add(res.shape_id)
             payload = res.payload(self.backend.name, self.cfg.aiter_commit)
-            rid = self.spool.put(lid, payload)
+            unposted.append((self.spool.put(lid, payload), payload))
             self.stats.spooled += 1
             log.info("shape %s finished (%s) for lease %s, spooled", res.shape_id, res.status, lid)
-            try:
-                if not self._deliver(rid, lid, payload):
-                    hb.lost.set()  # the lease is dead: stop working on its shapes
-            except Stopped:  # stays in the spool for the next start
-                hb.lost.set()
-            except ServiceError as e:  # a service fault on this result: it stays spooled, the batch goes on
-                log.error("could not post the result for shape %s: %s", res.shape_id, e)
+            # at most one post every post_every_s: a shape slower than that is posted as it finishes, faster
+            # ones together (one request and transaction-set for several: a short CPU race's overhead halves)
+            if time.monotonic() - posted_at[0] >= self.cfg.post_every_s or len(unposted) >= MAX_RESULTS:
+                post()
 
         try:
             self.backend.run(batch, emit)
@@ -233,6 +258,7 @@ class Agent:
                 emit(ShapeResult(current, "failed", error=f"backend error: {traceback.format_exc()[-4000:]}",
                                  finished_at=now_iso()))
         finally:
+            post()  # what finished since the last post, before the release
             hb.done.set()
             hb.join(timeout=5)
             if hb.lost.is_set():

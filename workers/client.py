@@ -84,6 +84,13 @@ def _as_httpx(e: urllib3.exceptions.HTTPError) -> httpx.TransportError:
     return httpx.NetworkError(str(e))  # the connection dropped mid-call (ProtocolError)
 
 
+def _problem(status: int, field: str | None, detail: str) -> LeaseLost | Refused:
+    """A 4xx as what the caller handles: the lease lost to us (409 on the lease itself) or this request refused."""
+    if status == 409 and field in ("lease_id", None):
+        return LeaseLost(detail)
+    return Refused(status, field, detail[:2000])
+
+
 class ServiceClient:
     def __init__(self, base_url: str, timeout_s: float = 30.0, retry_for_s: float | None = None,
                  token: str | None = None, backoff_cap_s: float = BACKOFF_CAP_S,
@@ -156,20 +163,21 @@ class ServiceClient:
             field, detail = problem.get("field"), str(problem.get("detail", r.text))
         except ValueError:
             field, detail = None, r.text[:500]
-        if r.status_code == 409 and field in ("lease_id", None):
-            raise LeaseLost(detail)
-        if 400 <= r.status_code < 500:
-            raise Refused(r.status_code, field, detail[:2000])
+        if r.status_code < 500:
+            raise _problem(r.status_code, field, detail)
         raise ServiceError(f"{r.method} {r.path}: {r.status_code} {r.text[:500]}")
 
-    def _send(self, model: type[BaseModel], body: dict) -> bytes:
+    def _check(self, model: type[BaseModel], body: dict) -> BaseModel:
         """What we post must be valid on the wire: a bad value is refused here, the way the service would."""
         try:
-            return model.model_validate(body).model_dump_json().encode()
+            return model.model_validate(body)
         except ValidationError as e:
             err = e.errors()[0]
             field = ".".join(str(p) for p in err["loc"]) or None
             raise Refused(422, field, f"{field}: {err['msg']} (checked before sending)") from None
+
+    def _send(self, model: type[BaseModel], body: dict) -> bytes:
+        return self._check(model, body).model_dump_json().encode()
 
     def _answer(self, model: type[BaseModel], r: Reply) -> dict:
         try:
@@ -193,6 +201,43 @@ class ServiceClient:
     def post_result(self, lease_id: str, body: dict) -> dict:
         r = self._call("POST", f"/v1/leases/{lease_id}/results", self._send(wire.ResultIn, body))
         return self._answer(wire.ResultOut, r)
+
+    def post_results(self, lease_id: str, bodies: list[dict]) -> list[dict | LeaseLost | Refused]:
+        """Results of one lease in one request (at most wire.MAX_RESULTS), each answered as its own post_result
+        would be: its ResultOut, or the LeaseLost or Refused that call would raise (one invalid here is refused
+        without being sent). A problem with the request as a whole (the lease gone, an outage) raises."""
+        out: list[dict | LeaseLost | Refused | None] = [None] * len(bodies)
+        sent = []
+        for i, body in enumerate(bodies):
+            try:
+                sent.append((i, self._check(wire.ResultIn, body)))
+            except Refused as e:
+                out[i] = e
+        if sent:
+            batch = wire.ResultsIn.model_construct(results=[m for _, m in sent])  # each checked just above
+            r = self._call("POST", f"/v1/leases/{lease_id}/results/batch", batch.model_dump_json().encode())
+            if r.status_code == 404 and self._route_missing(r):  # a service older than the batch route
+                for i, m in sent:
+                    out[i] = self._one(lease_id, m)
+                return out  # type: ignore[return-value]
+            for (i, _), o in zip(sent, self._answer(wire.ResultsOut, r)["outcomes"], strict=True):
+                out[i] = o["result"] if o["status"] < 400 else _problem(o["status"], o["field"], o["detail"] or "")
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _route_missing(r: Reply) -> bool:
+        """A 404 naming no field: no such route (an unknown lease is a 404 naming lease_id)."""
+        try:
+            return r.json().get("field") is None
+        except (ValueError, AttributeError):
+            return True
+
+    def _one(self, lease_id: str, result: BaseModel) -> dict | LeaseLost | Refused:
+        r = self._call("POST", f"/v1/leases/{lease_id}/results", result.model_dump_json().encode())
+        try:
+            return self._answer(wire.ResultOut, r)
+        except (LeaseLost, Refused) as e:
+            return e
 
     def release(self, lease_id: str, started: list[int] | None = None) -> dict:
         body = self._send(wire.ReleaseIn, {"started": started or []})

@@ -86,6 +86,28 @@ def test_results_are_idempotent_and_only_for_the_lease(client):
     assert client.post("/v1/leases/00000000-0000-0000-0000-000000000000/results", json=ok_row(a, item)).status_code == 404
 
 
+def test_a_batch_of_results_is_answered_in_order_each_as_its_own_post_would_be(client):
+    capture(client, shapes(4))
+    a = lease(client, budget_s=80_000, max_shapes=3, worker="a").json()
+    b = lease(client, budget_s=80_000, max_shapes=1, worker="b").json()
+    x, y, z = a["shapes"]
+    refused = ok_row(a, z, cu_num=80)  # the service's own check (valid on the wire): refused, its try counted
+    batch = [ok_row(a, x), ok_row(a, b["shapes"][0]), refused, ok_row(a, y)]
+    r = client.post(f"/v1/leases/{a['lease_id']}/results/batch", json={"results": batch})
+    assert r.status_code == 200, r.text
+    out = r.json()["outcomes"]
+    assert [(o["shape_id"], o["status"], o["field"]) for o in out] == [
+        (x["shape_id"], 200, None), (b["shapes"][0]["shape_id"], 409, "shape_id"), (z["shape_id"], 422, "row.cu_num"),
+        (y["shape_id"], 200, None)]
+    assert out[0]["result"]["shape_state"] == "tuned" and not out[0]["result"]["duplicate"]
+    again = client.post(f"/v1/leases/{a['lease_id']}/results/batch", json={"results": [ok_row(a, x)]}).json()
+    assert again["outcomes"][0]["result"]["duplicate"]  # a retried batch stores nothing twice
+    assert again["outcomes"][0]["result"]["result_id"] == out[0]["result"]["result_id"]
+    shapes_now = {s["shape_id"]: s for s in client.get(f"/v1/campaigns/{a['campaign_id']}").json()["shape_list"]}
+    assert [shapes_now[s["shape_id"]]["state"] for s in (x, y)] == ["tuned", "tuned"]
+    assert client.post(f"/v1/leases/{a['lease_id']}/results/batch", json={"results": []}).status_code == 422
+
+
 def test_a_refused_result_names_the_field_counts_a_try_and_parks_the_shape(client, settings):
     capture(client, shapes(1))
     body = lease(client).json()

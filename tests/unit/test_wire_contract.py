@@ -95,3 +95,46 @@ def test_every_route_declares_its_answer_its_body_and_its_errors_as_problems(set
                     "$ref": "#/components/schemas/Problem"}, (method, path, code)
     bodies = doc["paths"]["/v1/captures"]["post"]["requestBody"]["content"]
     assert {"application/json", "text/csv", "text/plain"} <= set(bodies)
+
+
+def test_results_go_one_by_one_to_a_service_without_the_batch_route(tmp_path):
+    """A worker newer than its service: the batch route's 404 (naming no field) makes it post each result alone,
+    never treat the results as refused."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from workers.client import LeaseLost, ServiceClient
+
+    seen: list[str] = []
+
+    class OldService(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(self.path)
+            if self.path.endswith("/batch"):
+                status, answer = 404, {"title": "not found", "status": 404, "detail": "Not Found", "field": None}
+            elif body["shape_id"] == 2:
+                status, answer = 409, {"status": 409, "detail": "lease expired", "field": "lease_id"}
+            else:
+                status, answer = 200, {"result_id": 10 + body["shape_id"], "shape_state": "tuned", "verified": True}
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), OldService)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = ServiceClient(f"http://127.0.0.1:{srv.server_address[1]}", retry_for_s=1)
+        body = {"backend": "torch", "status": "default_best", "us": 5.0, "default_us": 5.0}
+        out = client.post_results("lease-1", [{**body, "shape_id": 1}, {**body, "shape_id": 2}])
+        assert out[0]["result_id"] == 11 and isinstance(out[1], LeaseLost)
+        assert seen == ["/v1/leases/lease-1/results/batch", "/v1/leases/lease-1/results", "/v1/leases/lease-1/results"]
+    finally:
+        srv.shutdown()

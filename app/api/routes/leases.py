@@ -11,9 +11,9 @@ from app.api.deps import LeaseId
 from app.auth import Principal, authorize
 from app.config import Settings
 from app.db.session import Database
-from app.errors import Invalid
+from app.errors import DomainError, Invalid
 from app.wire import (IDLE_HEADER, NAME_PATTERN, WORKER_HEADER, HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn,
-                      ReleaseOut, ResultIn, ResultOut)
+                      ReleaseOut, ResultIn, ResultOut, ResultOutcome, ResultsIn, ResultsOut)
 from app.metrics import BACKENDS, bounded
 from app.services import idle, leasing
 
@@ -78,8 +78,8 @@ def heartbeat(lease_id: LeaseId, f: Acting) -> Response:
     return _json(out)
 
 
-@router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
-def post_result(lease_id: LeaseId, body: ResultIn, request: Request, f: Acting) -> Response:
+def _take(lease_id: str, body: ResultIn, request: Request, f: Fleet) -> ResultOut:
+    """One result in its own transaction; raises the problem its post answers."""
     with f.db.plain() as p:
         out = leasing.post_result(p, lease_id, body, f.settings, f.caller)
     if isinstance(out, leasing.Refused):  # committed: the refused try counts, a superseded record is kept
@@ -88,7 +88,26 @@ def post_result(lease_id: LeaseId, body: ResultIn, request: Request, f: Acting) 
     if not out.duplicate:
         request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), body.status,
                                                  str(out.verified).lower()).inc()
-    return _json(out)
+    return out
+
+
+@router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
+def post_result(lease_id: LeaseId, body: ResultIn, request: Request, f: Acting) -> Response:
+    return _json(_take(lease_id, body, request, f))
+
+
+@router.post("/v1/leases/{lease_id}/results/batch", response_model=ResultsOut)
+def post_results(lease_id: LeaseId, body: ResultsIn, request: Request, f: Acting) -> Response:
+    """Several results, each taken (or refused) as its own post would be, answered in order: one request and
+    one authentication for what a worker finished within a second."""
+    outcomes = []
+    for r in body.results:
+        try:
+            outcomes.append(ResultOutcome(shape_id=r.shape_id, status=200,
+                                          result=_take(lease_id, r, request, f)))
+        except DomainError as e:
+            outcomes.append(ResultOutcome(shape_id=r.shape_id, status=e.status, field=e.field, detail=e.detail))
+    return _json(ResultsOut(outcomes=outcomes))
 
 
 @router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
