@@ -5,7 +5,7 @@ same shapes directly in one process. Not a test; it prints the figures.
 
 The overhead per shape is the service run's wall time less the time the backend spent on its own work inside
 it (its run() less the agent's result callbacks, and any compile-lane warm-up), over the shapes: what the
-capture, leases, heartbeats, spooled result posts and releases cost. Measured that way it does not carry the
+capture, leases, heartbeats, spooled and posted results and releases cost. Measured that way it does not carry the
 race's own run-to-run noise (a CPU race of 1 s varies by more than the whole overhead); the median of --runs
 fresh services is printed. The wall-clock comparison with a direct run is printed too, with that noise in it.
 """
@@ -154,8 +154,8 @@ def main() -> None:
     engine = (a.database_url or "sqlite").split(":")[0]
     print(f"shapes={a.shapes} device={a.device} engine={engine} runs={a.runs} budget_s={a.budget_s} "
           f"(the median run below)")
-    print(f"through the service:     {wall:8.3f} s  (capture, {batches} leases, heartbeats, {a.shapes} spooled "
-          "result posts, releases)")
+    print(f"through the service:     {wall:8.3f} s  (capture, {batches} leases, heartbeats, {a.shapes} results "
+          "spooled and posted, releases)")
     print(f"  the backend's own work: {own:8.3f} s")
     print(f"direct (one process):    {t_direct:8.3f} s  (one batch; the wall-clock difference carries the race's "
           f"noise: {1e3 * (wall - t_direct) / a.shapes:+.1f} ms/shape)")

@@ -1,4 +1,4 @@
-"""Worker leasing: lease a turn-sized batch, heartbeat, post each result, release."""
+"""Worker leasing: lease a turn-sized batch, heartbeat, post each result (or several at once), release."""
 
 from __future__ import annotations
 
