@@ -37,6 +37,18 @@ class Spool:
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         if new:  # the journal's own directory entry on disk too (once)
             self._sync_dir()
+        self._adopt_files()
+
+    def _adopt_files(self) -> None:
+        """Results an older agent left as a file each ({"lease_id", "payload"}, before 7f50a22): into the journal,
+        then the files go; a torn one (a crash mid-write) had nothing to deliver."""
+        for path in sorted(self.root.glob("*.json")):
+            try:
+                d = json.loads(path.read_text())
+                self.put(d["lease_id"], d["payload"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            path.unlink(missing_ok=True)
 
     def _sync_dir(self) -> None:
         dfd = os.open(self.root, os.O_RDONLY)

@@ -47,3 +47,11 @@ def test_compaction_keeps_the_pending_and_a_twin_process_appends_to_the_new_jour
     s.put("lease-c", result(100))
     assert [p["shape_id"] for _, _, p in Spool(tmp_path).pending()] == [0, 99, 100]
     s.done(stuck)
+
+
+def test_results_an_older_agent_left_as_files_are_taken_into_the_journal(tmp_path):
+    (tmp_path / "00000000000000000001-aaaa.json").write_text('{"lease_id": "lease-a", "payload": {"shape_id": 7}}')
+    (tmp_path / "00000000000000000002-bbbb.json").write_text('{"lease_id": "lease-a", "payl')  # torn
+    s = Spool(tmp_path)
+    assert [(lid, p["shape_id"]) for _, lid, p in s.pending()] == [("lease-a", 7)]
+    assert not list(tmp_path.glob("*.json"))
