@@ -40,7 +40,7 @@ class Spool:
         self._adopt_files()
 
     def _adopt_files(self) -> None:
-        """Results an older agent left as a file each ({"lease_id", "payload"}, before 7f50a22): into the journal,
+        """Results an older agent left as a file each ({"lease_id", "payload"}, before e96d06b): into the journal,
         then the files go; a torn one (a crash mid-write) had nothing to deliver."""
         for path in sorted(self.root.glob("*.json")):
             try:
