@@ -10,6 +10,7 @@ import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 from fastapi import FastAPI, Response, routing
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
@@ -86,6 +87,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
                          favicon_url="/static/favicon.svg",
                          responses=responses.errors(400, 401, 403, 404, 409, 413, 422, 503))
     app.state.settings, app.state.db = settings, db
+    app.state.lease_limiter = (anyio.CapacityLimiter(settings.lease_threads)
+                               if settings.lease_threads > 0 and not db.is_sqlite else None)
     app.state.token_cache = TTLCache(settings.token_cache_s)
     errors.install(app, settings.retry_after_s, web.error_page)
     # the lease routes first: the fleet's requests match at the first routes tried

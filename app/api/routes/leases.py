@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, NamedTuple
+from collections.abc import Callable
+from typing import Annotated, Any, NamedTuple
+
+import anyio.to_thread
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel
@@ -29,11 +32,16 @@ class Fleet(NamedTuple):
     settings: Settings
     who: Principal
     caller: leasing.Caller = leasing.ANYONE
+    limiter: anyio.CapacityLimiter | None = None  # the lease routes' own threads (None: the shared pool)
+
+    async def run(self, work: Callable[[], Any]) -> Any:
+        """The route's database work, off the event loop (app.config lease_threads says on which threads)."""
+        return await anyio.to_thread.run_sync(work, limiter=self.limiter)
 
 
 async def _worker(request: Request) -> Fleet:
     state = request.app.state
-    return Fleet(state.db, state.settings, await authorize(request, WORKER))
+    return Fleet(state.db, state.settings, await authorize(request, WORKER), limiter=state.lease_limiter)
 
 
 async def _acting(request: Request, worker: Annotated[str | None, Header(
@@ -46,7 +54,7 @@ async def _acting(request: Request, worker: Annotated[str | None, Header(
     if who.role != "admin" and worker is None:
         raise Invalid(f"{WORKER_HEADER}: the id of the worker acting on the lease is required", WORKER_HEADER)
     return Fleet(state.db, state.settings, who, leasing.Caller(None if who.role == "admin" else who.token_id,
-                                                               worker, who.digests))
+                                                               worker, who.digests), state.lease_limiter)
 
 
 Worker = Annotated[Fleet, Depends(_worker)]
@@ -55,14 +63,17 @@ Acting = Annotated[Fleet, Depends(_acting)]
 
 @router.post("/v1/leases", response_model=LeaseOut,
              responses={204: {"description": f"no work for this identity; the {IDLE_HEADER} header says why"}})
-def lease(body: LeaseIn, f: Worker) -> LeaseOut | Response:
+async def lease(body: LeaseIn, f: Worker) -> LeaseOut | Response:
     f.who.check_digest(body.image_digest)
-    with f.db.plain() as p:
-        out = leasing.lease_batch(p, body, f.settings, f.who.token_id, bind_worker=f.who.role == "worker")
-    if out is None:
-        with f.db.session(write=False) as s:
-            return Response(status_code=204, headers={IDLE_HEADER: idle.idle_reason(s, body)})
-    return _json(out)
+
+    def work() -> Response:
+        with f.db.plain() as p:
+            out = leasing.lease_batch(p, body, f.settings, f.who.token_id, bind_worker=f.who.role == "worker")
+        if out is None:
+            with f.db.session(write=False) as s:
+                return Response(status_code=204, headers={IDLE_HEADER: idle.idle_reason(s, body)})
+        return _json(out)
+    return await f.run(work)
 
 
 # The lease routes answer with their model already built and serialized by pydantic (declared as
@@ -72,10 +83,11 @@ def _json(out: BaseModel) -> Response:
 
 
 @router.post("/v1/leases/{lease_id}/heartbeat", response_model=HeartbeatOut)
-def heartbeat(lease_id: LeaseId, f: Acting) -> Response:
-    with f.db.plain() as p:
-        out = leasing.heartbeat(p, lease_id, f.settings, f.caller)
-    return _json(out)
+async def heartbeat(lease_id: LeaseId, f: Acting) -> Response:
+    def work() -> HeartbeatOut:
+        with f.db.plain() as p:
+            return leasing.heartbeat(p, lease_id, f.settings, f.caller)
+    return _json(await f.run(work))
 
 
 def _take(lease_id: str, body: ResultIn, request: Request, f: Fleet) -> ResultOut:
@@ -92,27 +104,33 @@ def _take(lease_id: str, body: ResultIn, request: Request, f: Fleet) -> ResultOu
 
 
 @router.post("/v1/leases/{lease_id}/results", response_model=ResultOut)
-def post_result(lease_id: LeaseId, body: ResultIn, request: Request, f: Acting) -> Response:
-    return _json(_take(lease_id, body, request, f))
+async def post_result(lease_id: LeaseId, body: ResultIn, request: Request, f: Acting) -> Response:
+    return _json(await f.run(lambda: _take(lease_id, body, request, f)))
 
 
 @router.post("/v1/leases/{lease_id}/results/batch", response_model=ResultsOut)
-def post_results(lease_id: LeaseId, body: ResultsIn, request: Request, f: Acting) -> Response:
+async def post_results(lease_id: LeaseId, body: ResultsIn, request: Request, f: Acting) -> Response:
     """Several results, each taken (or refused) as its own post would be, answered in order: one request and
     one authentication for what a worker finished within a second."""
-    outcomes = []
-    for r in body.results:
-        try:
-            outcomes.append(ResultOutcome(shape_id=r.shape_id, status=200,
-                                          result=_take(lease_id, r, request, f)))
-        except DomainError as e:
-            outcomes.append(ResultOutcome(shape_id=r.shape_id, status=e.status, field=e.field, detail=e.detail))
-    return _json(ResultsOut(outcomes=outcomes))
+    def work() -> ResultsOut:
+        outcomes = []
+        for r in body.results:
+            try:
+                outcomes.append(ResultOutcome(shape_id=r.shape_id, status=200,
+                                              result=_take(lease_id, r, request, f)))
+            except DomainError as e:
+                outcomes.append(ResultOutcome(shape_id=r.shape_id, status=e.status, field=e.field,
+                                              detail=e.detail))
+        return ResultsOut(outcomes=outcomes)
+    return _json(await f.run(work))
 
 
 @router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
-def release(lease_id: LeaseId, f: Acting, body: ReleaseIn | None = None) -> Response:
+async def release(lease_id: LeaseId, f: Acting, body: ReleaseIn | None = None) -> Response:
     started = body.started if body is not None else []
-    with f.db.plain() as p:
-        n = leasing.release(p, lease_id, f.settings, f.caller, started)
+
+    def work() -> int:
+        with f.db.plain() as p:
+            return leasing.release(p, lease_id, f.settings, f.caller, started)
+    n = await f.run(work)
     return _json(ReleaseOut.model_construct(lease_id=lease_id, requeued=n))
