@@ -50,11 +50,11 @@ async def _acting(request: Request, worker: Annotated[str | None, Header(
                   ) -> Fleet:
     """A worker token acts only on leases it took, as the worker they were granted to (workers may share a
     token); an admin (or auth off) on any lease of its images, as any worker unless it names one."""
-    who, state = await authorize(request, WORKER), request.app.state
-    if who.role != "admin" and worker is None:
+    f = await _worker(request)
+    if f.who.role != "admin" and worker is None:
         raise Invalid(f"{WORKER_HEADER}: the id of the worker acting on the lease is required", WORKER_HEADER)
-    return Fleet(state.db, state.settings, who, leasing.Caller(None if who.role == "admin" else who.token_id,
-                                                               worker, who.digests), state.lease_limiter)
+    return f._replace(caller=leasing.Caller(None if f.who.role == "admin" else f.who.token_id, worker,
+                                            f.who.digests))
 
 
 Worker = Annotated[Fleet, Depends(_worker)]
