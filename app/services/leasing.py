@@ -312,13 +312,12 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     shape = found[0] if found else None
     if shape is None or shape.campaign_id != lease.campaign_id or (not late and not _row_facts(shape).held_by(lease.id)):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
-    camp = lease  # its row carries the campaign's family, image_digest, gfx and cu_num
     now = utcnow()
     if late and shape.state != ls.ShapeState.QUEUED.value:
-        return _superseded(p, camp, shape, lease, body, now, f"shape {body.shape_id} is {shape.state} now")
+        return _superseded(p, shape, lease, body, now, f"shape {body.shape_id} is {shape.state} now")
     try:
-        row = _check_row(p, camp, shape, body.row) if body.status == "ok" and body.row is not None else None
-        _check_timing(camp, shape, body)
+        row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
+        _check_timing(lease, shape, body)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if late:
             return Refused(e, shape.state)
@@ -326,14 +325,14 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         _write_facts(p, [(shape, f)], now)
         _finish_if_empty(p, lease)
         return Refused(e, f.state.value)
-    err_max = get_family(camp.family).err_max
+    err_max = get_family(lease.family).err_max
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
-        return _superseded(p, camp, shape, lease, body, now, "only a tuned result is still taken")
+        return _superseded(p, shape, lease, body, now, "only a tuned result is still taken")
     verified = kind is ls.ResultKind.VERIFIED
     if kind is ls.ResultKind.DEFAULT_BEST:
         row = None
-    result_id = _add_result(p, camp, shape, lease, body, now, row, verified,
+    result_id = _add_result(p, shape, lease, body, now, row, verified,
                             "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status)
     _COSTS.pop((p.key, lease.campaign_id, body.backend))
     if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
@@ -351,21 +350,21 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
 
 
-def _add_result(p: Plain, camp, shape, lease, body: ResultIn, now: datetime, row: dict | None, verified: bool,
+def _add_result(p: Plain, shape, lease, body: ResultIn, now: datetime, row: dict | None, verified: bool,
                 status: str) -> int:  # type: ignore[no-untyped-def]
     return p.rows("add_result", {
         "sid": shape.id, "lid": lease.id, "wid": lease.worker_id, "backend": body.backend,
-        "digest": camp.image_digest, "aiter_commit": body.aiter_commit, "status": status, "us": body.us,
+        "digest": lease.image_digest, "aiter_commit": body.aiter_commit, "status": status, "us": body.us,
         "err_ratio": body.err_ratio, "verified": verified, "kernel_name": body.kernel_name,
         "default_us": body.default_us, "row": p.to_doc(row), "candidates": p.to_doc([c.model_dump() for c in body.candidates]),
         "error": body.error, "elapsed_s": body.elapsed_s, "started_at": p.stamp(body.started_at),
         "finished_at": p.stamp(body.finished_at or now), "now": p.stamp(now)})[0][0]
 
 
-def _superseded(p: Plain, camp, shape, lease, body: ResultIn, now: datetime, why: str) -> Refused:  # type: ignore[no-untyped-def]
+def _superseded(p: Plain, shape, lease, body: ResultIn, now: datetime, why: str) -> Refused:  # type: ignore[no-untyped-def]
     """A late result the shape can no longer take (another lease has or tuned it, or it does not tune): kept as a
     record, never verified and no transition, so no finished measurement is lost; the worker still gets its 409."""
-    rid = _add_result(p, camp, shape, lease, body, now, body.row, False, SUPERSEDED)
+    rid = _add_result(p, shape, lease, body, now, body.row, False, SUPERSEDED)
     return Refused(Conflict(f"lease_id: lease {lease.id} expired and {why}; result {rid} kept as a record only",
                             "lease_id"), shape.state, SUPERSEDED)
 
