@@ -229,16 +229,16 @@ def release(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE
     return len(back)
 
 
-def _check_row(s: Session | Plain, camp, shape: CampaignShape, row: dict) -> dict[str, str]:
+def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> dict[str, str]:
     """The winner row must be in the image's schema and key exactly the leased shape."""
-    fam = get_family(camp.family)
-    schema = table_schemas.schema_for(s, camp.image_digest, camp.family)
+    fam = get_family(lease.family)
+    schema = table_schemas.schema_for(s, lease.image_digest, lease.family)
     cells = {k: "" if v is None else str(v) for k, v in row.items()}
     missing = [c for c in schema.header if c not in cells]
     if missing:
         raise Invalid(f"row.{missing[0]}: missing; the image's {fam.name} header is {','.join(schema.header)}",
                       f"row.{missing[0]}")
-    want = dict(shape.shape, gfx=camp.gfx, cu_num=str(camp.cu_num))
+    want = dict(shape.shape, gfx=lease.gfx, cu_num=str(lease.cu_num))
     for col in schema.key_columns:
         if col in want and runtime_value(col, cells[col]) != runtime_value(col, want[col]):
             raise Invalid(f"row.{col}: {cells[col]!r} does not match the leased shape's {want[col]!r}",
@@ -246,16 +246,16 @@ def _check_row(s: Session | Plain, camp, shape: CampaignShape, row: dict) -> dic
     return {c: cells[c] for c in schema.header}
 
 
-def _check_timing(camp, shape: CampaignShape, body: ResultIn) -> None:
+def _check_timing(lease, shape: CampaignShape, body: ResultIn) -> None:
     """A time below what the device can possibly do (peak matrix rate, operands at cache bandwidth) is not a
     measurement: refused, so it never becomes a winner nor lands in an overlay."""
-    fam = get_family(camp.family)
+    fam = get_family(lease.family)
     for field, us in (("us", body.us), ("default_us", body.default_us)):
         if us is not None and body.status != "failed":
-            floor = floor_us(fam, shape.shape, camp.gfx, camp.cu_num)
+            floor = floor_us(fam, shape.shape, lease.gfx, lease.cu_num)
             if us < floor:
                 raise Invalid(f"{field}: {us} us is below the roofline floor of {floor:.3g} us for this shape on "
-                              f"{camp.gfx} with {camp.cu_num} CUs", field)
+                              f"{lease.gfx} with {lease.cu_num} CUs", field)
 
 
 @dataclass
