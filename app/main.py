@@ -49,6 +49,21 @@ async def _sweep_forever(db: Database, settings: Settings) -> None:
             pass
 
 
+CHECKPOINT_EVERY_S = 1.0
+
+
+async def _checkpoint_forever(db: Database) -> None:
+    """SQLite's WAL checkpoints, off the requests (Database.checkpoint), on a thread of the shared pool."""
+    from sqlalchemy.exc import OperationalError
+
+    while True:
+        await asyncio.sleep(CHECKPOINT_EVERY_S)
+        try:
+            await anyio.to_thread.run_sync(db.checkpoint)
+        except OperationalError:  # busy: the next round copies what this one did not
+            pass
+
+
 def bootstrap_admin(db: Database, settings: Settings) -> None:
     """First start: an admin token from TUNER_ADMIN_TOKEN, or a generated one printed and saved (0600)."""
     path = Path(settings.admin_token_file)
@@ -71,15 +86,18 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     settings = settings or Settings()
     if run_migrations:
         migrate.upgrade(settings.database_url)
-    db = Database(settings.database_url, settings.sqlite_busy_ms)
+    db = Database(settings.database_url, settings.sqlite_busy_ms, background_checkpoints=True)
     if settings.auth:
         bootstrap_admin(db, settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # type: ignore[no-untyped-def]
-        sweeper = asyncio.create_task(_sweep_forever(db, settings))
+        tasks = [asyncio.create_task(_sweep_forever(db, settings))]
+        if db.is_sqlite:
+            tasks.append(asyncio.create_task(_checkpoint_forever(db)))
         yield
-        sweeper.cancel()
+        for t in tasks:
+            t.cancel()
         db.dispose()
 
     # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not a CDN: they work offline

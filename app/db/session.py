@@ -18,7 +18,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.dialect import Plain, db_key
 
 
-def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True) -> Engine:
+# With checkpoints in the background, a request's commit still checkpoints once the WAL holds this many pages
+# (~40 MB): a backstop, reached only if the background checkpointer stalls. SQLite's default is 1000.
+BACKSTOP_PAGES = 10_000
+
+
+def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True,
+                background_checkpoints: bool = False) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -35,6 +41,8 @@ def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True) ->
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={int(sqlite_busy_ms)}")
             cur.execute("PRAGMA foreign_keys=ON")
+            if background_checkpoints:  # see Database.checkpoint
+                cur.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -76,13 +84,17 @@ def _ping_when_idle(engine: Engine) -> None:
 
 
 class Database:
-    def __init__(self, url: str, sqlite_busy_ms: int = 5000):
+    def __init__(self, url: str, sqlite_busy_ms: int = 5000, background_checkpoints: bool = False):
+        """background_checkpoints (SQLite): requests do not checkpoint the WAL; the serving process calls
+        checkpoint() every second or so (app.main)."""
         self.url = url
-        self.engine = make_engine(url, sqlite_busy_ms)
+        self.engine = make_engine(url, sqlite_busy_ms, background_checkpoints=background_checkpoints)
         self.is_sqlite = url.startswith("sqlite")
         self.key = db_key(self.engine)
         # SQLite readers take no write lock (WAL lets them run beside the one writer)
-        self.read_engine = make_engine(url, sqlite_busy_ms, immediate=False) if self.is_sqlite else self.engine
+        self.read_engine = (make_engine(url, sqlite_busy_ms, immediate=False,
+                                        background_checkpoints=background_checkpoints)
+                            if self.is_sqlite else self.engine)
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
         self._read_factory = sessionmaker(self.read_engine, expire_on_commit=False)
         self._writer, self._busy_s = threading.RLock(), sqlite_busy_ms / 1000
@@ -130,6 +142,22 @@ class Database:
                 raise
             finally:
                 fairy.close()
+
+    def checkpoint(self) -> tuple[int, int]:
+        """SQLite: copy the WAL's committed pages into the database file, without waiting for or blocking
+        readers and writers (PASSIVE); returns (pages in the WAL, pages copied). By default the commit that
+        takes the WAL past 1,000 pages does this itself, with an fsync, while it holds the one write lock (and
+        every writer queued behind it waits): on the 2-core VM, moving it here took the 64-agent open loop's lease
+        p99 from 13.4-17.3 to 8.2-9.5 ms (4 rounds each). A commit never fsyncs in WAL mode with
+        synchronous=NORMAL, so no request waits on the disk."""
+        if not self.is_sqlite:
+            return 0, 0
+        fairy = self.read_engine.raw_connection()
+        try:
+            _busy, log, done = fairy.dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            return log, done
+        finally:
+            fairy.close()
 
     def dispose(self) -> None:
         self.engine.dispose()
