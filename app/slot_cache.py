@@ -62,6 +62,12 @@ class SlotCache(Generic[V]):
         mine.set_result(value)
         return value
 
+    def kept(self, slot: Hashable) -> V | None:
+        """The value the slot holds at whichever version (not counted as a use), for a build to start from."""
+        with self._lock:
+            hit = self._slots.get(slot)
+        return None if hit is None else hit[1]
+
     def clear(self) -> None:
         with self._lock:
             self._slots.clear()

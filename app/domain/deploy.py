@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from app.domain import engagement as eng
 from app.domain.families import AiterRelease, TableFamily
 from app.domain.keys import row_key
+from app.domain.row_memo import NO_MEMO, RowMemo
 from app.domain.tables import Table, aiter_merge, filled_rows, merge, union_header
 
 FORMS = ("layer", "merged", "model_configs_dropin")
@@ -26,6 +27,17 @@ class Shipped:
     model_configs: list[Table]  # in the order the image listed them (AITER globs in filesystem order)
     untuned_header: tuple[str, ...] | None  # aiter/configs/<untuned>.csv's header (the merge's dedup key)
     known: bool  # the worker reported the image's tables
+    # what each deploy form makes of these tables, kept while they are (row_memo): the next result's forms
+    # cost about the overlay's share
+    memo: RowMemo = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.memo = RowMemo(self.tables)
+
+    @property
+    def tables(self) -> list[Table]:
+        """The default (when the image has it), then the model_configs tables."""
+        return [t for t in [self.default, *self.model_configs] if t is not None]
 
 
 @dataclass
@@ -41,7 +53,7 @@ class Artifact:
 
 
 def resolve(release: AiterRelease, family: TableFamily, files: list[Table | None], names: list[str],
-            untuned_header: tuple[str, ...] | None, live_gfx: str, concat: bool = False
+            untuned_header: tuple[str, ...] | None, live_gfx: str, concat: bool = False, memo: RowMemo = NO_MEMO
             ) -> tuple[Table | None, str | None, list[str]]:
     """update_config_files over a path list: one path is read as is; more are merged (missing ones skipped,
     except a missing first path in 0.1.7). concat: the loader reads the paths itself, every row of every
@@ -56,7 +68,7 @@ def resolve(release: AiterRelease, family: TableFamily, files: list[Table | None
     present = [t for t in files if t is not None]
     if not present:
         return None, "FileNotFoundError: no existing config files", []
-    res = aiter_merge(release, family, untuned_header, present, live_gfx)
+    res = aiter_merge(release, family, untuned_header, present, live_gfx, memo)
     return res.table, res.error, res.rewritten
 
 
@@ -64,11 +76,11 @@ def merged_file(release: AiterRelease, family: TableFamily, shipped: Shipped, ov
                 ) -> Table:
     """The one-file form: the shipped tables and the overlay, unique merge keys, lowest us winning; for
     first-match families the overlay's rows go first so its row is the one found."""
-    tables = [t for t in [shipped.default, *shipped.model_configs] if t is not None]
+    tables = shipped.tables
     if not tables:
         return overlay
     order = [overlay, *tables] if family.overlay_first else [*tables, overlay]
-    t = merge(release, family, shipped.untuned_header or family.untuned_header, order, live_gfx)
+    t = merge(release, family, shipped.untuned_header or family.untuned_header, order, live_gfx, shipped.memo)
     t.name = f"merged_{overlay.name}"
     return t
 
@@ -79,7 +91,8 @@ def build(release: AiterRelease, family: TableFamily, form: str, shipped: Shippe
     mc_names = [t.name for t in shipped.model_configs]
     if form == "merged":
         t = merged_file(release, family, shipped, overlay, live_gfx)
-        bad = [(i, c) for i, r in enumerate(t.rows) for c in family.unfilled(r)]
+        bad = [(i, c) for i, cs in enumerate(shipped.memo.per_row(("unfilled", family.filled, family.filled_unless),
+                                                                   t.rows, family.unfilled)) for c in cs]
         if bad:
             i, c = bad[0]
             return Artifact(form, [t.name], t, f"row {i + 2} has an empty {c}; AITER would read it as NaN",
@@ -95,7 +108,7 @@ def build(release: AiterRelease, family: TableFamily, form: str, shipped: Shippe
         files = [shipped.default, *shipped.model_configs, overlay]
         names = [default_name, *mc_names, f"model_configs/{overlay.name}"]
     table, err, rewritten = resolve(release, family, files, names, shipped.untuned_header, live_gfx,
-                                    concat=family.env_concat and form == "layer")
+                                    concat=family.env_concat and form == "layer", memo=shipped.memo)
     if err is not None:
         return Artifact(form, names, None, f"AITER {release.name} raises at start: {err}", rewritten, overlay)
     return Artifact(form, names, table, overlay=overlay)
@@ -124,7 +137,7 @@ def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, over
         if a.table is not None and a.refused is None:
             try:
                 eng.lookup_index(family, eng.lookup_columns(family, key_columns),
-                                 eng.loaded_rows(family, a.table, live_gfx))
+                                 eng.loaded_rows(family, a.table, live_gfx), shipped.memo)
             except eng.LookupRaises as e:
                 a.refused = f"AITER's loader raises on the table it builds: {e}"
         out[form] = a
@@ -185,10 +198,12 @@ def without_shipped_keys(release: AiterRelease, family: TableFamily, shipped: Sh
                          live_gfx: str, keys: tuple[str, ...] | None = None) -> list[dict[str, str]]:
     """The overlay's rows whose merge key (or these key columns), cells filled as AITER fills them, no shipped
     table has."""
-    tables = [t for t in [shipped.default, *shipped.model_configs] if t is not None]
+    tables, memo = shipped.tables, shipped.memo
     if not tables:
         return list(overlay.rows)
     header = union_header([*tables, overlay])
     keys = keys or release.merge_key(shipped.untuned_header or family.untuned_header, header)
-    have = {row_key(keys, r) for t in tables for r in filled_rows(t, header, live_gfx)}
+    have = memo.value(("keys", header, keys, live_gfx), tuple(tables), lambda: {
+        k for t in tables for k in memo.per_row(("key", keys), filled_rows(t, header, live_gfx, memo),
+                                                 lambda r: row_key(keys, r))})
     return [r for r, f in zip(overlay.rows, filled_rows(overlay, header, live_gfx)) if row_key(keys, f) not in have]

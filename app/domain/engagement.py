@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from app.domain.families import TableFamily, gfx_from_cu_num
 from app.domain.keys import cpp_m_candidates, lookup_keys, row_key
+from app.domain.row_memo import NO_MEMO, RowMemo
 from app.domain.tables import Table
 
 
@@ -80,7 +81,8 @@ def loaded_rows(family: TableFamily, table: Table, live_gfx: str) -> list[dict[s
     if family.comment_prefix is not None and table.header:
         first, prefix = table.header[0], family.comment_prefix
         rows = [r for r in rows if not _written_as_comment(str(r.get(first, "")), prefix)]
-    rows = [r for r in rows if not any(str(r.get(c, "")) == v for c, v in family.dropped_rows)]
+    if family.dropped_rows:
+        rows = [r for r in rows if not any(str(r.get(c, "")) == v for c, v in family.dropped_rows)]
     if family.backfill_gfx:  # fused_moe.py _ensure_gfx_column: missing, 0, '' or nan
         rows = [r if str(r.get("gfx", "")) not in ("", "0", "nan", "None") else
                 dict(r, gfx=gfx_from_cu_num(r.get("cu_num", ""), live_gfx)) for r in rows]
@@ -111,24 +113,26 @@ def lookup_columns(family: TableFamily, key_columns: tuple[str, ...]) -> tuple[s
     return tuple(c for c in key_columns if c not in family.lookup_ignores)
 
 
-def lookup_index(family: TableFamily, key_columns: tuple[str, ...], rows: list[dict[str, str]]) -> dict:
+def lookup_index(family: TableFamily, key_columns: tuple[str, ...], rows: list[dict[str, str]],
+                 memo: RowMemo = NO_MEMO) -> dict:
+    """memo: each row's key (and whole row), kept for the rows it holds."""
     index: dict[tuple, dict[str, str]] = {}
+    ks = memo.per_row(("key", key_columns), rows, lambda r: row_key(key_columns, r))
     if family.duplicate_keys in ("raise", "raise_any"):
         # drop_duplicates() removes only rows identical in every cell, then set_index().to_dict('index')
-        # raises on a repeated key (tuned_gemm.py:87-101, gemm_op_a8w8.py:509-525); "raise_any" drops nothing
-        seen: set[tuple] = set()
-        for r in rows:
-            whole = tuple(sorted(r.items()))
-            if whole in seen and family.duplicate_keys == "raise":
-                continue
-            seen.add(whole)
-            k = row_key(key_columns, r)
-            if k in index:
+        # raises on a repeated key (tuned_gemm.py:87-101, gemm_op_a8w8.py:509-525); "raise_any" drops nothing.
+        # A row identical to an earlier one has its key, and the one row kept at that key is that earlier one.
+        drop = family.duplicate_keys == "raise"
+        for r, k in zip(rows, ks):
+            old = index.get(k)
+            if old is not None:
+                if drop and old == r:
+                    continue
                 raise LookupRaises(f"ValueError: DataFrame index must be unique (key {k} repeats)")
             index[k] = r
         return index
-    for r in rows:
-        index.setdefault(row_key(key_columns, r), r)
+    for r, k in zip(rows, ks):
+        index.setdefault(k, r)
     return index
 
 
@@ -147,9 +151,9 @@ class Lookup:
 
 
 def prepare(family: TableFamily, key_columns: tuple[str, ...], gfx: str, table: Table,
-            cpp_targets: tuple[tuple[str, int], ...]) -> Lookup:
+            cpp_targets: tuple[tuple[str, int], ...], memo: RowMemo = NO_MEMO) -> Lookup:
     """The table as AITER's lookup reads it on gfx; cpp_targets: the (gfx, cu_num) rows its compiled table is
-    built from (see check)."""
+    built from (see check). memo: what is made of each row it holds, kept (deploy.Shipped.memo)."""
     missing = [c for c in key_columns if c not in table.header and not (c == "gfx" and family.backfill_gfx)]
     if missing:  # AITER's set_index raises, or keys on something else: nothing in it engages
         return Lookup(key_columns, [], tried_on=key_columns, misses=(
@@ -164,10 +168,10 @@ def prepare(family: TableFamily, key_columns: tuple[str, ...], gfx: str, table: 
     if family.key_match == "wildcard":
         return Lookup(key_columns, rows)
     try:
-        index = lookup_index(family, key_columns, rows)
+        index = lookup_index(family, key_columns, rows, memo)
     except LookupRaises as e:
         return Lookup(key_columns, rows, raises=str(e))
-    return Lookup(key_columns, rows, index, _cpp_index(family, cpp_targets, rows),
+    return Lookup(key_columns, rows, index, _cpp_index(family, cpp_targets, rows, memo),
                   by_rest=_by_rest(family, key_columns, index))
 
 
@@ -265,19 +269,19 @@ def row_use(family: TableFamily, shape: dict[str, str], row: dict[str, str]) -> 
     return dict(family.libtype_use).get(str(row.get("libtype", "")), family.libtype_other)
 
 
-def _cpp_index(family: TableFamily, targets: tuple[tuple[str, int], ...], rows: list[dict[str, str]]
-               ) -> dict | None:
+def _cpp_index(family: TableFamily, targets: tuple[tuple[str, int], ...], rows: list[dict[str, str]],
+               memo: RowMemo = NO_MEMO) -> dict | None:
     """build_tune_dict: rows of the build targets (and the compiled libtype) only, a plain dict, so the last row
     of a key wins."""
     if family.cpp_key is None:
         return None
-    cols = ("gfx", "cu_num") if "gfx" in family.cpp_key else ("cu_num",)  # the build targets' rows only
+    cols, cpp_key = ("gfx", "cu_num") if "gfx" in family.cpp_key else ("cu_num",), family.cpp_key  # targets' rows
     wanted = {row_key(cols, {"gfx": g, "cu_num": str(c)}) for g, c in targets}
     index = {}
-    for r in rows:
-        if row_key(cols, r) not in wanted or (family.cpp_libtype and r.get("libtype") != family.cpp_libtype):
+    for r, at in zip(rows, memo.per_row(("key", cols), rows, lambda r: row_key(cols, r))):
+        if at not in wanted or (family.cpp_libtype and r.get("libtype") != family.cpp_libtype):
             continue
-        index[row_key(family.cpp_key, r)] = r
+        index[row_key(cpp_key, r)] = r
     return index
 
 

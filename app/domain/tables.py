@@ -7,11 +7,13 @@ import hashlib
 import io
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from app.domain.families import AiterRelease, TableFamily, gfx_from_cu_num
 from app.domain.headers import parse_header_line
 from app.domain.keys import row_key
+from app.domain.row_memo import NO_MEMO, RowMemo
 
 
 @dataclass
@@ -47,9 +49,12 @@ def read_table(text: str, name: str = "", comment: str | None = None) -> Table:
     return Table(header, rows, name, preamble)
 
 
-def rows_digest(table: Table) -> str:
-    """A digest of the table's header and rows, cell by cell (what a lookup on it can depend on)."""
-    return hashlib.blake2b(json.dumps([table.header, table.rows], default=str).encode(), digest_size=16).hexdigest()
+def rows_digest(table: Table, memo: RowMemo = NO_MEMO) -> str:
+    """A digest of the table's header and rows, cell by cell (what a lookup on it can depend on): the bytes of
+    json.dumps([header, rows]), each row's part kept in memo."""
+    rows = ", ".join(memo.per_row("json", table.rows, lambda r: json.dumps(r, default=str)))
+    text = f"[{json.dumps(table.header, default=str)}, [{rows}]]"
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def render_csv(header: tuple[str, ...], rows: list[dict[str, str]]) -> str:
@@ -82,9 +87,14 @@ def union_header(tables: list[Table]) -> tuple[str, ...]:
 _FILL = {"xbf16": "0", "run_1stage": "0", "ksplit": "0"}
 
 
-def filled_rows(t: Table, header: tuple[str, ...], live_gfx: str) -> list[dict[str, str]]:
+def filled_rows(t: Table, header: tuple[str, ...], live_gfx: str, memo: RowMemo = NO_MEMO
+                ) -> list[dict[str, str]]:
     """A table's rows in the merged header, cells it lacks filled as AITER fills them: gfx from cu_num
     (gfx_from_cu_num), every other column 0 (core.py:297-308); _tag NaN reads as '' (:315-317)."""
+    return memo.rows(("filled", header, live_gfx), (t,), lambda: _filled(t, header, live_gfx))
+
+
+def _filled(t: Table, header: tuple[str, ...], live_gfx: str) -> list[dict[str, str]]:
     out = []
     for r in t.rows:
         row = {}
@@ -122,25 +132,37 @@ def _dtype(cells: list[str]) -> str:
     return kind
 
 
-def as_pandas_writes(files: list[list[dict[str, str]]], header: tuple[str, ...]) -> list[list[dict[str, str]]]:
+def as_pandas_writes(files: list[list[dict[str, str]]], header: tuple[str, ...], memo: RowMemo = NO_MEMO
+                     ) -> list[list[dict[str, str]]]:
     """Each file's rows as AITER's merge writes them (read_csv, concat, to_csv: core.py:280-400): NA cells blank,
     integers re-printed, and a column that is float in one file (a blank in an integer column) and numeric in
-    all is float everywhere: 128 -> 128.0. A loader that int()s cells (TableFamily.loader_ints) fails on them."""
+    all is float everywhere: 128 -> 128.0. A loader that int()s cells (TableFamily.loader_ints) fails on them.
+    memo: each file's column dtypes and written rows, kept for the files it holds."""
     live = [rows for rows in files if rows]  # empty frames stay out of the concat
-    out = [[dict(r) for r in rows] for rows in files]
-    for col in header:
-        kinds = [_dtype([r[col] for r in rows]) for rows in live]
-        merged_float = "float" in kinds and "object" not in kinds
-        for rows, kind in zip([o for o in out if o], kinds):
-            as_float = kind == "float" or (merged_float and kind == "int")
-            for r in rows:
-                c = r[col]
-                if c in _NA:
-                    r[col] = ""
-                elif as_float:
-                    r[col] = repr(float(c))
-                elif kind == "int" and not (c.isascii() and c.isdecimal() and (c[0] != "0" or len(c) == 1)):
-                    r[col] = str(int(c))  # a sign, a leading zero or a non-ASCII digit: pandas prints it plainly
+    kinds = [[memo.value(("dtype", col), (rows,), lambda rows=rows, col=col: _dtype([r[col] for r in rows]))
+              for col in header] for rows in live]
+    merged_float = [all(k[j] != "object" for k in kinds) and any(k[j] == "float" for k in kinds)
+                    for j in range(len(header))]
+    written = []
+    for rows, ks in zip(live, kinds):
+        plan = tuple((col, k, k == "float" or (mf and k == "int")) for col, k, mf in zip(header, ks, merged_float))
+        written.append(memo.rows(("written", plan), (rows,), lambda rows=rows, plan=plan: _written(rows, plan)))
+    out = iter(written)
+    return [next(out) if rows else [] for rows in files]
+
+
+def _written(rows: list[dict[str, str]], plan: tuple[tuple[str, str, bool], ...]) -> list[dict[str, str]]:
+    """One file's rows as written; plan: (column, its dtype in this file, written as float) per column."""
+    out = [dict(r) for r in rows]
+    for col, kind, as_float in plan:
+        for r in out:
+            c = r[col]
+            if c in _NA:
+                r[col] = ""
+            elif as_float:
+                r[col] = repr(float(c))
+            elif kind == "int" and not (c.isascii() and c.isdecimal() and (c[0] != "0" or len(c) == 1)):
+                r[col] = str(int(c))  # a sign, a leading zero or a non-ASCII digit: pandas prints it plainly
     return out
 
 
@@ -152,8 +174,11 @@ class MergeResult:
 
 
 def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str, ...] | None,
-                tables: list[Table], live_gfx: str) -> MergeResult:
-    """What the release's update_config_files makes of these existing files, in path order."""
+                tables: list[Table], live_gfx: str, memo: RowMemo = NO_MEMO) -> MergeResult:
+    """What the release's update_config_files makes of these existing files, in path order (core.py:266-401):
+    the files' rows filled and concatenated; a key repeated across them (the untuned header + cu_num, gfx,
+    _tag: :320-338) raises after rewriting each file that lost a row to the globally lowest us per key
+    (a stable sort by us, :340-377). memo: what is made of the files it holds, kept (row_memo)."""
     lead = next((t for t in tables if t.preamble), None)
     if lead is not None:  # pd.read_csv(path) (core.py:280) takes the first comment line for the header
         return MergeResult(None, f"pandas reads {lead.name}'s first line {lead.preamble[0][:60]!r} as its header: "
@@ -165,40 +190,42 @@ def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tupl
         for t in tables[1:]:
             if t.header != header:
                 return MergeResult(None, f"AssertionError: Column mismatch between {tables[0].name} and {t.name}")
-    written = as_pandas_writes([filled_rows(t, header, live_gfx) for t in tables], header)
-    rows = [(t.name, r) for t, rs in zip(tables, written) for r in rs]
+    written = as_pandas_writes([filled_rows(t, header, live_gfx, memo) for t in tables], header, memo)
+    rows = [r for rs in written for r in rs]
     if untuned_header is None:  # no untuned sibling: AITER logs a warning and dedups nothing
-        return MergeResult(Table(header, [r for _, r in rows], "merged"))
+        return MergeResult(Table(header, rows, "merged"))
     keys = release.merge_key(untuned_header, header)
-    if release.merge_on_duplicate == "lowest_us":
+    ks = [k for rs in written for k in memo.per_row(("key", keys), rs, lambda r: row_key(keys, r))]
+    if release.merge_on_duplicate == "lowest_us":  # sorted by us (stable), the first row of each key kept
+        us = [u for rs in written for u in memo.per_row("us", rs, _us)]
         best: dict[tuple, dict[str, str]] = {}
-        for _, r in sorted(rows, key=lambda x: _us(x[1])):
-            best.setdefault(row_key(keys, r), r)
+        for i in sorted(range(len(rows)), key=us.__getitem__):
+            best.setdefault(ks[i], rows[i])
         return MergeResult(Table(header, list(best.values()), "merged"))
-    seen: dict[tuple, int] = {}
-    for _, r in rows:
-        k = row_key(keys, r)
-        seen[k] = seen.get(k, 0) + 1
-    dups = [(name, r) for name, r in rows if seen[row_key(keys, r)] > 1]
+    seen = Counter(ks)
+    dups = [i for i, k in enumerate(ks) if seen[k] > 1]
     if not dups:
-        return MergeResult(Table(header, [r for _, r in rows], "merged"))
+        return MergeResult(Table(header, rows, "merged"))
     if "us" not in header:
         return MergeResult(None, f"RuntimeError: Found {len(dups)} duplicate shape entries during merge of "
                                  f"'{family.merge_name}'. No 'us' column")
+    name = [t.name for t, rs in zip(tables, written) for _ in rs]  # each row's file
+    # the first row of each key in a stable sort by us: the lowest (us, position); a key's only row is its own
     best_of: dict[tuple, int] = {}
-    for i, (_, r) in sorted(enumerate(rows), key=lambda x: _us(x[1][1])):
-        best_of.setdefault(row_key(keys, r), i)
-    winners = set(best_of.values())
-    losers = sorted({rows[i][0] for i in range(len(rows)) if i not in winners})
-    first = row_key(keys, dups[0][1])
-    where = sorted({name for name, r in dups if row_key(keys, r) == first})
+    for i in dups:
+        j = best_of.get(ks[i])
+        if j is None or _us(rows[i]) < _us(rows[j]):
+            best_of[ks[i]] = i
+    losers = sorted({name[i] for i in dups if best_of[ks[i]] != i})
+    first = ks[dups[0]]
+    where = sorted({name[i] for i in dups if ks[i] == first})
     return MergeResult(None, f"RuntimeError: Found {len(dups)} duplicate shape entries during merge of "
-                             f"'{family.merge_name}', first {','.join(f'{k}={dups[0][1][k]}' for k in keys)} in "
+                             f"'{family.merge_name}', first {','.join(f'{k}={rows[dups[0]][k]}' for k in keys)} in "
                              f"{' and '.join(where)}; AITER rewrote {', '.join(losers)} in place first", losers)
 
 
 def merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str, ...], tables: list[Table],
-          live_gfx: str) -> Table:
+          live_gfx: str, memo: RowMemo = NO_MEMO) -> Table:
     """One table with unique merge keys, filled as AITER fills a merge. AITER's rule: lowest us wins, ties to
     the earlier file; rows keep the position of the first row of their key."""
     header = union_header(tables)
@@ -206,8 +233,8 @@ def merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str,
     best: dict[tuple, tuple[int, dict[str, str]]] = {}
     order = 0
     for t in tables:
-        for full in filled_rows(t, header, live_gfx):
-            k = row_key(keys, full)
+        filled = filled_rows(t, header, live_gfx, memo)
+        for full, k in zip(filled, memo.per_row(("key", keys), filled, lambda r: row_key(keys, r))):
             old = best.get(k)
             if old is None:
                 best[k] = (order, full)

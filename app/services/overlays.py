@@ -35,6 +35,7 @@ class Overlay:
     table: Table
     shipped: Shipped
     live_gfx: str
+    tables: Hashable = None  # the version of what shipped was read from (_tables_version): kept while it holds
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
 
@@ -56,7 +57,8 @@ class Overlay:
 
     def digest(self, form: str) -> str:
         """rows_digest of the table AITER reads for form (empty where it builds none)."""
-        return self.memo(("digest", form), lambda: rows_digest(self.artifacts()[form].table or Table(())))
+        return self.memo(("digest", form), lambda: rows_digest(self.artifacts()[form].table or Table(()),
+                                                               self.shipped.memo))
 
     def lookup(self, form: str, gfx: str, cpp_targets: tuple[tuple[str, int], ...]) -> eng.Lookup:
         """eng.prepare of the table AITER reads for form, looked up on gfx (the compiled table built for
@@ -64,7 +66,8 @@ class Overlay:
         def make() -> eng.Lookup:
             art = self.artifacts()[form]
             return eng.prepare(self.family, self.schema.key_columns, gfx,
-                               art.table if art.table is not None else Table(self.table.header), cpp_targets)
+                               art.table if art.table is not None else Table(self.table.header), cpp_targets,
+                               self.shipped.memo)
         return self.memo(("lookup", form, gfx, cpp_targets), make)
 
     def weight_kb(self) -> int:
@@ -128,13 +131,18 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
     release = release_of(s, digest)
     schema = schema_for(s, digest, fam.name)
     gfx = gfx or live_gfx(s, digest, fam.name)
-    version = (release.name, schema, _inputs(s, digest, fam.name))  # read before what it versions
+    inputs = _inputs(s, digest, fam.name)
+    version = (release.name, schema, inputs)  # read before what it versions
+    slot = (Plain.of(s).key, digest, fam.name, gfx)
 
     def make() -> Overlay:
         table = Table(schema.header, best_rows(s, digest, fam.name, schema), overlay_filename(fam, digest))
-        return Overlay(release.family(fam.name), release, schema, table, shipped_for(s, digest, fam.name, release),
-                       gfx)
-    return _BUILT.get((Plain.of(s).key, digest, fam.name, gfx), version, make)
+        tables = (release.name, inputs[0])  # what shipped_for reads: a new result leaves it, and what is
+        old = _BUILT.kept(slot)             # made of it (Shipped.memo), as it was
+        shipped = old.shipped if old is not None and old.tables == tables else shipped_for(s, digest, fam.name,
+                                                                                              release)
+        return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables)
+    return _BUILT.get(slot, version, make)
 
 
 def deployable(s: Session, digest: str, family: str, merged: bool = False, exclude_shipped: bool = False,

@@ -88,3 +88,50 @@ def test_each_database_has_its_own(tmp_path):
             return rows(c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)
     one, two = overlay("one.db", 5.0), overlay("two.db", 7.0)
     assert [r["us"] for r in one] != [r["us"] for r in two]
+
+
+def test_a_new_result_builds_on_the_kept_shipped_tables_a_changed_table_does_not(client):
+    """The next result's overlay keeps the image's parsed tables and what is made of them (deploy.Shipped.memo),
+    and equals one built from scratch; a table reported again is read again."""
+    fam = "a8w8_blockscale_gemm"
+    default, ds_v3 = (CONFIGS / "a8w8_blockscale_tuned_gemm.csv").read_text(), (CONFIGS / DS_V3).read_text()
+    ship(client, {"a8w8_blockscale_tuned_gemm.csv": default, DS_V3: ds_v3})
+    shipped = rows(default)[0]  # a shape the image ships a row for: our result repeats its key
+    capture(client, [{c: shipped[c] for c in ("M", "N", "K")}, {"M": 4097, "N": 7168, "K": 2048}],
+            family=fam, gfx=shipped["gfx"], cu_num=int(shipped["cu_num"]))
+    db = client.app.state.db
+
+    def built(scratch: bool = False) -> overlays.Overlay:
+        if scratch:
+            overlays._BUILT.clear()
+        with db.session(write=False) as s:
+            ov = overlays.build(s, DIGEST, fam)
+            for form in ("layer", "merged", "model_configs_dropin"):  # made while the session is open
+                ov.digest(form)
+            return ov
+
+    def tune(us: float) -> None:
+        body = lease(client, max_shapes=1, gfx=shipped["gfx"], cu_num=int(shipped["cu_num"])).json()
+        item = body["shapes"][0]
+        r = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(
+            body, item, plausible_us(body, item, us), kernelId=1, libtype="ck", errRatio=0.0, kernelName="k_ck"))
+        assert r.status_code == 200 and r.json()["verified"], r.text
+
+    def same(ov: overlays.Overlay, scratch: overlays.Overlay) -> None:
+        assert ov.artifacts() == scratch.artifacts()
+        assert [ov.digest(f) for f in ov.artifacts()] == [scratch.digest(f) for f in scratch.artifacts()]
+
+    first = built()
+    for _ in range(2):
+        tune(1.0)
+        ov = built()
+        assert ov is not first and ov.shipped is first.shipped  # rebuilt on the kept tables
+        fresh = built(scratch=True)
+        assert fresh.shipped is not ov.shipped
+        same(ov, fresh)
+        first = fresh
+    assert any(a.excluded_shipped for a in ov.artifacts().values())  # our row for a shipped key was in it
+    ship(client, {DS_V3: "".join(ds_v3.splitlines(keepends=True)[:-1])})  # reported again, one row less
+    ov = built()
+    assert ov.shipped is not first.shipped
+    same(ov, built(scratch=True))
