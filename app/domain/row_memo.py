@@ -33,21 +33,15 @@ class RowMemo:
     def value(self, what: Hashable, of: tuple[object, ...], make: Callable[[], V]) -> V:
         """make(), kept under (what, of) when the memo holds every object in `of`; `what` names everything
         else make reads."""
-        held = self._held
-        if not all(id(o) in held for o in of):
-            return make()
-        key = (what, tuple(map(id, of)))
-        got = self._values.get(key, _NONE)
-        if got is _NONE:
-            made = make()
-            with self._lock:  # two makers at once: both take the first one kept
-                got = self._values.setdefault(key, made)
-        return got  # type: ignore[return-value]
+        return self._kept(what, of, make, False)
 
     def rows(self, what: Hashable, of: tuple[object, ...], make: Callable[[], list[dict[str, str]]]
              ) -> list[dict[str, str]]:
         """value() for a list of rows: the kept list and its rows are held too, so what is derived from them
         is kept in turn."""
+        return self._kept(what, of, make, True)
+
+    def _kept(self, what: Hashable, of: tuple[object, ...], make: Callable[[], Any], hold: bool) -> Any:
         held = self._held
         if not all(id(o) in held for o in of):
             return make()
@@ -55,14 +49,13 @@ class RowMemo:
         got = self._values.get(key, _NONE)
         if got is _NONE:
             made = make()
-            with self._lock:
-                got = self._values.get(key, _NONE)
-                if got is _NONE:
-                    got = self._values[key] = made
+            with self._lock:  # two makers at once: both take the first one kept (only it is held)
+                got = self._values.setdefault(key, made)
+                if hold and got is made:
                     held[id(made)] = made
                     for r in made:
                         held[id(r)] = r
-        return got  # type: ignore[return-value]
+        return got
 
     def per_row(self, what: Hashable, rows: list[dict[str, str]], f: Callable[[dict[str, str]], V]) -> list[V]:
         """[f(r) for r in rows], kept for each row the memo holds; `what` names everything else f reads."""
