@@ -18,6 +18,7 @@ STATES = tuple(st.value for st in ShapeState)
 # what a listed shape shows: plain rows, not ORM objects
 _LISTED = tuple(getattr(CampaignShape, c) for c in ("id", "shape", "calls", "flops", "steps", "default_measured",
                                                      "default_us", "priority", "state", "attempts", "last_error"))
+_SHOWN = tuple(c for c in _LISTED if c.key != "shape")  # the rest of what it shows: a shape never changes
 
 
 class StateCounts(NamedTuple):
@@ -120,6 +121,14 @@ def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after
                     "default_us": r.default_us if r else None, "backend": r.backend if r else None,
                     "gpu_s": r.elapsed_s if r else None})
     return out, nxt
+
+
+def listed_version(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after: str | None = None
+                   ) -> tuple[list[tuple], str | None]:
+    """What the same page of shapes() shows, read without the shapes (they never change) or their results: a
+    result counts a try on its shape (app/domain/lease_states.py result), so its row moves with each one."""
+    rows, nxt = pages.keyset(s, select(*_SHOWN).where(CampaignShape.campaign_id == campaign_id), limit, after)
+    return [tuple(x) for x in rows], nxt
 
 
 def workers(s: Session, stale_s: float) -> list[dict]:

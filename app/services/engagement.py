@@ -103,15 +103,26 @@ def _every_or_page(s: Session, db: Database | None, campaign_id: int, page: list
     if counts is None:
         counts = campaigns.shape_counts(s, campaign_id).get(campaign_id, {})
     shapes = shapes_version(counts)
-    every = db is None or shapes[0] <= page_totals.INLINE_MAX
+    every = _inline(db, shapes)
     v = verdicts(s, campaign_id, merged, table_csv, form, only=None if every else page)
     proof = latest_proof(s, v.camp.id, v.used)
     if every:
         return v, proof, page_totals.Shown(_totals(v, proof), None, None), shapes[0]
-    what = v.used if table_csv is None else "supplied:" + hashlib.sha256(table_csv.encode()).hexdigest()
     assert db is not None
-    return v, proof, page_totals.TOTALS.get(db, (v.camp.id, what), _version(v, shapes, proof), _count(
-        v.camp.id, v.used if table_csv is None else None, table_csv)), shapes[0]
+    return v, proof, _counted(db, v, shapes, proof, table_csv), shapes[0]
+
+
+def _inline(db: Database | None, shapes: tuple) -> bool:
+    """The totals are counted within the request: a small campaign (shapes: shapes_version), or no database."""
+    return db is None or shapes[0] <= page_totals.INLINE_MAX
+
+
+def _counted(db: Database, v: Verdicts, shapes: tuple, proof: EngagementProof | None,
+             table_csv: str | None = None) -> page_totals.Shown:
+    """A large campaign's totals over every shape, as page_totals.TOTALS keeps them for v's slot."""
+    what = v.used if table_csv is None else "supplied:" + hashlib.sha256(table_csv.encode()).hexdigest()
+    return page_totals.TOTALS.get(db, (v.camp.id, what), _version(v, shapes, proof), _count(
+        v.camp.id, v.used if table_csv is None else None, table_csv))
 
 
 def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: str | None = None,
@@ -226,6 +237,31 @@ def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database 
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
                 "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,
                 "hits": sum(1 for h in proved.values() if h), "disagreements": t["disagreements"]}}, shown.start
+
+
+class PageVersion(NamedTuple):
+    """What page_summary shows, known without checking a shape (page_version)."""
+    version: tuple  # the form and everything that decides the verdicts and the totals (_version)
+    totals: dict | None  # a large campaign's totals as shown (None: counting, or a small campaign's: from version)
+    stale_s: float | None  # the shown totals are of an older version, counted that long ago
+    start: Callable[[], None] | None  # starts a due count of the totals (page_summary's)
+
+
+def page_version(s: Session, db: Database | None, campaign_id: int,
+                 counts: dict[str, campaigns.StateCounts]) -> PageVersion:
+    """What page_summary shows, read without checking a shape (the campaign page's tag, app/web/routes.py): a
+    listed shape's verdict follows from the rules and the shape itself, the proof's from the proof; a small
+    campaign's totals from the rules, its shapes and the proof; a large one's are page_totals' count as shown.
+    counts: the campaign's campaigns.shape_counts."""
+    shapes = shapes_version(counts)
+    v = verdicts(s, campaign_id, only=[])
+    proof = latest_proof(s, campaign_id, v.used)
+    version = (v.used, _version(v, shapes, proof))
+    if _inline(db, shapes):
+        return PageVersion(version, None, None, None)
+    assert db is not None
+    shown = _counted(db, v, shapes, proof)
+    return PageVersion(version, shown.totals, shown.stale_s, shown.start)
 
 
 def _kernel(row: dict | None) -> str | None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
@@ -37,20 +39,47 @@ def _fmt_s(v: float | None) -> str:
     return f"{v / 3600:.1f} h" if v >= 3600 else (f"{v / 60:.1f} min" if v >= 60 else f"{v:.1f} s")
 
 
+def _ago(v: float | None) -> str:
+    """An age as a live page shows it: in whole minutes, so its tag (which has this text) moves once a minute."""
+    m = int((v or 0) // 60)
+    return "under a minute ago" if m < 1 else (f"{m} min ago" if m < 60 else f"{m // 60} h ago")
+
+
 templates.env.filters["dur"] = _fmt_s
+templates.env.filters["ago"] = _ago
 templates.env.filters["processor"] = processor  # gfx -> "GPU" or "CPU": the word for a worker's time there
 for _name in templates.env.list_templates():  # compiled at start, not on the first view (~40 ms)
     templates.env.get_template(_name)  # base.html too: the pages extend it, and it compiles when first rendered
 
 
-def _page(request: Request, name: str, ctx: dict) -> Response:
-    """The page, tagged with a hash of itself: the live refresh (static/live.js) sends the tag back and gets a
-    bodiless 304 until something on the page changed."""
+def _tag(data: bytes) -> str:
+    return '"' + hashlib.blake2b(data, digest_size=12).hexdigest() + '"'
+
+
+def _shown_tag(request: Request, shows: object) -> str:
+    """A page's tag from what it shows, before it is rendered: its query (partial, after) and shows, the page's
+    inputs (the template is a function of them alone: nothing of the clock but what shows holds)."""
+    return _tag(json.dumps([request.url.path, str(request.query_params), shows], sort_keys=True,
+                           default=str).encode())
+
+
+def _unchanged(request: Request, tag: str, start: Callable[[], None] | None = None) -> Response | None:
+    """The live refresh (static/live.js) sends the tag back: a bodiless 304 while the page is the same; start:
+    what a view starts after it is sent (a due count of the totals)."""
+    if request.headers.get("if-none-match") != tag:
+        return None
+    return Response(status_code=304, headers={"ETag": tag}, background=BackgroundTask(start) if start else None)
+
+
+def _page(request: Request, name: str, ctx: dict, tag: str | None = None) -> Response:
+    """The page with its tag: the caller's (_shown_tag, having answered a 304 from it already), else a hash of
+    the rendered page."""
     partial = request.query_params.get("partial") == "1"
     page = templates.TemplateResponse(request, name, {**ctx, "partial": partial})
-    tag = '"' + hashlib.blake2b(page.body, digest_size=12).hexdigest() + '"'
-    if request.headers.get("if-none-match") == tag:
-        return Response(status_code=304, headers={"ETag": tag})
+    if tag is None:
+        tag = _tag(page.body)
+        if (same := _unchanged(request, tag)) is not None:
+            return same
     page.headers["ETag"] = tag
     return page
 
@@ -66,7 +95,9 @@ def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> R
                                                     "aiter_commit": c["aiter_commit"],
                                                     "claimed": claims.get(c["image_digest"], []), "campaigns": []})
         img["campaigns"].append(c)
-    return _page(request, "index.html", {"images": list(images.values())})
+    shown = list(images.values())
+    tag = _shown_tag(request, shown)  # the page is these, rendered
+    return _unchanged(request, tag) or _page(request, "index.html", {"images": shown}, tag)
 
 
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
@@ -74,25 +105,48 @@ def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: Se
                   after: str | None = None) -> Response:
     with db.session(write=False) as s:
         who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
-        ctx, start_count = _campaign(s, db, settings, campaign_id, after)
-    page = _page(request, "campaign.html", ctx)
+        head = _campaign_head(s, db, settings, campaign_id, after)
+        tag = _shown_tag(request, head.shows())
+        if (same := _unchanged(request, tag, head.verdict.start)) is not None:
+            return same  # nothing listed is checked, nothing rendered
+        ctx, start_count = _campaign(s, db, head, campaign_id, after)
+    page = _page(request, "campaign.html", ctx, tag)
     if start_count is not None:  # after the page is sent
         page.background = BackgroundTask(start_count)
     return page
 
 
-def _campaign(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None = None
-              ) -> tuple[dict, Callable[[], None] | None]:
-    """The campaign page's context, and what starts a due count of its totals."""
+class _Head(NamedTuple):
+    """What the campaign page shows, read before its shapes' verdicts are checked or it is rendered."""
+    counts: dict[int, dict[str, campaigns.StateCounts]]
+    summary: dict
+    checks: list[dict]  # the newest verifications
+    listed: tuple  # campaigns.listed_version
+    verdict: engagement.PageVersion
+
+    def shows(self) -> list:
+        v = self.verdict  # a stale count's age as the page words it: the clock moves the tag once a minute
+        return [self.summary, self.checks, self.listed, v.version, v.totals, v.stale_s is not None and _ago(v.stale_s)]
+
+
+def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None) -> _Head:
     counts = campaigns.shape_counts(s, campaign_id)  # one pass: the summary's and the totals' version's
     summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id, counts)
+    return _Head(counts, summary, verifications.listing(s, summary["image_digest"], summary["family"])[:3],
+                 campaigns.listed_version(s, campaign_id, after=after),
+                 engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})))
+
+
+def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: str | None = None
+              ) -> tuple[dict, Callable[[], None] | None]:
+    """The campaign page's context, and what starts a due count of its totals."""
+    summary = head.summary
     shapes, nxt = campaigns.shapes(s, campaign_id, after=after)
     fam = get_family(summary["family"])
     name = overlays.overlay_filename(fam, summary["image_digest"])
-    checks = verifications.listing(s, summary["image_digest"], fam.name)[:3]
     # only the listed shapes are checked: the totals over every shape are counted off the request
-    verdict, start_count = engagement.page_summary(s, campaign_id, shapes, db, counts.get(campaign_id, {}))
-    return {"verifications": checks, "verdict": verdict, "c": summary, "shapes": shapes, "next": nxt,
+    verdict, start_count = engagement.page_summary(s, campaign_id, shapes, db, head.counts.get(campaign_id, {}))
+    return {"verifications": head.checks, "verdict": verdict, "c": summary, "shapes": shapes, "next": nxt,
             "family": fam, "overlay_name": name, "env_line": f"{fam.env_var}=/overlays/{name}",
             "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
             "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"}, start_count
@@ -109,7 +163,7 @@ def warm_pages(db: Database, settings: Settings, n: int = WARM_PAGES) -> None:
     try:
         with db.session(write=False) as s:
             for cid in s.scalars(select(Campaign.id).order_by(Campaign.id.desc()).limit(n)).all():
-                _campaign(s, db, settings, cid)
+                _campaign(s, db, _campaign_head(s, db, settings, cid, None), cid)
     except Exception as e:  # a busy or closing database: the first views pay instead
         log.warning("warming the campaign pages failed: %s", e)
 
