@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,20 +36,33 @@ class Overlay:
     table: Table
     shipped: Shipped
     live_gfx: str
-    tables: Hashable = None  # the version of what shipped was read from (_tables_version): kept while it holds
+    tables: Hashable = None  # (release, the image's tables by id, path, kind, sha256) shipped was read at: the
+                             # next build of the slot keeps shipped (and its memo) while they are the same
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    _lock: Any = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
+    _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def csv(self) -> str:
         """The overlay file (made once: a merged file of a big image's tables is ~40k rows)."""
         return self.memo("csv", lambda: render_csv(self.table.header, self.table.rows))
 
     def memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """make(), once per key for this overlay (concurrent askers wait for the first)."""
+        """make(), once per key for this overlay: concurrent askers of a key wait for the first, askers of
+        another key do not (one form's lookup is not held up by another's). A make that raises is not kept."""
         with self._lock:
-            if key not in self._memo:
-                self._memo[key] = make()
-            return self._memo[key]
+            kept: Future | None = self._memo.get(key)
+            mine = kept is None
+            if kept is None:
+                kept = self._memo[key] = Future()
+        if not mine:
+            return kept.result()  # the first asker's value, or its exception
+        try:
+            kept.set_result(make())
+        except BaseException as e:
+            with self._lock:
+                del self._memo[key]
+            kept.set_exception(e)
+            raise
+        return kept.result()
 
     def artifacts(self) -> dict[str, deploy.Artifact]:
         """What AITER builds from each deploy form (seconds for big shipped tables): made once per overlay."""
@@ -102,12 +116,14 @@ def live_gfx(s: Session, digest: str, family: str) -> str:
 
 
 # Overlays as built, per process: for an image with big shipped tables (a blockscale image: 39k rows) building
-# one with its artifacts takes seconds, and every engagement view, deploy plan and campaign page reads one. Kept
-# per (database, image, family, serving gfx), rebuilt when what determines it changes (_inputs); the least
-# recently used go first past MAX_MB. ROW_KB: that blockscale image's overlay held 128 MB with every form built,
-# its lookups and digests, 0.82 kB per row counted by weight_kb (benchmarks/overlay_build.py).
+# one from scratch takes seconds, and every engagement view, deploy plan and campaign page reads one. Kept per
+# (database, image, family, serving gfx), rebuilt when what determines it changes (_inputs): a new result's build
+# starts from the slot's kept Shipped (its parsed tables and what is made of each row: deploy.Shipped.memo), so it
+# costs about the overlay's share (0.3-0.5 s for that image against 9-11 s from scratch); the least recently used
+# go first past MAX_MB. ROW_KB: that image held 148 MB after a rebuild with every form built, its lookups and
+# digests and the kept memo, 0.95 kB per row counted by weight_kb (benchmarks/overlay_build.py, 2026-12-03).
 MAX_MB = 512
-ROW_KB = 0.85
+ROW_KB = 0.95
 _BUILT: SlotCache[Overlay] = SlotCache(MAX_MB * 1000, Overlay.weight_kb)
 
 
@@ -137,10 +153,11 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
 
     def make() -> Overlay:
         table = Table(schema.header, best_rows(s, digest, fam.name, schema), overlay_filename(fam, digest))
-        tables = (release.name, inputs[0])  # what shipped_for reads: a new result leaves it, and what is
-        old = _BUILT.kept(slot)             # made of it (Shipped.memo), as it was
-        shipped = old.shipped if old is not None and old.tables == tables else shipped_for(s, digest, fam.name,
-                                                                                              release)
+        # a new result leaves what shipped_for reads as it was: the slot's last build keeps it, with what is
+        # made of it (Shipped.memo)
+        tables, old = (release.name, inputs[0]), _BUILT.kept(slot)
+        shipped = (old.shipped if old is not None and old.tables == tables
+                   else shipped_for(s, digest, fam.name, release))
         return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables)
     return _BUILT.get(slot, version, make)
 

@@ -5,6 +5,8 @@ out would hand a later one an earlier one's lookup."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.domain import engagement as eng
 from app.domain.deploy import Shipped
 from app.domain.families import CURRENT
@@ -63,3 +65,39 @@ def test_each_lookup_gfx_has_its_own_lookup():
     on_942, on_950 = verdicts(ov, [("layer", "gfx942", 100, targets), ("layer", "gfx950", 100, targets)], shapes)
     assert on_942[0][0] and on_950[0][0]
     assert on_942[0][1]["gfx"] == "gfx942" and on_950[0][1]["gfx"] == "gfx950"
+
+
+def test_one_key_being_made_holds_up_its_own_askers_only():
+    """Overlay.memo: single-flight per key; a lookup of one form does not wait while another form's is made."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    fam = CURRENT.family("bf16_gemm")
+    ov = Overlay(fam, CURRENT, tuned_schema(fam, fam.tuned_header), Table(fam.tuned_header, [], "svc.csv"),
+                 Shipped(None, [], None, False), "gfx942")
+    started, release, made = threading.Event(), threading.Event(), []
+
+    def slow() -> object:
+        made.append(1)
+        started.set()
+        assert release.wait(10)
+        return object()
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(ov.memo, "slow", slow)
+        assert started.wait(10)
+        second = pool.submit(ov.memo, "slow", slow)  # waits for the first asker's value
+        other = pool.submit(ov.memo, "other", lambda: "quick")
+        assert other.result(timeout=5) == "quick"  # while "slow" is still being made
+        assert not first.done() and not second.done()
+        release.set()
+        assert first.result(timeout=10) is second.result(timeout=10) and made == [1]
+
+    tries: list[int] = []
+
+    def boom() -> object:
+        tries.append(1)
+        raise ValueError("no")
+    for _ in range(2):  # a make that raised is not kept: the next asker makes it again
+        with pytest.raises(ValueError):
+            ov.memo("boom", boom)
+    assert len(tries) == 2
