@@ -1,28 +1,32 @@
 """The views that read what AITER builds from an image's deployed tables (issue #15 item 5), in process: the
 engagement report, the deploy plan and the campaign page of an image shipping big tables, first view (the
 overlay and its artifacts built) against a repeat (kept: app/services/overlays.py), and after a new result
-(built again). Not a test: it prints figures.
+(built again, on the shipped tables kept from the build before). Not a test: it prints figures.
 
     python benchmarks/overlay_build.py [--family a8w8_blockscale_gemm] [--configs DIR] [--shapes 200] [--repeat 5]
+                                       [--before REF]
 
 --configs: an aiter/configs folder (default ../shared/aiter-configs beside the checkout, else
 TUNER_AITER_CONFIGS, else the test fixtures, whose big tables are cut short). Every table of the family there is
 reported as the image's; --shapes shapes are captured (under page_totals.INLINE_MAX, so each view counts every
-shape within the request) and half of them tuned.
+shape within the request) and half of them tuned; then --repeat times per view a new result and the view.
+--before REF: the same on a checkout of REF (git worktree), in a process of its own, in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("OVERLAY_BUILD_ROOT") or Path(__file__).resolve().parents[1])  # --before: REF's
 sys.path.insert(0, str(ROOT))
 
 from fastapi.testclient import TestClient  # noqa: E402
@@ -63,13 +67,7 @@ def tune(c: TestClient, n: int, fam: str) -> None:
             n -= 1
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--family", default="a8w8_blockscale_gemm")
-    p.add_argument("--configs")
-    p.add_argument("--shapes", type=int, default=200)
-    p.add_argument("--repeat", type=int, default=5)
-    a = p.parse_args()
+def measure(a: argparse.Namespace) -> dict:
     fam = get_family(a.family)
     conf = configs_dir(a.configs)
     files = [f for f in [conf / fam.tuned_file, conf / fam.untuned_file,
@@ -95,27 +93,71 @@ def main() -> None:
             overlays._BUILT.clear()
             first = timed(c, path)
             again = [timed(c, path) for _ in range(a.repeat)]
-            out[name] = (first, (statistics.median(x[0] for x in again), statistics.median(x[1] for x in again)))
-        tune(c, 1, fam.name)  # a new result: the next view builds again
-        builds = overlays._BUILT.builds
-        moved = timed(c, views["engagement"])
-        assert overlays._BUILT.builds == builds + 1
+            out[name] = {"first": first, "repeat": (statistics.median(x[0] for x in again),
+                                                    statistics.median(x[1] for x in again))}
+        for name, path in views.items():  # a new result before each: the view builds again
+            moved = []
+            for _ in range(a.repeat):
+                tune(c, 1, fam.name)
+                builds = overlays._BUILT.builds
+                moved.append(timed(c, path))
+                assert overlays._BUILT.builds == builds + 1
+            out[name]["moved"] = (statistics.median(x[0] for x in moved), statistics.median(x[1] for x in moved))
         overlays._BUILT.clear()
         tracemalloc.start()
         timed(c, views["engagement"])
+        tune(c, 1, fam.name)
+        timed(c, views["engagement"])  # what is held after a rebuild: the kept tables and the new overlay
         held = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         weighed = overlays._BUILT.weight
-    print(f"{fam.name}: {len(tables)} tables reported ({rows} tuned rows) from {conf}; {a.shapes} shapes, "
-          f"{a.shapes // 2 + 1} tuned; machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}")
-    for name, ((fw, fc), (rw, rc)) in out.items():
-        print(f"{name:>14}: first view {fw:7.0f} ms ({fc:7.0f} ms CPU)  repeat {rw:6.1f} ms ({rc:6.1f} ms CPU)  "
-              f"{fw / rw:6.0f}x")
-    print(f"{'new result':>14}: engagement {moved[0]:7.0f} ms (built again)")
-    print(f"{'kept':>14}: {held / 1e6:.0f} MB for this image's overlay with its artifacts, lookups and digests "
-          f"(tracemalloc, {held / max(rows, 1) / 1e3:.1f} kB per shipped row); weighed as {weighed / 1e3:.0f} MB "
-          f"of overlays.MAX_MB={overlays.MAX_MB}")
+    return {"views": out, "held": held, "weighed": weighed, "rows": rows, "tables": len(tables), "conf": str(conf)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--family", default="a8w8_blockscale_gemm")
+    p.add_argument("--configs")
+    p.add_argument("--shapes", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--before", help="a git ref to measure the same way in the same run")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # --before's child: figures as JSON
+    a = p.parse_args()
+    if a.json:
+        print(json.dumps(measure(a)))
+        return
+    runs = {}
+    if a.before:
+        tmp = Path(tempfile.mkdtemp()) / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp), a.before], check=True,
+                       capture_output=True)
+        try:
+            args = [sys.executable, __file__, "--json", "--family", a.family, "--shapes", str(a.shapes),
+                    "--repeat", str(a.repeat), "--configs", str(configs_dir(a.configs))]
+            out = subprocess.run(args, env={**os.environ, "OVERLAY_BUILD_ROOT": str(tmp)}, check=True,
+                                 capture_output=True, text=True).stdout
+            runs[f"before ({a.before})"] = json.loads(out.splitlines()[-1])
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp)])
+    runs["now"] = now = measure(a)
+    print(f"{a.family}: {now['tables']} tables reported ({now['rows']} tuned rows) from {now['conf']}; {a.shapes} "
+          f"shapes, {a.shapes // 2} tuned, then a result before each 'after a new result' view; machine: "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}")
+    for run, m in runs.items():
+        print(run)
+        for name, v in m["views"].items():
+            (fw, fc), (rw, rc), (mw, mc) = v["first"], v["repeat"], v["moved"]
+            print(f"{name:>14}: first view {fw:7.0f} ms ({fc:7.0f} ms CPU)  repeat {rw:6.1f} ms ({rc:6.1f} ms CPU)  "
+                  f"after a new result {mw:6.0f} ms ({mc:6.0f} ms CPU)")
+        print(f"{'kept':>14}: {m['held'] / 1e6:.0f} MB for this image's overlay with its artifacts, lookups and "
+              f"digests, after one rebuild (tracemalloc, {m['held'] / max(m['rows'], 1) / 1e3:.1f} kB per shipped "
+              f"row); weighed as {m['weighed'] / 1e3:.0f} MB of overlays.MAX_MB={overlays.MAX_MB}")
+    if a.before:
+        then = list(runs.values())[0]
+        for name, v in now["views"].items():
+            b = then["views"][name]
+            print(f"{name}: after a new result {b['moved'][1] / v['moved'][1]:.1f}x less CPU; first view "
+                  f"{b['first'][1] / v['first'][1]:.1f}x, repeat {b['repeat'][1] / v['repeat'][1]:.1f}x")
 
 
 if __name__ == "__main__":
