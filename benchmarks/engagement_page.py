@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.overlay_build import configs_dir  # noqa: E402
 from benchmarks.service_load import AUTH, DIGEST, csv_capture, fresh_db, post_csv, start_pg, timed_get  # noqa: E402
+from benchmarks.worktree import checkout  # noqa: E402
 from tests.conftest import start_server  # noqa: E402
 
 TABLE = ("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,err_ratio,"
@@ -108,16 +109,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     runs = {}
     try:
-        if a.before:
-            old = tmp / "before"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.before], check=True,
-                           capture_output=True)
-            runs[f"before ({a.before})"] = measure(old, fresh_db(kind, pg, tmp, "before", upgrade=False), tmp,
-                                               "before", a.shapes, a.ship)
-        runs["now"] = measure(ROOT, fresh_db(kind, pg, tmp, "now"), tmp, "now", a.shapes, a.ship)
+        with checkout(a.before, tmp) as old:
+            if old:
+                runs[f"before ({a.before})"] = measure(old, fresh_db(kind, pg, tmp, "before", upgrade=False), tmp,
+                                                   "before", a.shapes, a.ship)
+            runs["now"] = measure(ROOT, fresh_db(kind, pg, tmp, "now"), tmp, "now", a.shapes, a.ship)
     finally:
-        if a.before:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")])
         if stop:
             subprocess.run(stop, stdout=subprocess.DEVNULL)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -45,6 +45,7 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.worktree import checkout  # noqa: E402
 from tests.conftest import ADMIN, DIGEST, free_port, start_server  # noqa: E402
 
 IDENT = {"image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304}
@@ -522,46 +523,41 @@ def open_rounds(kind: str, pg_url: str | None, a: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp())
     env = {"TUNER_LEASE_TTL_S": "600", "TUNER_MAX_CAPTURE_SHAPES": str(a.shapes),
            "TUNER_MAX_CAMPAIGN_SHAPES": str(4 * a.shapes)}
-    roots = [("service", ROOT)]
-    if a.before:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / "before"), a.before],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        roots.append((f"@{a.before}"[:9], tmp / "before"))
-    servers = []
-    try:
-        for name, root in roots:
-            srv = start_server(fresh_db(kind, pg_url, tmp, name.strip("@")), tmp / f"{len(servers)}.log", env,
-                               cwd=root)
-            servers.append((name, srv))
-            post_csv(srv.url, csv_capture(a.shapes, 1))
-        raw_url = fresh_db(kind, pg_url, tmp, "raw")
-        raw_ingest(raw_url, csv_capture(a.shapes, 1))
-        if pg_url:
-            import psycopg
-            for u in [raw_url] + [srv.db_url for _, srv in servers]:
-                with psycopg.connect(u, autocommit=True) as conn:
-                    conn.execute("ANALYZE")
-        raw = start_raw(raw_url)
-        servers.append(("raw", raw))
-        print(f"{kind}, {a.agents} agents x 1 lease/s, {a.open_s:.0f} s a round, {a.shapes} queued; per "
-              "lease+release: server CPU ms, database CPU ms", flush=True)
-        for k in range(a.open_rounds):
-            for name, srv in servers[-1:] + servers[:-1]:
-                pid, t = srv.proc.pid, Target(srv.url, name == "raw")
-                c0, d0, t0 = cpu_s(pid), db_cpu_s(pg_url), time.strftime("%H:%M:%S")
-                lease, rel, err, _ = open_loop(t, a.agents, a.open_s)
-                n = a.agents * (a.open_s + 2)  # leases in the round, warm-up included
-                print(f"  {t0} round {k + 1} {name:9s} lease p50/p99 {pct(lease, .5):5.1f} / {pct(lease, .99):5.1f} "
-                      f"ms  release p99 {pct(rel, .99):5.1f} ms  server {(cpu_s(pid) - c0) / n * 1e3:.2f}  db "
-                      f"{(db_cpu_s(pg_url) - d0) / n * 1e3:.2f}  failed {err}  load {os.getloadavg()[0]:.2f}",
-                      flush=True)
-    finally:
-        for _, p in servers:
-            p.proc.terminate()
-            p.proc.wait()
-        if a.before:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")])
-        shutil.rmtree(tmp, ignore_errors=True)
+    with checkout(a.before, tmp) as old:
+        roots = [("service", ROOT)] + ([(f"@{a.before}"[:9], old)] if old else [])
+        servers = []
+        try:
+            for name, root in roots:
+                srv = start_server(fresh_db(kind, pg_url, tmp, name.strip("@")), tmp / f"{len(servers)}.log", env,
+                                   cwd=root)
+                servers.append((name, srv))
+                post_csv(srv.url, csv_capture(a.shapes, 1))
+            raw_url = fresh_db(kind, pg_url, tmp, "raw")
+            raw_ingest(raw_url, csv_capture(a.shapes, 1))
+            if pg_url:
+                import psycopg
+                for u in [raw_url] + [srv.db_url for _, srv in servers]:
+                    with psycopg.connect(u, autocommit=True) as conn:
+                        conn.execute("ANALYZE")
+            raw = start_raw(raw_url)
+            servers.append(("raw", raw))
+            print(f"{kind}, {a.agents} agents x 1 lease/s, {a.open_s:.0f} s a round, {a.shapes} queued; per "
+                  "lease+release: server CPU ms, database CPU ms", flush=True)
+            for k in range(a.open_rounds):
+                for name, srv in servers[-1:] + servers[:-1]:
+                    pid, t = srv.proc.pid, Target(srv.url, name == "raw")
+                    c0, d0, t0 = cpu_s(pid), db_cpu_s(pg_url), time.strftime("%H:%M:%S")
+                    lease, rel, err, _ = open_loop(t, a.agents, a.open_s)
+                    n = a.agents * (a.open_s + 2)  # leases in the round, warm-up included
+                    print(f"  {t0} round {k + 1} {name:9s} lease p50/p99 {pct(lease, .5):5.1f} / "
+                          f"{pct(lease, .99):5.1f} ms  release p99 {pct(rel, .99):5.1f} ms  server {(cpu_s(pid) - c0) / n * 1e3:.2f}  db "
+                          f"{(db_cpu_s(pg_url) - d0) / n * 1e3:.2f}  failed {err}  load {os.getloadavg()[0]:.2f}",
+                          flush=True)
+        finally:
+            for _, p in servers:
+                p.proc.terminate()
+                p.proc.wait()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def start_pg() -> tuple[str, list[str]]:
