@@ -126,19 +126,16 @@ def main() -> None:
     if a.json:
         print(json.dumps(measure(a)))
         return
+    from benchmarks.worktree import checkout  # not at the top: a --before child's path has REF's tree first
+
     runs = {}
-    if a.before:
-        tmp = Path(tempfile.mkdtemp()) / "before"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp), a.before], check=True,
-                       capture_output=True)
-        try:
+    with checkout(a.before, Path(tempfile.mkdtemp())) as old:
+        if old:
             args = [sys.executable, __file__, "--json", "--family", a.family, "--shapes", str(a.shapes),
                     "--repeat", str(a.repeat), "--configs", str(configs_dir(a.configs))]
-            out = subprocess.run(args, env={**os.environ, "OVERLAY_BUILD_ROOT": str(tmp)}, check=True,
+            out = subprocess.run(args, env={**os.environ, "OVERLAY_BUILD_ROOT": str(old)}, check=True,
                                  capture_output=True, text=True).stdout
             runs[f"before ({a.before})"] = json.loads(out.splitlines()[-1])
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp)])
     runs["now"] = now = measure(a)
     print(f"{a.family}: {now['tables']} tables reported ({now['rows']} tuned rows) from {now['conf']}; {a.shapes} "
           f"shapes, {a.shapes // 2} tuned, then a result before each 'after a new result' view; machine: "
