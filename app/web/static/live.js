@@ -1,5 +1,6 @@
 // Refresh the #live part of the page every few seconds without a full reload (no build step, no library).
-// The server tags each page with a hash of it (ETag): sent back, an unchanged page costs a bodiless 304.
+// The server tags each page (ETag) from what it shows (app/web/routes.py): sent back, an unchanged page costs a
+// bodiless 304, which the campaign page answers without rendering or checking its shapes.
 (function () {
   const live = document.getElementById("live");
   if (!live) return;
