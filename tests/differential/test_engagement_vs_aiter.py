@@ -439,3 +439,61 @@ def test_gdn_comment_lines_are_read_as_aiter_reads_them(name, text, merged, tmp_
     assert [(m.row or {}).get("BV") for m in mine if m.hit] == [str(c["BV"]) for h, c in theirs if h]
     RESULTS.append(("gdn_k5_opt", f"comments:{name}", f"{gfx}/{cu}", True, "current", len(shapes),
                     f"hits {sum(m.hit for m in mine)}", "disagree 0"))
+
+
+@pytest.mark.parametrize("us_of_ours", ["same", "lower"])
+def test_the_files_aiter_rewrites_on_a_repeated_key_are_the_ones_the_service_names(us_of_ours, tmp_path):
+    """update_config_files keeps, per repeated key, the first row of a stable sort by us (core.py:340-346) and
+    rewrites each file that lost a row before raising (:348-366): on a tie the earlier path's row stays (ours,
+    listed last, is rewritten); a lower us of ours takes the shipped file's row."""
+    current = next((r for r in RELEASES if r[0] == "current"), None)
+    if current is None:
+        pytest.skip("AITER's sources not found: the current release's")
+    family = get_family("bf16_gemm")
+    src = aiter_tree_with(family.aiter_lookup.split(":")[0])
+    root = sandbox(tmp_path, CONFIGS, family, CURRENT)
+    shipped = shipped_of(root, family, CURRENT)
+    row = shipped.default.rows[0]
+    gfx, cu = row["gfx"], int(row["cu_num"])
+    us = row["us"] if us_of_ours == "same" else str(float(row["us"]) / 2)
+    overlay = Table(shipped.default.header, [dict(row, us=us, kernelName="ours")], "svc_0123456789ab_" +
+                    family.tuned_file)
+    art = deploy.build(CURRENT, family, "layer", shipped, overlay, gfx)
+    (root / "overlays").mkdir()
+    (root / "overlays" / overlay.name).write_text(render_csv(overlay.header, overlay.rows))
+    cfg = root / "aiter" / "configs"
+    env = ":".join(str(root / "overlays" / n) if n == overlay.name else str(cfg / n) for n in art.files)
+    out = ax.run(src, src / "csrc", "current", root, family, env, ax.Identity(gfx, cu, True),
+                 [{c: row[c] for c in family.shape_columns}])
+    assert out.error and art.refused, (out.error, art.refused)
+    mine = sorted(Path(n).name for n in art.rewritten)
+    assert sorted(Path(p).name for p in out.rewritten) == mine
+    assert mine == ([overlay.name] if us_of_ours == "same" else [family.tuned_file])
+
+
+@pytest.mark.parametrize("second", ["identical", "other_us"])
+def test_a_row_repeated_in_the_one_deployed_file_is_dropped_or_raises_as_aiter_does(second, tmp_path):
+    """tuned_gemm.py:87-101: drop_duplicates() drops a row identical in every cell to an earlier one, then
+    set_index(...).to_dict('index') raises on a key still repeated (engagement.lookup_index)."""
+    current = next((r for r in RELEASES if r[0] == "current"), None)
+    if current is None:
+        pytest.skip("AITER's sources not found: the current release's")
+    family = get_family("bf16_gemm")
+    src = aiter_tree_with(family.aiter_lookup.split(":")[0])
+    root = sandbox(tmp_path, CONFIGS, family, CURRENT)
+    default = read_table((root / "aiter" / "configs" / family.tuned_file).read_text(), family.tuned_file)
+    row = default.rows[0]
+    again = dict(row) if second == "identical" else dict(row, us=str(float(row["us"]) * 2))
+    table = Table(default.header, [row, *default.rows[1:4], again], "one.csv")
+    deployed = root / "overlays" / table.name
+    deployed.parent.mkdir()
+    deployed.write_text(render_csv(table.header, table.rows))
+    gfx, cu = row["gfx"], int(row["cu_num"])
+    shapes = [{c: r[c] for c in family.shape_columns} for r in table.rows]
+    out = ax.run(src, src / "csrc", "current", root, family, str(deployed), ax.Identity(gfx, cu, True), shapes)
+    lk = eng.prepare(family, family.key_columns, gfx, table, ((gfx, cu),))
+    assert bool(lk.raises) == bool(out.error or out.lookup_error), (lk.raises, out.error, out.lookup_error)
+    assert bool(lk.raises) == (second == "other_us")
+    if lk.raises is None:
+        mine = eng.check(family, family.key_columns, gfx, cu, shapes, table, prepared=lk)
+        assert [m.hit for m in mine] == [h for h, _ in out.verdicts] == [True] * len(shapes)
