@@ -441,17 +441,20 @@ def test_gdn_comment_lines_are_read_as_aiter_reads_them(name, text, merged, tmp_
                     f"hits {sum(m.hit for m in mine)}", "disagree 0"))
 
 
+def current_tree(name: str, tmp_path: Path) -> tuple:
+    """(family, AITER's current sources with its lookup, a sandboxed aiter tree of its configs), else skip."""
+    if not any(r[0] == "current" for r in RELEASES):
+        pytest.skip("AITER's sources not found: the current release's")
+    family = get_family(name)
+    return family, aiter_tree_with(family.aiter_lookup.split(":")[0]), sandbox(tmp_path, CONFIGS, family, CURRENT)
+
+
 @pytest.mark.parametrize("us_of_ours", ["same", "lower"])
 def test_the_files_aiter_rewrites_on_a_repeated_key_are_the_ones_the_service_names(us_of_ours, tmp_path):
     """update_config_files keeps, per repeated key, the first row of a stable sort by us (core.py:340-346) and
     rewrites each file that lost a row before raising (:348-366): on a tie the earlier path's row stays (ours,
     listed last, is rewritten); a lower us of ours takes the shipped file's row."""
-    current = next((r for r in RELEASES if r[0] == "current"), None)
-    if current is None:
-        pytest.skip("AITER's sources not found: the current release's")
-    family = get_family("bf16_gemm")
-    src = aiter_tree_with(family.aiter_lookup.split(":")[0])
-    root = sandbox(tmp_path, CONFIGS, family, CURRENT)
+    family, src, root = current_tree("bf16_gemm", tmp_path)
     shipped = shipped_of(root, family, CURRENT)
     row = shipped.default.rows[0]
     gfx, cu = row["gfx"], int(row["cu_num"])
@@ -475,12 +478,7 @@ def test_the_files_aiter_rewrites_on_a_repeated_key_are_the_ones_the_service_nam
 def test_a_row_repeated_in_the_one_deployed_file_is_dropped_or_raises_as_aiter_does(second, tmp_path):
     """tuned_gemm.py:87-101: drop_duplicates() drops a row identical in every cell to an earlier one, then
     set_index(...).to_dict('index') raises on a key still repeated (engagement.lookup_index)."""
-    current = next((r for r in RELEASES if r[0] == "current"), None)
-    if current is None:
-        pytest.skip("AITER's sources not found: the current release's")
-    family = get_family("bf16_gemm")
-    src = aiter_tree_with(family.aiter_lookup.split(":")[0])
-    root = sandbox(tmp_path, CONFIGS, family, CURRENT)
+    family, src, root = current_tree("bf16_gemm", tmp_path)
     default = read_table((root / "aiter" / "configs" / family.tuned_file).read_text(), family.tuned_file)
     row = default.rows[0]
     again = dict(row) if second == "identical" else dict(row, us=str(float(row["us"]) * 2))
