@@ -381,6 +381,28 @@ def fresh_db(kind: str, pg_url: str | None, tmp: Path, name: str, upgrade: bool 
     return url
 
 
+def drop_db(kind: str, pg_url: str | None, url: str) -> None:
+    """A database the run no longer needs (the raw ingest's): gone before the timed leases, so autovacuum does not
+    visit it while they run (it did, in the service's open loop, on PostgreSQL)."""
+    if kind == "sqlite":
+        for suffix in ("", "-wal", "-shm"):
+            Path(url.split("///", 1)[1] + suffix).unlink(missing_ok=True)
+        return
+    import psycopg
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
+def settle(urls: list[str]) -> None:
+    """PostgreSQL after bulk loads: VACUUM ANALYZE, what autovacuum does within a minute of them (planner
+    statistics; the visibility map, for index-only scans), done before the timed phases rather than during
+    them, for the service's databases and the raw baseline's alike."""
+    import psycopg
+    for u in urls:
+        with psycopg.connect(u, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+
+
 def post_csv(base: str, text: str) -> tuple[float, dict]:
     t0 = time.perf_counter()
     r = httpx.post(base + "/v1/captures", content=text.encode(), timeout=600,
@@ -405,11 +427,11 @@ def median_get(base: str, path: str, n: int = 3, **kw) -> tuple[float, httpx.Res
 
 
 def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple]) -> None:
-    if kind == "postgresql":
-        import psycopg
     tmp = Path(tempfile.mkdtemp())
     big = csv_capture(a.shapes, 100)
-    raw_before = raw_ingest(fresh_db(kind, pg_url, tmp, "rawingest"), big)
+    raw_db = fresh_db(kind, pg_url, tmp, "rawingest")
+    raw_before = raw_ingest(raw_db, big)
+    drop_db(kind, pg_url, raw_db)
     env = {"TUNER_LEASE_TTL_S": "600", "TUNER_MAX_CAPTURE_SHAPES": str(max(a.shapes, a.queue)),
            "TUNER_MAX_CAMPAIGN_SHAPES": str(4 * max(a.shapes, a.queue))}
     small = start_server(fresh_db(kind, pg_url, tmp, "small"), tmp / "small.log", env)
@@ -420,7 +442,9 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
         post_csv(large.url, csv_capture(2000, 1))
         t_svc, out = post_csv(large.url, big)
         # the raw baseline just before and just after, the faster one counts (the machine's load drifts)
-        t_raw = min(raw_before, raw_ingest(fresh_db(kind, pg_url, tmp, "rawingest2"), big))
+        raw_db = fresh_db(kind, pg_url, tmp, "rawingest2")
+        t_raw = min(raw_before, raw_ingest(raw_db, big))
+        drop_db(kind, pg_url, raw_db)
         cid = out["campaign_id"]
         # the first view lists its shapes' verdicts and starts the count of the totals after it is sent; the
         # warm views are timed once the totals landed (the count would share the server's cores with them)
@@ -443,10 +467,8 @@ def bench(kind: str, pg_url: str | None, a: argparse.Namespace, rows: list[tuple
         raw_ingest(raw_small, csv_capture(2000, 1))
         for text in (csv_capture(2000, 1), big) + ((csv_capture(fill, 100 + a.shapes // 4096 + 2),) if fill > 0 else ()):
             raw_ingest(raw_large, text)
-        if kind == "postgresql":  # planner statistics after the bulk loads, as autovacuum would within a minute
-            for u in (small.db_url, large.db_url, raw_small, raw_large):
-                with psycopg.connect(u, autocommit=True) as conn:
-                    conn.execute("ANALYZE")
+        if kind == "postgresql":
+            settle([small.db_url, large.db_url, raw_small, raw_large])
         raws = [start_raw(raw_small), start_raw(raw_large)]
         (p50_2k, cpu_2k), (p50_200k, cpu_200k), (raw_p50_2k, raw_cpu_2k), (raw_p50_200k, raw_cpu_200k) = alternate(
             [(Target(small.url, False), small.proc.pid), (Target(large.url, False), large.proc.pid),
@@ -535,10 +557,7 @@ def open_rounds(kind: str, pg_url: str | None, a: argparse.Namespace) -> None:
             raw_url = fresh_db(kind, pg_url, tmp, "raw")
             raw_ingest(raw_url, csv_capture(a.shapes, 1))
             if pg_url:
-                import psycopg
-                for u in [raw_url] + [srv.db_url for _, srv in servers]:
-                    with psycopg.connect(u, autocommit=True) as conn:
-                        conn.execute("ANALYZE")
+                settle([raw_url] + [srv.db_url for _, srv in servers])
             raw = start_raw(raw_url)
             servers.append(("raw", raw))
             print(f"{kind}, {a.agents} agents x 1 lease/s, {a.open_s:.0f} s a round, {a.shapes} queued; per "
