@@ -9,6 +9,7 @@ from collections import namedtuple
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
+from typing import NamedTuple
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
@@ -149,14 +150,21 @@ _SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", ") + ["campaign_id",
 _CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num top")
 
 
+class Sent(NamedTuple):
+    """One statement of a Plain.batch: its rows (None for a write) and how many rows it changed."""
+    rows: list | None  # type: ignore[type-arg]
+    count: int
+
+
 class Plain:
-    """PLAIN_SQL on a driver connection inside a transaction someone else opened (Database.plain, or a session's
-    own, Plain.of), with the value conversions SQLAlchemy's column types would do: SQLite keeps UTC datetimes as
+    """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
+    opens itself, or a session's own, Plain.of), with the value conversions SQLAlchemy's column types would do: SQLite keeps UTC datetimes as
     'YYYY-MM-DD HH:MM:SS.ffffff' text and JSON as text, PostgreSQL's driver converts both itself."""
 
-    def __init__(self, dbapi, pg: bool, key: str):  # type: ignore[no-untyped-def]
-        """key: names the database, for per-database caches."""
-        self.dbapi, self.pg, self.key, self._sql = dbapi, pg, key, _RENDERED[pg]
+    def __init__(self, dbapi, pg: bool, key: str, begin: bool = False):  # type: ignore[no-untyped-def]
+        """key: names the database, for per-database caches. begin (PostgreSQL, a connection in autocommit):
+        this Plain opens its transaction itself, with a BEGIN sent together with its first statements."""
+        self.dbapi, self.pg, self.key, self._sql, self._begin = dbapi, pg, key, _RENDERED[pg], begin
 
     @classmethod
     def of(cls, s: Session | Plain) -> Plain:
@@ -167,9 +175,37 @@ class Plain:
         return cls(conn.connection.dbapi_connection, conn.dialect.name == "postgresql", db_key(conn.engine))
 
     def _cur(self, name: str, params: dict):  # type: ignore[no-untyped-def]
+        if self._begin:
+            return self._send([(name, params)])[0]
         cur = self.dbapi.cursor()
         cur.execute(self._sql[name], params)
         return cur
+
+    def _send(self, stmts: list[tuple[str, dict]]) -> list:  # type: ignore[type-arg]
+        """The statements in order, on PostgreSQL in one round trip (psycopg's pipeline mode), after the BEGIN
+        this Plain still owes: each statement's wait for the server, not its work, was most of a lease's time
+        there (a lease and its release took 13 round trips; the 64-agent open loop's tail is those waits)."""
+        curs = [self.dbapi.cursor() for _ in stmts]
+        if not self.pg or (len(stmts) == 1 and not self._begin):
+            for cur, (name, params) in zip(curs, stmts):
+                cur.execute(self._sql[name], params)
+            return curs
+        with self.dbapi.pipeline():
+            if self._begin:
+                self.dbapi.execute("BEGIN")
+                self._begin = False
+            for cur, (name, params) in zip(curs, stmts):
+                cur.execute(self._sql[name], params)
+        return curs
+
+    def batch(self, *stmts: tuple[str, dict]) -> list[Sent]:
+        """Statements that do not need each other's answers, sent at once: each one's rows (None for a write)
+        and the rows it changed. A failing one fails the batch (and, raised, its transaction)."""
+        out = []
+        for cur in self._send(list(stmts)):
+            out.append(Sent(cur.fetchall() if cur.description is not None else None, cur.rowcount))
+            cur.close()
+        return out
 
     def rows(self, name: str, params: dict) -> list[tuple]:
         cur = self._cur(name, params)
@@ -186,7 +222,7 @@ class Plain:
         return n
 
     def run_each(self, name: str, seq: list[dict]) -> int:
-        return sum(self.run(name, p) for p in seq)
+        return sum(s.count for s in self.batch(*((name, p) for p in seq))) if seq else 0
 
     # conversions
     def stamp(self, when: datetime) -> object:
@@ -201,12 +237,22 @@ class Plain:
     def to_doc(self, value) -> str:  # type: ignore[no-untyped-def]
         return json.dumps(value)
 
-    # typed rows
+    # typed rows: of a statement, or of rows a batch read
     def lease_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
-        return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in self.rows(name, params)]
+        return self.as_leases(self.rows(name, params))
 
     def shape_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
-        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:]) for r in self.rows(name, params)]
+        return self.as_shapes(self.rows(name, params))
 
     def campaign_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
-        return [_CAMPAIGN_ROW(*r) for r in self.rows(name, params)]
+        return self.as_campaigns(self.rows(name, params))
+
+    def as_leases(self, rows: list) -> list:  # type: ignore[type-arg]
+        return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
+
+    def as_shapes(self, rows: list) -> list:  # type: ignore[type-arg]
+        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:]) for r in rows]
+
+    @staticmethod
+    def as_campaigns(rows: list) -> list:  # type: ignore[type-arg]
+        return [_CAMPAIGN_ROW(*r) for r in rows]

@@ -127,13 +127,16 @@ class Database:
         driver_error = engine.dialect.loaded_dbapi.Error
         with self._one_writer(write):
             fairy = engine.raw_connection()
+            conn = fairy.dbapi_connection
             try:
                 if self.is_sqlite:  # as the engines' "begin" hook does: writers queue for the one write lock
-                    fairy.dbapi_connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                yield Plain(fairy.dbapi_connection, not self.is_sqlite, self.key)
+                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                else:  # psycopg would send its BEGIN as a round trip of its own: the Plain sends it with its first
+                    conn.autocommit = True  # statements (commit and rollback still end what it began)
+                yield Plain(conn, not self.is_sqlite, self.key, begin=not self.is_sqlite)
                 fairy.commit()
             except BaseException as e:
-                if isinstance(e, driver_error) and engine.dialect.is_disconnect(e, fairy.dbapi_connection, None):
+                if isinstance(e, driver_error) and engine.dialect.is_disconnect(e, conn, None):
                     fairy.invalidate(e)  # dead (the database restarted): never back into the pool
                 else:
                     fairy.rollback()
@@ -141,6 +144,11 @@ class Database:
                     raise DBAPIError.instance(None, None, e, driver_error) from e
                 raise
             finally:
+                if not self.is_sqlite and fairy.is_valid:
+                    try:
+                        conn.autocommit = False  # as the pool's other users (sessions) expect it
+                    except driver_error as e:  # still in a transaction it could not end: not reused
+                        fairy.invalidate(e)
                 fairy.close()
 
     def checkpoint(self) -> tuple[int, int]:

@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.config import Settings
-from app.db.dialect import Plain
+from app.db.dialect import Plain, Sent
 from app.db.models import CampaignShape, Result, utcnow
 from app.domain import lease_states as ls, served
 from app.domain.families import get_family
@@ -51,23 +51,35 @@ def _row_facts(r) -> ls.ShapeFacts:  # type: ignore[no-untyped-def]
     return ls.ShapeFacts(ls.ShapeState(r.state), r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
 
 
-def _write_facts(p: Plain, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> None:
-    """(shape row as read, its new facts), each write guarded by the state and the lease it was read in (a shape
-    requeued and leased again meanwhile is not written): all or nothing (409 if a row moved meanwhile)."""
+def _shape_writes(p: Plain, changes: Sequence[tuple[object, ls.ShapeFacts]], now: datetime) -> list[tuple[str, dict]]:
+    """(shape row as read, its new facts) -> each shape's write, guarded by the state and the lease it was read in
+    (a shape requeued and leased again meanwhile is not written)."""
     stamp = p.stamp(now)
-    done = p.run_each("write_shape", [{"id": r.id, "was": r.state, "was_lease": r.lease_id,  # type: ignore[attr-defined]
-                                       "state": f.state.value, "attempts": f.attempts, "base": f.attempts_base,
-                                       "lease": f.lease_id, "error": f.last_error, "now": stamp}
-                                      for r, f in changes])
-    if done != len(changes):
+    return [("write_shape", {"id": r.id, "was": r.state, "was_lease": r.lease_id,  # type: ignore[attr-defined]
+                             "state": f.state.value, "attempts": f.attempts, "base": f.attempts_base,
+                             "lease": f.lease_id, "error": f.last_error, "now": stamp}) for r, f in changes]
+
+
+def _all_written(sent: list[Sent]) -> None:
+    """All or nothing: 409 (and the transaction rolled back) if a shape moved meanwhile."""
+    if any(w.count != 1 for w in sent):
         raise Conflict("shape_id: a shape changed state meanwhile; retry", "shape_id")
 
 
-def _end_lease(p: Plain, lease, how: ls.LeaseState) -> str:  # type: ignore[no-untyped-def]
-    """An active lease row ends (released, expired, done); 409 if another request ended it meanwhile."""
+def _write_facts(p: Plain, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> None:
+    _all_written(p.batch(*_shape_writes(p, changes, now)))
+
+
+def _end_lease(p: Plain, lease, how: ls.LeaseState,  # type: ignore[no-untyped-def]
+               changes: Sequence[tuple[object, ls.ShapeFacts]] = (), now: datetime | None = None) -> str:
+    """An active lease row ends (released, expired, done), with its shapes' changes written in the same round
+    trip; 409 if another request ended it meanwhile."""
     state = ls.end_lease(_lease_facts(lease), how).state.value
-    if not p.run("end_lease", {"lid": lease.id, "state": state}):
+    ended, *written = p.batch(("end_lease", {"lid": lease.id, "state": state}),
+                              *_shape_writes(p, changes, now or utcnow()))
+    if not ended.count:
         raise Conflict(f"lease_id: lease {lease.id} ended meanwhile; lease again", "lease_id")
+    _all_written(written)
     return state
 
 
@@ -76,23 +88,28 @@ def sweep_expired(p: Plain, settings: Settings, now: datetime | None = None) -> 
     now = now or utcnow()
     dead = p.lease_rows("dead_leases", {"now": p.stamp(now)})
     for lease in dead:
-        _end_lease(p, lease, ls.LeaseState.EXPIRED)
         why = f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)"
-        _write_facts(p, [(r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts))
-                         for r in p.shape_rows("held", {"lid": lease.id})], now)
+        _end_lease(p, lease, ls.LeaseState.EXPIRED,
+                   [(r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts))
+                    for r in p.shape_rows("held", {"lid": lease.id})], now)
     return len(dead)
 
 
-def _touch_worker(p: Plain, body: LeaseIn, now: datetime, token_id: int | None = None) -> None:
-    """token_id: the worker token acting (None: an admin or auth off, which may act as any worker)."""
+def _seen(p: Plain, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[str, dict]:
+    """The worker's row touched (last seen, what it reports). token_id: the worker token acting (None: an
+    admin or auth off, which may act as any worker); a worker token acts only as the worker ids it registered
+    (an id another token registered is not overwritten)."""
     seen = {"wid": body.worker_id, "image_digest": body.image_digest, "gfx": body.gfx, "cu_num": body.cu_num,
             "host": body.host, "backends": p.to_doc(body.backends), "aiter_commit": body.aiter_commit,
             "now": p.stamp(now), "tok": token_id}
-    # a worker token acts only as the worker ids it registered (an id another token registered is not overwritten)
-    if not p.run("touch_worker" if token_id is None else "touch_own_worker", seen):
-        if token_id is not None and p.rows("worker_exists", seen):
-            raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
-        p.run("add_worker", seen)
+    return ("touch_worker" if token_id is None else "touch_own_worker"), seen
+
+
+def _add_worker(p: Plain, body: LeaseIn, seen: dict) -> None:
+    """A worker id the touch did not find: registered, unless another token's."""
+    if seen["tok"] is not None and p.rows("worker_exists", seen):
+        raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
+    p.run("add_worker", seen)
 
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
@@ -122,11 +139,10 @@ def est_shape_cost(s: Session | Plain, campaign_id: int, backend: str, default: 
     return statistics.median(hit) if hit else default
 
 
-def _pick_campaign(p: Plain, body: LeaseIn):  # type: ignore[no-untyped-def]
-    """The identity's campaign whose top queued shape has the most served time: one ix_shapes_queue seek per
-    campaign (an identity has a handful), never a scan of the queue."""
-    rows = p.campaign_rows("campaigns", {"digest": body.image_digest, "gfx": body.gfx, "cu": body.cu_num})
-    return max((r for r in rows if r.top is not None and (body.families is None or r.family in body.families)),
+def _best_campaign(campaigns: list, body: LeaseIn):  # type: ignore[no-untyped-def,type-arg]
+    """The identity's campaign whose top queued shape has the most served time ("campaigns": one ix_shapes_queue
+    seek per campaign, an identity has a handful; never a scan of the queue)."""
+    return max((r for r in campaigns if r.top is not None and (body.families is None or r.family in body.families)),
                key=lambda r: r.top, default=None)
 
 
@@ -136,8 +152,12 @@ def lease_batch(p: Plain, body: LeaseIn, settings: Settings, token_id: int | Non
     now = utcnow()
     if _sweep_due(p, settings):
         sweep_expired(p, settings, now)
-    _touch_worker(p, body, now, token_id if bind_worker else None)
-    camp = _pick_campaign(p, body)
+    touch = _seen(p, body, now, token_id if bind_worker else None)
+    touched, campaigns = p.batch(touch, ("campaigns", {"digest": body.image_digest, "gfx": body.gfx,
+                                                       "cu": body.cu_num}))
+    if not touched.count:
+        _add_worker(p, body, touch[1])
+    camp = _best_campaign(p.as_campaigns(campaigns.rows), body)
     if camp is None:
         return None
     backend = body.backends[0]
@@ -150,11 +170,13 @@ def lease_batch(p: Plain, body: LeaseIn, settings: Settings, token_id: int | Non
         return None
     lf = ls.open_lease(now, body.budget_s, settings.lease_ttl_s, settings.lease_grace_s)
     lease_id = str(uuid.uuid4())
-    p.run("add_lease", {"id": lease_id, "wid": body.worker_id, "cid": camp.id, "backend": backend, "tok": token_id,
-                        "budget_s": body.budget_s, "now": p.stamp(now), "hard": p.stamp(lf.hard_deadline),
-                        "exp": p.stamp(lf.expires_at), "state": lf.state.value})
     leased = [(r, ls.lease(_row_facts(r), lease_id)) for r in rows]
-    _write_facts(p, leased, now)
+    _added, *written = p.batch(
+        ("add_lease", {"id": lease_id, "wid": body.worker_id, "cid": camp.id, "backend": backend, "tok": token_id,
+                       "budget_s": body.budget_s, "now": p.stamp(now), "hard": p.stamp(lf.hard_deadline),
+                       "exp": p.stamp(lf.expires_at), "state": lf.state.value}),
+        *_shape_writes(p, leased, now))
+    _all_written(written)
     tuned, untuned = table_schemas.lease_headers(p, camp.image_digest, camp.family)
     # every value built here from typed rows: constructed without a second validation
     return LeaseOut.model_construct(
@@ -220,12 +242,13 @@ def heartbeat(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYO
 
 def release(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE,
             started: Collection[int] = ()) -> int:
-    """Untouched shapes go back to the queue uncounted; `started` ones count a try."""
-    lease = _live_lease(p, lease_id, settings, caller)
-    _end_lease(p, lease, ls.LeaseState.RELEASED)
-    back = p.shape_rows("held", {"lid": lease.id})
-    _write_facts(p, [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts))
-                     for r in back], utcnow())
+    """Untouched shapes go back to the queue uncounted; `started` ones count a try. The lease and the shapes it
+    holds are read in one round trip, the lease ended and the shapes written in a second."""
+    found, held = p.batch(("lease", {"lid": lease_id}), ("held", {"lid": lease_id}))
+    lease = _live_lease(p, lease_id, settings, caller, p.as_leases(found.rows))
+    back = p.as_shapes(held.rows)
+    _end_lease(p, lease, ls.LeaseState.RELEASED,
+               [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts)) for r in back])
     return len(back)
 
 
@@ -300,9 +323,10 @@ def _lease_for_result(p: Plain, lease, settings: Settings, caller: Caller):  # t
 def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE
                 ) -> ResultOut | Refused:
     p = Plain.of(s)
-    lease = _owned_lease(p, lease_id, caller)
-    dup = p.rows("result_of", {"lid": lease_id, "sid": body.shape_id})
-    found = p.shape_rows("shape", {"sid": body.shape_id})
+    read = p.batch(("lease", {"lid": lease_id}), ("result_of", {"lid": lease_id, "sid": body.shape_id}),
+                   ("shape", {"sid": body.shape_id}))  # one round trip
+    lease = _owned_lease(p, lease_id, caller, p.as_leases(read[0].rows))
+    dup, found = read[1].rows, p.as_shapes(read[2].rows)
     if dup:  # a retried POST: same answer, nothing stored twice
         return ResultOut(result_id=dup[0][0], shape_state=found[0].state if found else "?",
                          verified=bool(dup[0][1]), duplicate=True)

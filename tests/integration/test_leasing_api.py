@@ -247,3 +247,50 @@ def test_a_shape_read_under_one_lease_is_not_written_once_another_lease_holds_it
     with db.plain() as p:
         (now,) = p.shape_rows("shape", {"sid": stale.id})
     assert (now.state, now.lease_id) == ("leased", b["lease_id"])  # still B's
+
+
+def test_a_lease_and_its_release_take_the_same_round_trips_whatever_their_shapes(client, settings, tmp_path):
+    """PostgreSQL: a lease's shapes are written with its row in one round trip, the release reads the lease with
+    its shapes in one and writes them with its end in another, and BEGIN goes with the first statements. A round
+    trip is a ReadyForQuery from the server (one per query or pipeline sync) in libpq's trace of the connection."""
+    from sqlalchemy import event
+
+    from app.api.schemas import LeaseIn
+    from app.services import leasing
+    db = client.app.state.db
+    if db.is_sqlite:
+        pytest.skip("round trips to a database server: PostgreSQL only")
+    import psycopg
+    capture(client, shapes(12))
+    log = tmp_path / "libpq.trace"
+
+    def trips(work) -> tuple[object, int]:  # type: ignore[no-untyped-def]
+        with open(log, "w") as f:
+            def on(conn, _rec, _proxy):  # type: ignore[no-untyped-def]
+                conn.pgconn.trace(f.fileno())
+                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+
+            def off(conn, _rec):  # type: ignore[no-untyped-def]
+                conn.pgconn.untrace()
+            event.listen(db.engine, "checkout", on)
+            event.listen(db.engine, "checkin", off)
+            try:
+                with db.plain() as p:
+                    out = work(p)
+            finally:
+                event.remove(db.engine, "checkout", on)
+                event.remove(db.engine, "checkin", off)
+        return out, sum("ReadyForQuery" in line for line in log.read_text().splitlines())
+
+    def lease_and_release(n: int) -> tuple[int, int, int]:
+        body = LeaseIn(image_digest=DIGEST, gfx="gfx942", cu_num=304, worker_id="w1", backends=["torch"],
+                       budget_s=600, max_shapes=n)
+        out, leased = trips(lambda p: leasing.lease_batch(p, body, settings))
+        back, released = trips(lambda p: leasing.release(p, out.lease_id, settings))
+        assert back == len(out.shapes) == n
+        return leased, released
+
+    lease_and_release(1)  # the cost estimate and the headers are cached from here on
+    # BEGIN with the worker's touch and the campaigns; the pick; the lease's row and its shapes; COMMIT.
+    # The lease with its shapes; its end and their writes; COMMIT.
+    assert lease_and_release(1) == lease_and_release(8) == (4, 3)
