@@ -221,9 +221,6 @@ class Plain:
         cur.close()
         return n
 
-    def run_each(self, name: str, seq: list[dict]) -> int:
-        return sum(s.count for s in self.batch(*((name, p) for p in seq))) if seq else 0
-
     # conversions
     def stamp(self, when: datetime) -> object:
         return when if self.pg else _bind("sqlite")(when)
@@ -243,9 +240,6 @@ class Plain:
 
     def shape_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
         return self.as_shapes(self.rows(name, params))
-
-    def campaign_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
-        return self.as_campaigns(self.rows(name, params))
 
     def as_leases(self, rows: list) -> list:  # type: ignore[type-arg]
         return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
