@@ -31,37 +31,27 @@ from app.services import leasing, tokens
 from app.ttl_cache import TTLCache
 
 
-async def _sweep_forever(db: Database, settings: Settings) -> None:
+async def _every(seconds: float, work) -> None:  # type: ignore[no-untyped-def]
+    """work() every `seconds`, on a thread of the shared pool, for as long as the app serves; a busy database
+    skips a round (the next one does what this one did not)."""
+    from sqlalchemy.exc import OperationalError
+
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await anyio.to_thread.run_sync(work)
+        except OperationalError:
+            pass
+
+
+def _sweep(db: Database, settings: Settings) -> None:
     """Requeue the shapes of dead workers' leases promptly, so pages and metrics show them queued again
     (lease requests sweep too; this covers an idle queue)."""
-    from starlette.concurrency import run_in_threadpool
-    from sqlalchemy.exc import OperationalError
-
-    def sweep() -> None:
-        with db.plain() as p:
-            leasing.sweep_expired(p, settings)
-
-    while True:
-        await asyncio.sleep(max(1.0, settings.lease_ttl_s / 3))
-        try:
-            await run_in_threadpool(sweep)
-        except OperationalError:  # busy: the next round or the next lease request sweeps
-            pass
+    with db.plain() as p:
+        leasing.sweep_expired(p, settings)
 
 
-CHECKPOINT_EVERY_S = 1.0
-
-
-async def _checkpoint_forever(db: Database) -> None:
-    """SQLite's WAL checkpoints, off the requests (Database.checkpoint), on a thread of the shared pool."""
-    from sqlalchemy.exc import OperationalError
-
-    while True:
-        await asyncio.sleep(CHECKPOINT_EVERY_S)
-        try:
-            await anyio.to_thread.run_sync(db.checkpoint)
-        except OperationalError:  # busy: the next round copies what this one did not
-            pass
+CHECKPOINT_EVERY_S = 1.0  # SQLite's WAL checkpoints, off the requests (Database.checkpoint)
 
 
 def bootstrap_admin(db: Database, settings: Settings) -> None:
@@ -92,9 +82,9 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # type: ignore[no-untyped-def]
-        tasks = [asyncio.create_task(_sweep_forever(db, settings))]
+        tasks = [asyncio.create_task(_every(max(1.0, settings.lease_ttl_s / 3), lambda: _sweep(db, settings)))]
         if db.is_sqlite:
-            tasks.append(asyncio.create_task(_checkpoint_forever(db)))
+            tasks.append(asyncio.create_task(_every(CHECKPOINT_EVERY_S, db.checkpoint)))
         yield
         for t in tasks:
             t.cancel()
