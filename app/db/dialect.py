@@ -158,8 +158,9 @@ class Sent(NamedTuple):
 
 class Plain:
     """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
-    opens itself, or a session's own, Plain.of), with the value conversions SQLAlchemy's column types would do: SQLite keeps UTC datetimes as
-    'YYYY-MM-DD HH:MM:SS.ffffff' text and JSON as text, PostgreSQL's driver converts both itself."""
+    opens itself, or a session's own, Plain.of), with the value conversions SQLAlchemy's column types would do:
+    SQLite keeps UTC datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text and JSON as text, PostgreSQL's driver
+    converts both itself."""
 
     def __init__(self, dbapi, pg: bool, key: str, begin: bool = False):  # type: ignore[no-untyped-def]
         """key: names the database, for per-database caches. begin (PostgreSQL, a connection in autocommit):

@@ -164,6 +164,8 @@ class Database:
         try:
             _busy, log, done = fairy.dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             return log, done
+        except sqlite3.Error as e:  # as SQLAlchemy raises it (as plain() does): the caller's busy or locked
+            raise DBAPIError.instance(None, None, e, sqlite3.Error) from e
         finally:
             fairy.close()
 
