@@ -156,6 +156,11 @@ class Sent(NamedTuple):
     count: int
 
 
+# the statements that answer rows (a SELECT, or a write RETURNING them): known by name, where asking psycopg's
+# cursor (its description) builds a column object per column of every statement
+_ANSWERS = frozenset(k for k, v in PLAIN_SQL.items() if v.startswith("SELECT") or " RETURNING " in v)
+
+
 class Plain:
     """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
     opens itself, or a session's own, Plain.of), with the value conversions SQLAlchemy's column types would do:
@@ -164,7 +169,8 @@ class Plain:
 
     def __init__(self, dbapi, pg: bool, key: str, begin: bool = False):  # type: ignore[no-untyped-def]
         """key: names the database, for per-database caches. begin (PostgreSQL, a connection in autocommit):
-        this Plain opens its transaction itself, with a BEGIN sent together with its first statements."""
+        this Plain opens its transaction itself, with a BEGIN sent together with its first statements (psycopg's
+        own BEGIN, even in a pipeline, waits for its answer: a round trip of its own)."""
         self.dbapi, self.pg, self.key, self._sql, self._begin = dbapi, pg, key, _RENDERED[pg], begin
 
     @classmethod
@@ -175,52 +181,35 @@ class Plain:
         conn = s.connection()
         return cls(conn.connection.dbapi_connection, conn.dialect.name == "postgresql", db_key(conn.engine))
 
-    def _cur(self, name: str, params: dict):  # type: ignore[no-untyped-def]
-        if self._begin:
-            return self._send([(name, params)])[0]
-        cur = self.dbapi.cursor()
-        cur.execute(self._sql[name], params)
-        return cur
-
-    def _send(self, stmts: list[tuple[str, dict]]) -> list:  # type: ignore[type-arg]
-        """The statements in order, on PostgreSQL in one round trip (psycopg's pipeline mode), after the BEGIN
-        this Plain still owes: each statement's wait for the server, not its work, was most of a lease's time
-        there (a lease and its release took 13 round trips; the 64-agent open loop's tail is those waits)."""
-        curs = [self.dbapi.cursor() for _ in stmts]
-        if not self.pg or (len(stmts) == 1 and not self._begin):
-            for cur, (name, params) in zip(curs, stmts):
-                cur.execute(self._sql[name], params)
-            return curs
-        with self.dbapi.pipeline():
-            if self._begin:
-                self.dbapi.execute("BEGIN")
-                self._begin = False
-            for cur, (name, params) in zip(curs, stmts):
-                cur.execute(self._sql[name], params)
-        return curs
-
     def batch(self, *stmts: tuple[str, dict]) -> list[Sent]:
-        """Statements that do not need each other's answers, sent at once: each one's rows (None for a write)
-        and the rows it changed. A failing one fails the batch (and, raised, its transaction)."""
-        out = []
-        for cur in self._send(list(stmts)):
-            out.append(Sent(cur.fetchall() if cur.description is not None else None, cur.rowcount))
-            cur.close()
-        return out
+        """Statements that do not need each other's answers, sent at once (on PostgreSQL in one round trip,
+        psycopg's pipeline mode): each one's rows (None for a write) and the rows it changed. A failing one fails
+        the batch (and, raised, its transaction). Each statement's wait for the server, not its work, was most
+        of a lease's time on PostgreSQL (a lease and its release took 13 round trips; now 7)."""
+        curs = [self.dbapi.cursor() for _ in stmts]
+        try:
+            if self.pg and (len(stmts) > 1 or self._begin):
+                with self.dbapi.pipeline():
+                    if self._begin:
+                        self.dbapi.execute("BEGIN")
+                        self._begin = False
+                    for cur, (name, params) in zip(curs, stmts):
+                        cur.execute(self._sql[name], params)
+            else:
+                for cur, (name, params) in zip(curs, stmts):
+                    cur.execute(self._sql[name], params)
+            return [Sent(cur.fetchall() if name in _ANSWERS else None, cur.rowcount)
+                    for cur, (name, _params) in zip(curs, stmts)]
+        finally:
+            for cur in curs:
+                cur.close()
 
     def rows(self, name: str, params: dict) -> list[tuple]:
-        cur = self._cur(name, params)
-        try:
-            return cur.fetchall()
-        finally:
-            cur.close()
+        return self.batch((name, params))[0].rows  # type: ignore[return-value]
 
     def run(self, name: str, params: dict) -> int:
         """Rows the statement changed."""
-        cur = self._cur(name, params)
-        n = cur.rowcount
-        cur.close()
-        return n
+        return self.batch((name, params))[0].count
 
     # conversions
     def stamp(self, when: datetime) -> object:
@@ -251,3 +240,4 @@ class Plain:
     @staticmethod
     def as_campaigns(rows: list) -> list:  # type: ignore[type-arg]
         return [_CAMPAIGN_ROW(*r) for r in rows]
+

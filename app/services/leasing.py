@@ -234,9 +234,10 @@ def heartbeat(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYO
     lease = _live_lease(p, lease_id, settings, caller)
     now = utcnow()
     lf = ls.heartbeat(_lease_facts(lease), now, settings.lease_ttl_s)
-    if not p.run("beat", {"lid": lease.id, "now": p.stamp(now), "exp": p.stamp(lf.expires_at)}):
+    beat, _ = p.batch(("beat", {"lid": lease.id, "now": p.stamp(now), "exp": p.stamp(lf.expires_at)}),
+                      ("worker_seen", {"wid": lease.worker_id, "now": p.stamp(now)}))
+    if not beat.count:  # the worker's row touched with it is rolled back with the 409
         raise Conflict(f"lease_id: lease {lease_id} ended meanwhile; lease again", "lease_id")
-    p.run("worker_seen", {"wid": lease.worker_id, "now": p.stamp(now)})
     return HeartbeatOut.model_construct(lease_id=lease.id, expires_at=lf.expires_at, hard_deadline=lf.hard_deadline)
 
 
