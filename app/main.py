@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import math
 import os
 import sys
 import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,18 +33,28 @@ from app.web import routes as web
 from app.services import leasing, tokens
 from app.ttl_cache import TTLCache
 
+log = logging.getLogger("aiter_tuner")
 
-async def _every(seconds: float, work) -> None:  # type: ignore[no-untyped-def]
-    """work() every `seconds`, on a thread of the shared pool, for as long as the app serves; a busy database
-    skips a round (the next one does what this one did not)."""
+
+async def _every(seconds: float, work, name: str, failures) -> None:  # type: ignore[no-untyped-def]
+    """work() every `seconds`, on a thread of the shared pool, for as long as the app serves. A round that fails
+    is counted (failures: Metrics.background_failures) and the next one runs: a busy database skips a round
+    quietly, anything else is logged, at most once a minute. Ending here would stop the sweep of dead workers'
+    leases (or SQLite's checkpoints) until a restart, with no request failing to show it."""
     from sqlalchemy.exc import OperationalError
 
+    logged = -math.inf
     while True:
         await asyncio.sleep(seconds)
         try:
             await anyio.to_thread.run_sync(work)
-        except OperationalError:
-            pass
+        except OperationalError:  # busy or locked (app/errors.py): the next round does what this one did not
+            failures.labels(name, "busy").inc()
+        except Exception:
+            failures.labels(name, "error").inc()
+            if time.monotonic() - logged >= 60:
+                logged = time.monotonic()
+                log.exception("background %s failed; it runs again in %.0f s", name, seconds)
 
 
 def _sweep(db: Database, settings: Settings) -> None:
@@ -82,9 +95,11 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # type: ignore[no-untyped-def]
-        tasks = [asyncio.create_task(_every(max(1.0, settings.lease_ttl_s / 3), lambda: _sweep(db, settings)))]
+        failures = _app.state.metrics.background_failures
+        tasks = [asyncio.create_task(_every(max(1.0, settings.lease_ttl_s / 3), lambda: _sweep(db, settings),
+                                            "sweep", failures))]
         if db.is_sqlite:
-            tasks.append(asyncio.create_task(_every(CHECKPOINT_EVERY_S, db.checkpoint)))
+            tasks.append(asyncio.create_task(_every(CHECKPOINT_EVERY_S, db.checkpoint, "checkpoint", failures)))
         yield
         for t in tasks:
             t.cancel()

@@ -35,6 +35,9 @@ class Metrics:
                                registry=self.registry)
         self.latency = Histogram("aiter_tuner_request_seconds", "Request latency", ["method", "route", "status"],
                                  registry=self.registry)
+        self.background_failures = Counter(
+            "aiter_tuner_background_failures", "Rounds of a background task (sweep, checkpoint) that failed; the "
+            "next round runs (why: busy database, or error, logged)", ["task", "why"], registry=self.registry)
         self.registry.register(_DbCollector(db))
 
 
