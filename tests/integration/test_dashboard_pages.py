@@ -59,3 +59,14 @@ def test_the_image_shows_the_aiter_its_workers_read_apart_from_what_captures_cla
     home = client.get("/").text
     assert '<b class="reported">0.1.12.dev3+e4048607a5</b>' in home and "e4048607a5" in home
     assert "captures claimed: 0.1.13, 0.1.13&#39;; DROP TABLE images;--, 9.9.9" in home
+
+
+def test_a_listed_shape_shows_its_fields_but_not_the_ones_every_shape_has_at_their_usual_value(client):
+    cid = capture(client, [{"M": 1, "N": 64, "K": 64}]).json()["campaign_id"]
+    stored = client.get(f"/v1/campaigns/{cid}/shapes").json()["shapes"][0]["shape"]
+    hidden = {k for k, v in stored.items() if v in ("False", "torch.bfloat16")}
+    assert hidden  # the bf16 GEMM's untuned row has a bias flag and dtypes
+    page = client.get(f"/campaigns/{cid}").text
+    (cell,) = re.findall(r'<tr class="shape"[^>]*>\s*<td><code>(.*?)</code></td>', page)
+    assert cell == "".join(f"{k}={v} " for k, v in stored.items() if k not in hidden)
+    assert cell.startswith("M=1 N=64 K=64 ")
