@@ -6,6 +6,8 @@ gemm_op_a8w8.py, gemm_op_a4w4.py). MoE token: fused_moe.py:1331-1346, tier retry
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from app.domain.families import BOOL, BOOL01, INT, TableFamily, column_kind
 
 
@@ -48,6 +50,7 @@ def m_candidates(family: TableFamily, shape: dict[str, str]) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+@lru_cache(maxsize=1 << 16)  # pure, on few distinct cells: a campaign page keys its 200 shapes' ~5,000 cells
 def runtime_value(col: str, raw: str) -> object:
     """A cell as pandas' read_csv leaves it for the lookup: ints parsed, True/False as bools, no strip."""
     kind = column_kind(col)
