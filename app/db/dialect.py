@@ -240,4 +240,3 @@ class Plain:
     @staticmethod
     def as_campaigns(rows: list) -> list:  # type: ignore[type-arg]
         return [_CAMPAIGN_ROW(*r) for r in rows]
-

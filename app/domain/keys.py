@@ -50,7 +50,7 @@ def m_candidates(family: TableFamily, shape: dict[str, str]) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-@lru_cache(maxsize=1 << 16)  # pure, on few distinct cells: a campaign page keys its 200 shapes' ~5,000 cells
+@lru_cache(maxsize=1 << 16, typed=True)  # pure, on few distinct cells (typed: 1 and True are not one key)
 def runtime_value(col: str, raw: str) -> object:
     """A cell as pandas' read_csv leaves it for the lookup: ints parsed, True/False as bools, no strip."""
     kind = column_kind(col)
