@@ -22,8 +22,9 @@ class Settings(BaseSettings):
     min_improvement_pct: float = 3.0  # a row reaches the overlay only past this gain over the default (AITER's)
     default_shape_cost_s: float = 30.0  # until a campaign has measured costs
     sqlite_busy_ms: int = 5000
-    # PostgreSQL: the lease routes' database work runs on this many threads of its own (0: the shared pool of
-    # 40). Fewer threads contending for the GIL: 64 agents' lease p99 below the 40-thread pool's in 6 of 7
+    # PostgreSQL: at most this many lease transactions at once: a lease, heartbeat or release on the event
+    # loop's connections (Database.aplain), a result on threads of its own (0: 40 and the shared thread pool).
+    # Fewer threads contending for the GIL: 64 agents' lease p99 below the 40-thread pool's in 6 of 7
     # alternating rounds (benchmarks/RESULTS.md). SQLite's writers wait for the write lock inside their
     # thread, so there the lease routes keep the shared pool.
     lease_threads: int = 4

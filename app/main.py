@@ -61,7 +61,7 @@ def _sweep(db: Database, settings: Settings) -> None:
     """Requeue the shapes of dead workers' leases promptly, so pages and metrics show them queued again
     (lease requests sweep too; this covers an idle queue)."""
     with db.plain() as p:
-        leasing.sweep_expired(p, settings)
+        p.drive(leasing.sweep_expired(p, settings))
 
 
 CHECKPOINT_EVERY_S = 1.0  # SQLite's WAL checkpoints, off the requests (Database.checkpoint)
@@ -89,7 +89,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     settings = settings or Settings()
     if run_migrations:
         migrate.upgrade(settings.database_url)
-    db = Database(settings.database_url, settings.sqlite_busy_ms, background_checkpoints=True)
+    db = Database(settings.database_url, settings.sqlite_busy_ms, background_checkpoints=True,
+                  loop_connections=settings.lease_threads or 40)
     if settings.auth:
         bootstrap_admin(db, settings)
 
@@ -103,6 +104,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
         yield
         for t in tasks:
             t.cancel()
+        if db.loop_conns is not None:
+            await db.loop_conns.close()
         db.dispose()
 
     # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not a CDN: they work offline

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import re
 from collections import namedtuple
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
@@ -151,9 +151,29 @@ _CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num t
 
 
 class Sent(NamedTuple):
-    """One statement of a Plain.batch: its rows (None for a write) and how many rows it changed."""
+    """One statement of a batch: its rows (None for a write) and how many rows it changed."""
     rows: list | None  # type: ignore[type-arg]
     count: int
+
+
+Stmt = tuple[str, dict]
+T = TypeVar("T")
+# Use-case logic written once for both drivers (sans-IO, as psycopg's own core is): a generator that yields each
+# batch of statements it needs at once and is sent their Sents back; its return value is the answer. Plain.drive
+# runs it on a thread's connection, AsyncPlain.drive on the event loop's.
+Steps = Generator[tuple[Stmt, ...], list[Sent], T]
+
+
+def ask(name: str, params: dict) -> Steps[list]:  # type: ignore[type-arg]
+    """One statement's rows (a step of its own)."""
+    (sent,) = yield ((name, params),)
+    return sent.rows  # type: ignore[return-value]
+
+
+def change(name: str, params: dict) -> Steps[int]:
+    """Rows one statement changed."""
+    (sent,) = yield ((name, params),)
+    return sent.count
 
 
 # the statements that answer rows (a SELECT, or a write RETURNING them): known by name, where asking psycopg's
@@ -161,17 +181,58 @@ class Sent(NamedTuple):
 _ANSWERS = frozenset(k for k, v in PLAIN_SQL.items() if v.startswith("SELECT") or " RETURNING " in v)
 
 
-class Plain:
+class Rows:
+    """The value conversions SQLAlchemy's column types would do, for PLAIN_SQL's rows on either driver: SQLite
+    keeps UTC datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text and JSON as text, PostgreSQL's driver converts both
+    itself. key: names the database, for per-database caches."""
+
+    def __init__(self, pg: bool, key: str):
+        self.pg, self.key = pg, key
+
+    def stamp(self, when: datetime) -> object:
+        return when if self.pg else _bind("sqlite")(when)
+
+    def when(self, value) -> datetime:  # type: ignore[no-untyped-def]
+        return value if self.pg else datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
+
+    def doc(self, value):  # type: ignore[no-untyped-def]
+        return value if self.pg or value is None else json.loads(value)
+
+    def to_doc(self, value) -> str:  # type: ignore[no-untyped-def]
+        return json.dumps(value)
+
+    # typed rows of rows a batch read
+    def as_leases(self, rows: list) -> list:  # type: ignore[type-arg]
+        return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
+
+    def as_shapes(self, rows: list) -> list:  # type: ignore[type-arg]
+        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:]) for r in rows]
+
+    @staticmethod
+    def as_campaigns(rows: list) -> list:  # type: ignore[type-arg]
+        return [_CAMPAIGN_ROW(*r) for r in rows]
+
+    def lease_steps(self, name: str, params: dict) -> Steps[list]:  # type: ignore[type-arg]
+        return self.as_leases((yield from ask(name, params)))
+
+    def shape_steps(self, name: str, params: dict) -> Steps[list]:  # type: ignore[type-arg]
+        return self.as_shapes((yield from ask(name, params)))
+
+
+def _sent(curs: list, stmts: Sequence[Stmt]) -> list[Sent]:  # type: ignore[type-arg]
+    return [Sent(cur.fetchall() if name in _ANSWERS else None, cur.rowcount) for cur, (name, _p) in zip(curs, stmts)]
+
+
+class Plain(Rows):
     """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
-    opens itself, or a session's own, Plain.of), with the value conversions SQLAlchemy's column types would do:
-    SQLite keeps UTC datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text and JSON as text, PostgreSQL's driver
-    converts both itself."""
+    opens itself, or a session's own, Plain.of)."""
 
     def __init__(self, dbapi, pg: bool, key: str, begin: bool = False):  # type: ignore[no-untyped-def]
-        """key: names the database, for per-database caches. begin (PostgreSQL, a connection in autocommit):
-        this Plain opens its transaction itself, with a BEGIN sent together with its first statements (psycopg's
-        own BEGIN, even in a pipeline, waits for its answer: a round trip of its own)."""
-        self.dbapi, self.pg, self.key, self._sql, self._begin = dbapi, pg, key, _RENDERED[pg], begin
+        """begin (PostgreSQL, a connection in autocommit): this Plain opens its transaction itself, with a BEGIN
+        sent together with its first statements (psycopg's own BEGIN, even in a pipeline, waits for its answer:
+        a round trip of its own)."""
+        super().__init__(pg, key)
+        self.dbapi, self._sql, self._begin = dbapi, _RENDERED[pg], begin
 
     @classmethod
     def of(cls, s: Session | Plain) -> Plain:
@@ -181,7 +242,7 @@ class Plain:
         conn = s.connection()
         return cls(conn.connection.dbapi_connection, conn.dialect.name == "postgresql", db_key(conn.engine))
 
-    def batch(self, *stmts: tuple[str, dict]) -> list[Sent]:
+    def batch(self, *stmts: Stmt) -> list[Sent]:
         """Statements that do not need each other's answers, sent at once (on PostgreSQL in one round trip,
         psycopg's pipeline mode): each one's rows (None for a write) and the rows it changed. A failing one fails
         the batch (and, raised, its transaction). Each statement's wait for the server, not its work, was most
@@ -198,45 +259,65 @@ class Plain:
             else:
                 for cur, (name, params) in zip(curs, stmts):
                     cur.execute(self._sql[name], params)
-            return [Sent(cur.fetchall() if name in _ANSWERS else None, cur.rowcount)
-                    for cur, (name, _params) in zip(curs, stmts)]
+            return _sent(curs, stmts)
         finally:
             for cur in curs:
                 cur.close()
 
-    def rows(self, name: str, params: dict) -> list[tuple]:
+    def drive(self, steps: Steps[T]) -> T:
+        """Steps run here, each batch as it comes."""
+        try:
+            stmts = next(steps)
+            while True:
+                stmts = steps.send(self.batch(*stmts))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def rows(self, name: str, params: dict) -> list[tuple]:  # type: ignore[type-arg]
         return self.batch((name, params))[0].rows  # type: ignore[return-value]
 
     def run(self, name: str, params: dict) -> int:
         """Rows the statement changed."""
         return self.batch((name, params))[0].count
 
-    # conversions
-    def stamp(self, when: datetime) -> object:
-        return when if self.pg else _bind("sqlite")(when)
-
-    def when(self, value) -> datetime:  # type: ignore[no-untyped-def]
-        return value if self.pg else datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
-
-    def doc(self, value):  # type: ignore[no-untyped-def]
-        return value if self.pg or value is None else json.loads(value)
-
-    def to_doc(self, value) -> str:  # type: ignore[no-untyped-def]
-        return json.dumps(value)
-
-    # typed rows: of a statement, or of rows a batch read
     def lease_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
         return self.as_leases(self.rows(name, params))
 
     def shape_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
         return self.as_shapes(self.rows(name, params))
 
-    def as_leases(self, rows: list) -> list:  # type: ignore[type-arg]
-        return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
 
-    def as_shapes(self, rows: list) -> list:  # type: ignore[type-arg]
-        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:]) for r in rows]
+class AsyncPlain(Rows):
+    """The same on psycopg's async connection, on the event loop (PostgreSQL; Database.aplain): the lease routes'
+    steps without a thread hop. The connection is in autocommit and this opens the transaction with its first
+    batch, as Plain does."""
 
-    @staticmethod
-    def as_campaigns(rows: list) -> list:  # type: ignore[type-arg]
-        return [_CAMPAIGN_ROW(*r) for r in rows]
+    def __init__(self, conn, key: str):  # type: ignore[no-untyped-def]
+        super().__init__(True, key)
+        self.conn, self._sql, self._begin = conn, _RENDERED[True], True
+
+    async def batch(self, *stmts: Stmt) -> list[Sent]:
+        curs = [self.conn.cursor() for _ in stmts]
+        try:
+            if len(stmts) > 1 or self._begin:
+                async with self.conn.pipeline():
+                    if self._begin:
+                        await self.conn.execute("BEGIN")
+                        self._begin = False
+                    for cur, (name, params) in zip(curs, stmts):
+                        await cur.execute(self._sql[name], params)
+            else:
+                await curs[0].execute(self._sql[stmts[0][0]], stmts[0][1])
+            return [Sent(await cur.fetchall() if name in _ANSWERS else None, cur.rowcount)
+                    for cur, (name, _p) in zip(curs, stmts)]
+        finally:
+            for cur in curs:
+                await cur.close()
+
+    async def drive(self, steps: Steps[T]) -> T:
+        try:
+            stmts = next(steps)
+            while True:
+                stmts = steps.send(await self.batch(*stmts))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]

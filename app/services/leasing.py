@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.config import Settings
-from app.db.dialect import Plain, Sent
+from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
 from app.db.models import CampaignShape, Result, utcnow
 from app.domain import lease_states as ls, served
 from app.domain.families import get_family
@@ -45,13 +45,15 @@ def _lease_facts(lease) -> ls.LeaseFacts:  # type: ignore[no-untyped-def]
 # driver's connection (Database.plain; Plain.of(session) where a session's use case shares one, such as the cost
 # estimate): they read shape and lease facts as rows, apply lease_states' transitions, and write each back
 # guarded by the state it read. No ORM object, unit of work or SQLAlchemy execution context is built on the
-# fleet's hottest requests.
+# fleet's hottest requests. The lease, heartbeat, release and sweep are steps (dialect.Steps: each batch of
+# statements yielded, its answers sent back), so that on PostgreSQL the routes drive them on the event loop
+# (AsyncPlain) and elsewhere on a thread (Plain.drive), one logic for both.
 
 def _row_facts(r) -> ls.ShapeFacts:  # type: ignore[no-untyped-def]
     return ls.ShapeFacts(ls.ShapeState(r.state), r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
 
 
-def _shape_writes(p: Plain, changes: Sequence[tuple[object, ls.ShapeFacts]], now: datetime) -> list[tuple[str, dict]]:
+def _shape_writes(p: Rows, changes: Sequence[tuple[object, ls.ShapeFacts]], now: datetime) -> list[tuple[str, dict]]:
     """(shape row as read, its new facts) -> each shape's write, guarded by the state and the lease it was read in
     (a shape requeued and leased again meanwhile is not written)."""
     stamp = p.stamp(now)
@@ -66,36 +68,37 @@ def _all_written(sent: list[Sent]) -> None:
         raise Conflict("shape_id: a shape changed state meanwhile; retry", "shape_id")
 
 
-def _write_facts(p: Plain, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> None:
-    _all_written(p.batch(*_shape_writes(p, changes, now)))
+def _write_facts(p: Rows, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> Steps[None]:
+    _all_written((yield tuple(_shape_writes(p, changes, now))))
 
 
-def _end_lease(p: Plain, lease, how: ls.LeaseState,  # type: ignore[no-untyped-def]
-               changes: Sequence[tuple[object, ls.ShapeFacts]] = (), now: datetime | None = None) -> str:
+def _end_lease(p: Rows, lease, how: ls.LeaseState,  # type: ignore[no-untyped-def]
+               changes: Sequence[tuple[object, ls.ShapeFacts]] = (), now: datetime | None = None) -> Steps[str]:
     """An active lease row ends (released, expired, done), with its shapes' changes written in the same round
     trip; 409 if another request ended it meanwhile."""
     state = ls.end_lease(_lease_facts(lease), how).state.value
-    ended, *written = p.batch(("end_lease", {"lid": lease.id, "state": state}),
-                              *_shape_writes(p, changes, now or utcnow()))
+    ended, *written = yield (("end_lease", {"lid": lease.id, "state": state}),
+                             *_shape_writes(p, changes, now or utcnow()))
     if not ended.count:
         raise Conflict(f"lease_id: lease {lease.id} ended meanwhile; lease again", "lease_id")
     _all_written(written)
     return state
 
 
-def sweep_expired(p: Plain, settings: Settings, now: datetime | None = None) -> int:
+def sweep_expired(p: Rows, settings: Settings, now: datetime | None = None) -> Steps[int]:
     """The one sweeper: leases past their expiry end, their held shapes each count a try."""
     now = now or utcnow()
-    dead = p.lease_rows("dead_leases", {"now": p.stamp(now)})
+    dead = yield from p.lease_steps("dead_leases", {"now": p.stamp(now)})
     for lease in dead:
         why = f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)"
-        _end_lease(p, lease, ls.LeaseState.EXPIRED,
-                   [(r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts))
-                    for r in p.shape_rows("held", {"lid": lease.id})], now)
+        held = yield from p.shape_steps("held", {"lid": lease.id})
+        yield from _end_lease(p, lease, ls.LeaseState.EXPIRED,
+                              [(r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts)) for r in held],
+                              now)
     return len(dead)
 
 
-def _seen(p: Plain, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[str, dict]:
+def _seen(p: Rows, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[str, dict]:
     """The worker's row touched (last seen, what it reports). token_id: the worker token acting (None: an
     admin or auth off, which may act as any worker); a worker token acts only as the worker ids it registered
     (an id another token registered is not overwritten)."""
@@ -105,11 +108,11 @@ def _seen(p: Plain, body: LeaseIn, now: datetime, token_id: int | None) -> tuple
     return ("touch_worker" if token_id is None else "touch_own_worker"), seen
 
 
-def _add_worker(p: Plain, body: LeaseIn, seen: dict) -> None:
+def _add_worker(body: LeaseIn, seen: dict) -> Steps[None]:
     """A worker id the touch did not find: registered, unless another token's."""
-    if seen["tok"] is not None and p.rows("worker_exists", seen):
+    if seen["tok"] is not None and (yield from ask("worker_exists", seen)):
         raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
-    p.run("add_worker", seen)
+    yield from change("add_worker", seen)
 
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
@@ -118,7 +121,7 @@ _COSTS = TTLCache(10.0)
 _LAST_SWEEP: dict[object, float] = {}  # per database: when a lease request last swept
 
 
-def _sweep_due(p: Plain, settings: Settings) -> bool:
+def _sweep_due(p: Rows, settings: Settings) -> bool:
     """A lease request sweeps at most every TTL/10 (1 s at most) per database; the background sweeper covers
     an idle queue, so a busy one does not pay a sweep per lease."""
     key, t = p.key, time.monotonic()
@@ -128,15 +131,19 @@ def _sweep_due(p: Plain, settings: Settings) -> bool:
     return True
 
 
-def est_shape_cost(s: Session | Plain, campaign_id: int, backend: str, default: float) -> float:
+def shape_cost(p: Rows, campaign_id: int, backend: str, default: float) -> Steps[float]:
     """Median measured seconds per shape in this campaign for this backend; the default until measured."""
-    p = Plain.of(s)
     key = (p.key, campaign_id, backend)
     hit = _COSTS.get(key)
     if hit is None:
-        hit = _COSTS.put(key, [c for c, in p.rows("costs", {"cid": campaign_id, "backend": backend})
+        hit = _COSTS.put(key, [c for c, in (yield from ask("costs", {"cid": campaign_id, "backend": backend}))
                                if c is not None])
     return statistics.median(hit) if hit else default
+
+
+def est_shape_cost(s: Session | Plain, campaign_id: int, backend: str, default: float) -> float:
+    p = Plain.of(s)
+    return p.drive(shape_cost(p, campaign_id, backend, default))
 
 
 def _best_campaign(campaigns: list, body: LeaseIn):  # type: ignore[no-untyped-def,type-arg]
@@ -146,38 +153,38 @@ def _best_campaign(campaigns: list, body: LeaseIn):  # type: ignore[no-untyped-d
                key=lambda r: r.top, default=None)
 
 
-def lease_batch(p: Plain, body: LeaseIn, settings: Settings, token_id: int | None = None,
-                bind_worker: bool = False) -> LeaseOut | None:
+def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None = None,
+                bind_worker: bool = False) -> Steps[LeaseOut | None]:
     """bind_worker: the token is a worker's, so the worker id must be its own (first come, bound)."""
     now = utcnow()
     if _sweep_due(p, settings):
-        sweep_expired(p, settings, now)
+        yield from sweep_expired(p, settings, now)
     touch = _seen(p, body, now, token_id if bind_worker else None)
-    touched, campaigns = p.batch(touch, ("campaigns", {"digest": body.image_digest, "gfx": body.gfx,
-                                                       "cu": body.cu_num}))
+    touched, campaigns = yield (touch, ("campaigns", {"digest": body.image_digest, "gfx": body.gfx,
+                                                      "cu": body.cu_num}))
     if not touched.count:
-        _add_worker(p, body, touch[1])
+        yield from _add_worker(body, touch[1])
     camp = _best_campaign(p.as_campaigns(campaigns.rows), body)
     if camp is None:
         return None
     backend = body.backends[0]
-    cost = est_shape_cost(p, camp.id, backend, settings.default_shape_cost_s)
+    cost = yield from shape_cost(p, camp.id, backend, settings.default_shape_cost_s)
     n = max(1, math.floor(body.budget_s / cost)) if cost > 0 else 10_000
     if body.max_shapes:
         n = min(n, body.max_shapes)
-    rows = p.shape_rows("pick", {"cid": camp.id, "n": n})
+    rows = yield from p.shape_steps("pick", {"cid": camp.id, "n": n})
     if not rows:
         return None
     lf = ls.open_lease(now, body.budget_s, settings.lease_ttl_s, settings.lease_grace_s)
     lease_id = str(uuid.uuid4())
     leased = [(r, ls.lease(_row_facts(r), lease_id)) for r in rows]
-    _added, *written = p.batch(
+    _added, *written = yield (
         ("add_lease", {"id": lease_id, "wid": body.worker_id, "cid": camp.id, "backend": backend, "tok": token_id,
                        "budget_s": body.budget_s, "now": p.stamp(now), "hard": p.stamp(lf.hard_deadline),
                        "exp": p.stamp(lf.expires_at), "state": lf.state.value}),
         *_shape_writes(p, leased, now))
     _all_written(written)
-    tuned, untuned = table_schemas.lease_headers(p, camp.image_digest, camp.family)
+    tuned, untuned = yield from table_schemas.lease_headers(p, camp.image_digest, camp.family)
     # every value built here from typed rows: constructed without a second validation
     return LeaseOut.model_construct(
         lease_id=lease_id, campaign_id=camp.id, family=camp.family, image_digest=camp.image_digest, gfx=camp.gfx,
@@ -201,9 +208,10 @@ class Caller:
 ANYONE = Caller()
 
 
-def _owned_lease(p: Plain, lease_id: str, caller: Caller, found: list | None = None):  # type: ignore[no-untyped-def,type-arg]
+def _owned_lease(p: Rows, lease_id: str, caller: Caller, found: list | None = None):  # type: ignore[no-untyped-def,type-arg]
     """The lease's row (with its campaign's facts; found: the row read already), if this caller may act on it."""
-    found = p.lease_rows("lease", {"lid": lease_id}) if found is None else found
+    if found is None:
+        found = yield from p.lease_steps("lease", {"lid": lease_id})
     if not found:
         raise NotFound(f"lease_id: no lease {lease_id}", "lease_id")
     lease = found[0]
@@ -218,37 +226,37 @@ def _owned_lease(p: Plain, lease_id: str, caller: Caller, found: list | None = N
     return lease
 
 
-def _live_lease(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE,  # type: ignore[no-untyped-def]
+def _live_lease(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,  # type: ignore[no-untyped-def]
                 found: list | None = None):  # type: ignore[type-arg]
-    lease = _owned_lease(p, lease_id, caller, found)
+    lease = yield from _owned_lease(p, lease_id, caller, found)
     now = utcnow()
     if ls.is_expired(_lease_facts(lease), now):
-        sweep_expired(p, settings, now)
-        lease = _owned_lease(p, lease_id, caller)
+        yield from sweep_expired(p, settings, now)
+        lease = yield from _owned_lease(p, lease_id, caller)
     if not ls.is_live(_lease_facts(lease), now):
         raise Conflict(f"lease_id: lease {lease_id} is {lease.state}; lease again", "lease_id")
     return lease
 
 
-def heartbeat(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE) -> HeartbeatOut:
-    lease = _live_lease(p, lease_id, settings, caller)
+def heartbeat(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE) -> Steps[HeartbeatOut]:
+    lease = yield from _live_lease(p, lease_id, settings, caller)
     now = utcnow()
     lf = ls.heartbeat(_lease_facts(lease), now, settings.lease_ttl_s)
-    beat, _ = p.batch(("beat", {"lid": lease.id, "now": p.stamp(now), "exp": p.stamp(lf.expires_at)}),
-                      ("worker_seen", {"wid": lease.worker_id, "now": p.stamp(now)}))
+    beat, _ = yield (("beat", {"lid": lease.id, "now": p.stamp(now), "exp": p.stamp(lf.expires_at)}),
+                     ("worker_seen", {"wid": lease.worker_id, "now": p.stamp(now)}))
     if not beat.count:  # the worker's row touched with it is rolled back with the 409
         raise Conflict(f"lease_id: lease {lease_id} ended meanwhile; lease again", "lease_id")
     return HeartbeatOut.model_construct(lease_id=lease.id, expires_at=lf.expires_at, hard_deadline=lf.hard_deadline)
 
 
-def release(p: Plain, lease_id: str, settings: Settings, caller: Caller = ANYONE,
-            started: Collection[int] = ()) -> int:
+def release(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,
+            started: Collection[int] = ()) -> Steps[int]:
     """Untouched shapes go back to the queue uncounted; `started` ones count a try. The lease and the shapes it
     holds are read in one round trip, the lease ended and the shapes written in a second."""
-    found, held = p.batch(("lease", {"lid": lease_id}), ("held", {"lid": lease_id}))
-    lease = _live_lease(p, lease_id, settings, caller, p.as_leases(found.rows))
+    found, held = yield (("lease", {"lid": lease_id}), ("held", {"lid": lease_id}))
+    lease = yield from _live_lease(p, lease_id, settings, caller, p.as_leases(found.rows))
     back = p.as_shapes(held.rows)
-    _end_lease(p, lease, ls.LeaseState.RELEASED,
+    yield from _end_lease(p, lease, ls.LeaseState.RELEASED,
                [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts)) for r in back])
     return len(back)
 
@@ -307,18 +315,18 @@ def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct:
     return ls.ResultKind.VERIFIED if timed and row is not None else ls.ResultKind.UNVERIFIED
 
 
-def _lease_for_result(p: Plain, lease, settings: Settings, caller: Caller):  # type: ignore[no-untyped-def]
+def _lease_for_result(p: Rows, lease, settings: Settings, caller: Caller):  # type: ignore[no-untyped-def]
     """The lease a result is posted to (its row as read), and whether it is late: a result finished before the
     lease expired (a database stall, a worker delivering its spool) is still taken while nobody else has the
     shape."""
     lease_id = lease.id
     now = utcnow()
     if ls.is_expired(_lease_facts(lease), now):
-        sweep_expired(p, settings, now)
-        lease = _owned_lease(p, lease_id, caller)
+        yield from sweep_expired(p, settings, now)
+        lease = yield from _owned_lease(p, lease_id, caller)
     if lease.state == ls.LeaseState.EXPIRED.value:
         return lease, True
-    return _live_lease(p, lease_id, settings, caller, [lease]), False
+    return (yield from _live_lease(p, lease_id, settings, caller, [lease])), False
 
 
 def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE
@@ -326,12 +334,12 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     p = Plain.of(s)
     read = p.batch(("lease", {"lid": lease_id}), ("result_of", {"lid": lease_id, "sid": body.shape_id}),
                    ("shape", {"sid": body.shape_id}))  # one round trip
-    lease = _owned_lease(p, lease_id, caller, p.as_leases(read[0].rows))
+    lease = p.drive(_owned_lease(p, lease_id, caller, p.as_leases(read[0].rows)))
     dup, found = read[1].rows, p.as_shapes(read[2].rows)
     if dup:  # a retried POST: same answer, nothing stored twice
         return ResultOut(result_id=dup[0][0], shape_state=found[0].state if found else "?",
                          verified=bool(dup[0][1]), duplicate=True)
-    lease, late = _lease_for_result(p, lease, settings, caller)
+    lease, late = p.drive(_lease_for_result(p, lease, settings, caller))
     if late:  # the expiry (maybe this request's sweep) moved the shape: read it again
         found = p.shape_rows("shape", {"sid": body.shape_id})
     shape = found[0] if found else None
@@ -347,8 +355,8 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         if late:
             return Refused(e, shape.state)
         f = ls.result_refused(_row_facts(shape), lease.id, e.detail, settings.max_attempts)
-        _write_facts(p, [(shape, f)], now)
-        _finish_if_empty(p, lease)
+        p.drive(_write_facts(p, [(shape, f)], now))
+        p.drive(_finish_if_empty(p, lease))
         return Refused(e, f.state.value)
     err_max = get_family(lease.family).err_max
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
@@ -369,9 +377,9 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         f = ls.late_result(_row_facts(shape), kind)
     else:
         f = ls.result(_row_facts(shape), lease.id, kind, None if verified else why, settings.max_attempts)
-    _write_facts(p, [(shape, f)], now)
+    p.drive(_write_facts(p, [(shape, f)], now))
     if not late:
-        _finish_if_empty(p, lease)
+        p.drive(_finish_if_empty(p, lease))
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
 
 
@@ -394,9 +402,9 @@ def _superseded(p: Plain, shape, lease, body: ResultIn, now: datetime, why: str)
                             "lease_id"), shape.state, SUPERSEDED)
 
 
-def _finish_if_empty(p: Plain, lease) -> None:  # type: ignore[no-untyped-def]
-    if not p.rows("held", {"lid": lease.id}):
-        _end_lease(p, lease, ls.LeaseState.DONE)
+def _finish_if_empty(p: Rows, lease) -> Steps[None]:  # type: ignore[no-untyped-def]
+    if not (yield from ask("held", {"lid": lease.id})):
+        yield from _end_lease(p, lease, ls.LeaseState.DONE)
 
 
 def requeue_campaign_failures(s: Session, campaign_id: int) -> int:

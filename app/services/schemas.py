@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from app.api.schemas import ImageTablesIn
 from app.db.models import Image, ImageTable
-from app.db.dialect import Plain
+from app.db.dialect import Plain, Rows, Steps, ask
 from app.domain.deploy import Shipped
-from app.domain.families import AiterRelease, family_for_file, get_family, release_for
+from app.domain.families import AiterRelease, TableFamily, family_for_file, get_family, release_for
 from app.domain.headers import HeaderError, Schema, current_schema, parse_header_line, tuned_schema
 from app.domain.tables import read_table
 from app.errors import Invalid
@@ -97,42 +97,54 @@ def shipped_for(s: Session, digest: str, family: str, release: AiterRelease | No
 _HEADERS = TTLCache(30.0)
 
 
-def _headers(s: Session | Plain, digest: str, family: str, kind: str) -> list[tuple[str, str]]:
+def _header_steps(p: Rows, digest: str, family: str, kind: str) -> Steps[list[tuple[str, str]]]:
     """(path, header line) of the image's tables of one kind, without their contents."""
-    p = Plain.of(s)
     key = (p.key, digest, family, kind)
     hit = _HEADERS.get(key)
     if hit is None:
-        hit = _HEADERS.put(key, [tuple(r) for r in p.rows("headers", {"digest": digest, "family": family,
-                                                                      "kind": kind})])
-    return hit
+        hit = _HEADERS.put(key, [tuple(r) for r in (yield from ask("headers", {"digest": digest, "family": family,
+                                                                               "kind": kind}))])
+    return hit  # type: ignore[no-any-return]
 
 
-def schema_for(s: Session | Plain, digest: str, family: str) -> Schema:
-    """The image's own header for the family (its default table), else the family's current one."""
-    fam = get_family(family)
-    for _, header in _headers(s, digest, family, "default"):
+def _headers(s: Session | Plain, digest: str, family: str, kind: str) -> list[tuple[str, str]]:
+    p = Plain.of(s)
+    return p.drive(_header_steps(p, digest, family, kind))
+
+
+def _schema(fam: TableFamily, defaults: list[tuple[str, str]]) -> Schema:
+    for _, header in defaults:
         return tuned_schema(fam, parse_header_line(header))
     return current_schema(fam)
 
 
-def untuned_header_for(s: Session | Plain, digest: str, family: str) -> tuple[str, ...]:
-    """The image's own untuned header for the family's tuner input, else the family's."""
-    fam = get_family(family)
-    for path, header in _headers(s, digest, family, "untuned"):
+def _untuned(fam: TableFamily, untuned: list[tuple[str, str]]) -> tuple[str, ...]:
+    for path, header in untuned:
         if path == fam.untuned_file:
             return parse_header_line(header)
     return fam.untuned_header
 
 
-def lease_headers(p: Plain, digest: str, family: str) -> tuple[list[str], list[str]]:
+def schema_for(s: Session | Plain, digest: str, family: str) -> Schema:
+    """The image's own header for the family (its default table), else the family's current one."""
+    return _schema(get_family(family), _headers(s, digest, family, "default"))
+
+
+def untuned_header_for(s: Session | Plain, digest: str, family: str) -> tuple[str, ...]:
+    """The image's own untuned header for the family's tuner input, else the family's."""
+    return _untuned(get_family(family), _headers(s, digest, family, "untuned"))
+
+
+def lease_headers(p: Rows, digest: str, family: str) -> Steps[tuple[list[str], list[str]]]:
     """The tuned and untuned headers a lease carries, parsed once per TTL (the lease route's share of the above)."""
     key = (p.key, digest, family, "lease")
     hit = _HEADERS.get(key)
     if hit is None:
-        hit = _HEADERS.put(key, (list(schema_for(p, digest, family).header),
-                                 list(untuned_header_for(p, digest, family))))
-    return hit
+        fam = get_family(family)
+        defaults = yield from _header_steps(p, digest, family, "default")
+        untuned = yield from _header_steps(p, digest, family, "untuned")
+        hit = _HEADERS.put(key, (list(_schema(fam, defaults).header), list(_untuned(fam, untuned))))
+    return hit  # type: ignore[no-any-return]
 
 
 def schemas_of(s: Session, digest: str) -> list[dict]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 import anyio.to_thread
 
@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from app.api.deps import LeaseId
 from app.auth import Principal, authorize
 from app.config import Settings
+from app.db.dialect import Rows, Steps
 from app.db.session import Database
 from app.errors import DomainError, Invalid
 from app.wire import (IDLE_HEADER, NAME_PATTERN, WORKER_HEADER, HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn,
@@ -22,6 +23,7 @@ from app.services import idle, leasing
 
 router = APIRouter(tags=["leases"])
 WORKER = ("worker",)
+T = TypeVar("T")
 
 
 class Fleet(NamedTuple):
@@ -37,6 +39,20 @@ class Fleet(NamedTuple):
     async def run(self, work: Callable[[], Any]) -> Any:
         """The route's database work, off the event loop (app.config lease_threads says on which threads)."""
         return await anyio.to_thread.run_sync(work, limiter=self.limiter)
+
+    async def steps(self, make: Callable[[Rows], Steps[T]]) -> T:
+        """The route's leasing steps in one transaction: on PostgreSQL on the event loop (its statements
+        awaited, the loop free meanwhile), without the hop to a thread and back and the threads' turns at the
+        GIL (64 agents, 4 alternating rounds on the 2-core VM: server CPU per lease+release 6.05 -> 5.66 ms,
+        lease p99 median 23 -> 18 ms); SQLite's driver has no async form, so there on a thread."""
+        if self.db.loop_conns is not None:
+            async with self.db.aplain() as p:
+                return await p.drive(make(p))
+
+        def work() -> T:
+            with self.db.plain() as p:
+                return p.drive(make(p))
+        return await self.run(work)
 
 
 async def _worker(request: Request) -> Fleet:
@@ -65,15 +81,15 @@ Acting = Annotated[Fleet, Depends(_acting)]
              responses={204: {"description": f"no work for this identity; the {IDLE_HEADER} header says why"}})
 async def lease(body: LeaseIn, f: Worker) -> LeaseOut | Response:
     f.who.check_digest(body.image_digest)
-
-    def work() -> Response:
-        with f.db.plain() as p:
-            out = leasing.lease_batch(p, body, f.settings, f.who.token_id, bind_worker=f.who.role == "worker")
-        if out is None:
-            with f.db.session(write=False) as s:
-                return Response(status_code=204, headers={IDLE_HEADER: idle.idle_reason(s, body)})
+    out = await f.steps(lambda p: leasing.lease_batch(p, body, f.settings, f.who.token_id,
+                                                      bind_worker=f.who.role == "worker"))
+    if out is not None:
         return _json(out)
-    return await f.run(work)
+
+    def why() -> str:
+        with f.db.session(write=False) as s:
+            return idle.idle_reason(s, body)
+    return Response(status_code=204, headers={IDLE_HEADER: await f.run(why)})
 
 
 # The lease routes answer with their model already built and serialized by pydantic (declared as
@@ -84,10 +100,7 @@ def _json(out: BaseModel) -> Response:
 
 @router.post("/v1/leases/{lease_id}/heartbeat", response_model=HeartbeatOut)
 async def heartbeat(lease_id: LeaseId, f: Acting) -> Response:
-    def work() -> HeartbeatOut:
-        with f.db.plain() as p:
-            return leasing.heartbeat(p, lease_id, f.settings, f.caller)
-    return _json(await f.run(work))
+    return _json(await f.steps(lambda p: leasing.heartbeat(p, lease_id, f.settings, f.caller)))
 
 
 def _take(lease_id: str, body: ResultIn, request: Request, f: Fleet) -> ResultOut:
@@ -128,9 +141,5 @@ async def post_results(lease_id: LeaseId, body: ResultsIn, request: Request, f: 
 @router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
 async def release(lease_id: LeaseId, f: Acting, body: ReleaseIn | None = None) -> Response:
     started = body.started if body is not None else []
-
-    def work() -> int:
-        with f.db.plain() as p:
-            return leasing.release(p, lease_id, f.settings, f.caller, started)
-    n = await f.run(work)
+    n = await f.steps(lambda p: leasing.release(p, lease_id, f.settings, f.caller, started))
     return _json(ReleaseOut.model_construct(lease_id=lease_id, requeued=n))
