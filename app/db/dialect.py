@@ -219,10 +219,6 @@ class Rows:
         return self.as_shapes((yield from ask(name, params)))
 
 
-def _sent(curs: list, stmts: Sequence[Stmt]) -> list[Sent]:  # type: ignore[type-arg]
-    return [Sent(cur.fetchall() if name in _ANSWERS else None, cur.rowcount) for cur, (name, _p) in zip(curs, stmts)]
-
-
 class Plain(Rows):
     """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
     opens itself, or a session's own, Plain.of)."""
@@ -259,7 +255,8 @@ class Plain(Rows):
             else:
                 for cur, (name, params) in zip(curs, stmts):
                     cur.execute(self._sql[name], params)
-            return _sent(curs, stmts)
+            return [Sent(cur.fetchall() if name in _ANSWERS else None, cur.rowcount)
+                    for cur, (name, _p) in zip(curs, stmts)]
         finally:
             for cur in curs:
                 cur.close()
@@ -279,9 +276,6 @@ class Plain(Rows):
     def run(self, name: str, params: dict) -> int:
         """Rows the statement changed."""
         return self.batch((name, params))[0].count
-
-    def lease_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
-        return self.as_leases(self.rows(name, params))
 
     def shape_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
         return self.as_shapes(self.rows(name, params))

@@ -37,7 +37,7 @@ def set_shape(sh: CampaignShape, f: ls.ShapeFacts) -> None:
 
 
 def _lease_facts(lease) -> ls.LeaseFacts:  # type: ignore[no-untyped-def]
-    """Of a lease row (Plain.lease_rows)."""
+    """Of a lease row (Rows.as_leases)."""
     return ls.LeaseFacts(ls.LeaseState(lease.state), lease.expires_at, lease.hard_deadline)
 
 
