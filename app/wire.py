@@ -123,6 +123,11 @@ class LeasedShape(BaseModel):
     shape: dict[str, str]
     calls: int
     attempts: int  # this try's number (1 on the first lease)
+    # a confirmation race (an image upgrade carried this shape's row from the image it inherits from): the
+    # carried row's kernel, and the old race's top kernels; a worker races the default, the incumbent and these
+    # only. Empty: a full race.
+    incumbent: str | None = None
+    finalists: list[str] = []
 
 
 class LeaseOut(BaseModel):

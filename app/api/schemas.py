@@ -58,6 +58,10 @@ class ImageTablesIn(Wire):
                  Annotated[str, Field(max_length=BIG_TEXT)]] = Field(
         max_length=2000)  # path under aiter/configs/ -> CSV text
     flydsl: bool | None = None  # AITER's is_flydsl_available() in the image
+    # the image's kernel catalog per family: every kernel name its tuner may race (and post as kernel_name);
+    # an upgrade's triage re-races a carried row whose kernel the new image no longer has
+    kernels: dict[Annotated[str, Field(max_length=64)],
+                  list[Annotated[str, Field(min_length=1, max_length=512)]]] | None = Field(None, max_length=64)
 
 
 class LogIn(Identity):
