@@ -47,6 +47,10 @@ class Image(Base):
     configs_dir: Mapped[str | None] = mapped_column(String(500))  # the image's aiter/configs/, absolute
     # AITER's is_flydsl_available() in the image, as its worker found it (None: not reported)
     flydsl: Mapped[bool | None] = mapped_column(Boolean)
+    # the image this one inherited its campaigns from (POST /v1/images/{digest}/inherit): an upgrade
+    parent_digest: Mapped[str | None] = mapped_column(ForeignKey("images.digest"))
+    # {family: [kernel names]}: what the image's tuner may race, as its worker reported it (None: not reported)
+    kernel_catalog: Mapped[dict | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -121,6 +125,13 @@ class CampaignShape(Base):
     attempts_base: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # attempts at last requeue
     lease_id: Mapped[str | None] = mapped_column(ForeignKey("leases.id"), index=True)
     last_error: Mapped[str | None] = mapped_column(Text)
+    # inherited from the parent image's campaign (app/domain/upgrade.py): the triage verdict (None: captured
+    # here), the parent's verified result it carried (served provisionally until confirmed), the parent race's
+    # top kernels (raced beside the default and the incumbent), and how the confirmation ended
+    triage: Mapped[str | None] = mapped_column(String(16))
+    carried_result_id: Mapped[int | None] = mapped_column(Integer)  # results.id (no FK: results point at shapes)
+    finalists: Mapped[list | None] = mapped_column(JSON)
+    outcome: Mapped[str | None] = mapped_column(String(16))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     campaign: Mapped[Campaign] = relationship(back_populates="shapes", lazy="raise")
 
