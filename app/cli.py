@@ -110,6 +110,34 @@ def token_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def inherit_cmd(args: argparse.Namespace) -> int:
+    """An image upgrade, directly in the service's database (DATABASE_URL): NEW inherits OLD's campaigns and tuning."""
+    from app.config import Settings
+    from app.db import migrate
+    from app.db.session import Database
+    from app.errors import DomainError
+    from app.services import upgrades
+    from app.wire import check_digest
+    try:
+        new, old = check_digest(args.image), check_digest(args.from_)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    settings = Settings()
+    migrate.upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    try:
+        with db.session() as s:
+            out = upgrades.inherit(s, new, old)
+    except DomainError as e:
+        print(f"error: {e.detail}", file=sys.stderr)
+        return 2
+    finally:
+        db.dispose()
+    print(json.dumps(out, indent=1))
+    return 0
+
+
 def capture(args: argparse.Namespace) -> int:
     from app.capture.agent import run  # light: httpx and pydantic only, for serving images
     return run(args)
@@ -145,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     r = tsub.add_parser("revoke")
     r.add_argument("id", type=int)
     t.set_defaults(fn=token_cmd)
+    i = sub.add_parser("inherit", help="an image upgrade: IMAGE inherits the campaigns and tuning of --from "
+                                       "(in the database at DATABASE_URL)")
+    i.add_argument("image", help="the new image's digest (sha256:...)")
+    i.add_argument("--from", dest="from_", required=True, help="the image it upgrades")
+    i.set_defaults(fn=inherit_cmd)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import configure_mappers
 
 from app import errors
 from app.api import responses
-from app.api.routes import campaigns, captures, health, leases, overlays, tokens as token_routes
+from app.api.routes import campaigns, captures, health, images, leases, overlays, tokens as token_routes
 from app.config import Settings
 from app.db import migrate
 from app.db.session import Database
@@ -118,7 +118,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.state.token_cache = TTLCache(settings.token_cache_s)
     errors.install(app, settings.retry_after_s, web.error_page)
     # the lease routes first: the fleet's requests match at the first routes tried
-    for r in (leases.router, health.router, captures.router, campaigns.router, overlays.router, token_routes.router,
+    for r in (leases.router, health.router, captures.router, campaigns.router, overlays.router, images.router,
+              token_routes.router,
               web.router):
         app.include_router(r)
     app.mount("/static", StaticFiles(directory=str(web.STATIC)), name="static")

@@ -50,6 +50,9 @@ class ShapePage(Open):
 
 
 class CampaignDetail(CampaignSummary):
+    # an inherited campaign (its image upgrades another): carried / confirmed / overturned / re-raced / now
+    # shipped rows, and its race time against the parent campaign's (app/services/upgrades.py); null otherwise
+    upgrade: dict[str, Any] | None = None
     shape_list: list[dict[str, Any]]
     next: str | int | None = None
 
@@ -113,6 +116,19 @@ class WorkerInfo(Open):
     lease_id: str | None = None
 
 
+class Inherited(Open):
+    image_digest: str
+    from_: str = Field(alias="from")
+    campaigns: list[dict[str, Any]]
+
+
+class Lineage(Open):
+    image_digest: str
+    parent: str | None
+    children: list[str]
+    suggested_from: list[str]  # images the hosts now running this one ran before (while it has no parent)
+
+
 class OverlayInfo(Open):
     family: str
     env_var: str
@@ -121,6 +137,8 @@ class OverlayInfo(Open):
     filename: str
     env_line: str
     download: str
+    provisional_rows: int = 0  # rows carried from the parent image (carried_from), not yet confirmed here
+    carried_from: str | None = None
 
 
 class DeployPlan(Open):

@@ -64,6 +64,12 @@ class ImageTablesIn(Wire):
                   list[Annotated[str, Field(min_length=1, max_length=512)]]] | None = Field(None, max_length=64)
 
 
+class InheritIn(Wire):
+    """POST /v1/images/{digest}/inherit: the image this one upgrades, whose tuning it carries over."""
+
+    from_: Annotated[str, AfterValidator(check_digest)] = Field(alias="from")
+
+
 class LogIn(Identity):
     family: str = Field(max_length=64)
     log: str = Field(max_length=BIG_TEXT)

@@ -86,7 +86,9 @@ def db_key(engine: Engine) -> str:
 # of them: the lease, heartbeat, release and sweep paths run these instead (app/services/leasing.py), written
 # once with :name placeholders; ${...} marks what differs by engine.
 
-_SHAPE_FACTS = "id, shape, calls, state, attempts, attempts_base, lease_id, last_error"
+# the last four: an inherited shape's confirmation race (app/domain/upgrade.py)
+_SHAPE_FACTS = ("id, shape, calls, state, attempts, attempts_base, lease_id, last_error, campaign_id, steps, "
+                "triage, outcome, finalists")
 _LEASE_COLS = "id, state, expires_at, hard_deadline, token_id, worker_id, campaign_id"
 _WORKER_SEEN = ("image_digest = :image_digest, gfx = :gfx, cu_num = :cu_num, host = :host, "
                 "backends = ${json:backends}, aiter_commit = :aiter_commit, last_seen_at = :now")
@@ -119,7 +121,9 @@ PLAIN_SQL = {
     "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now",
     "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
     "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",
-    "shape": f"SELECT {_SHAPE_FACTS}, campaign_id, steps FROM shapes WHERE id = :sid",
+    "shape": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE id = :sid",
+    # how an inherited shape's confirmation ended; finalists NULL: raced in full from now on
+    "set_outcome": "UPDATE shapes SET outcome = :outcome, finalists = ${json:finalists} WHERE id = :sid",
     "measured_default": "UPDATE shapes SET default_us = :us, default_measured = TRUE, priority = :priority "
                         "WHERE id = :sid",
     "add_result": "INSERT INTO results (shape_id, lease_id, worker_id, backend, image_digest, aiter_commit, status, "
@@ -146,7 +150,7 @@ _RENDERED = {pg: {k: _render(v, pg) for k, v in PLAIN_SQL.items()} for pg in (Fa
 # a lease row; from "lease" also its campaign's family, image_digest, gfx and cu_num
 _LEASE_ROW = namedtuple("_LEASE_ROW", _LEASE_COLS.split(", ") + ["family", "image_digest", "gfx", "cu_num"],
                         defaults=(None,) * 4)
-_SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", ") + ["campaign_id", "steps"], defaults=(None, None))
+_SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", "))
 _CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num top")
 
 
@@ -206,7 +210,7 @@ class Rows:
         return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
 
     def as_shapes(self, rows: list) -> list:  # type: ignore[type-arg]
-        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:]) for r in rows]
+        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:12], self.doc(r[12])) for r in rows]
 
     @staticmethod
     def as_campaigns(rows: list) -> list:  # type: ignore[type-arg]

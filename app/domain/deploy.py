@@ -207,3 +207,17 @@ def without_shipped_keys(release: AiterRelease, family: TableFamily, shipped: Sh
         k for t in tables for k in memo.per_row(("key", keys), filled_rows(t, header, live_gfx, memo),
                                                  lambda r: row_key(keys, r))})
     return [r for r, f in zip(overlay.rows, filled_rows(overlay, header, live_gfx)) if row_key(keys, f) not in have]
+
+
+def shipped_rows(release: AiterRelease, family: TableFamily, shipped: Shipped, rows: Table, live_gfx: str
+                 ) -> list[dict[str, str] | None]:
+    """For each of rows' rows, the shipped row with its merge key (cells filled as AITER fills them; the last one
+    in file order), else None: the rows an overlay must not repeat (an image upgrade's triage)."""
+    tables = shipped.tables
+    if not tables:
+        return [None] * len(rows.rows)
+    header = union_header([*tables, rows])
+    keys = release.merge_key(shipped.untuned_header or family.untuned_header, header)
+    have = {row_key(keys, f): r for t in tables
+            for r, f in zip(t.rows, filled_rows(t, header, live_gfx, shipped.memo))}
+    return [have.get(row_key(keys, f)) for f in filled_rows(rows, header, live_gfx)]

@@ -231,6 +231,9 @@ class TableFamily:
     loader_ints: tuple[tuple[str, bool], ...] = ()
     # the lines AITER logs when this family's lookup finds a row or not (log_lines.parse_log reads them back)
     log_lines: tuple[LogLine, ...] = ()
+    # the cells naming the kernel a row runs (joined by '+'): what an image upgrade's triage looks for in the new
+    # image's kernel catalog, and what a confirmation race names its incumbent by (workers' kernel_name)
+    kernel_columns: tuple[str, ...] = ("kernelName",)
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -247,6 +250,9 @@ class TableFamily:
     def unfilled(self, row: dict[str, str]) -> list[str]:
         exempt = {c for c, when, val in self.filled_unless if str(row.get(when, "")).strip() == val}
         return [c for c in self.filled if c not in exempt and c in row and not str(row.get(c, "")).strip()]
+
+    def kernel_of(self, row: dict[str, str]) -> str:
+        return "+".join(str(row[c]) for c in self.kernel_columns if str(row.get(c) or "").strip())
 
     @property
     def merge_name(self) -> str:
@@ -398,7 +404,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # OpusBmmMxscaleTuner (opus_bmm_mxscale_tune.py:245) has no run_config of its own: nothing to confirm with
         math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py", tuner_races=False),
     TableFamily(
-        name="fmoe", gfx_optional=True, env_var="AITER_CONFIG_FMOE",
+        name="fmoe", kernel_columns=("kernelName1", "kernelName2"),
+        gfx_optional=True, env_var="AITER_CONFIG_FMOE",
         log_lines=LOG_MOE,
         tuned_file="tuned_fmoe.csv", untuned_file="untuned_fmoe.csv",
         # what gemm_moe_tune.py writes today; the shipped default lacks gfx and has _tag (see headers.py)
@@ -424,7 +431,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                       "env var; rows that differ from a shipped row only in act_type are matched first-wins.",),
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py"),
     TableFamily(
-        name="fhmoe", env_var="AITER_CONFIG_FHMOE",
+        name="fhmoe", kernel_columns=("kernelName1", "kernelName2"),
+        env_var="AITER_CONFIG_FHMOE",
         log_lines=LOG_MOE,
         tuned_file="tuned_fhmoe.csv", untuned_file="untuned_fhmoe.csv",
         tuned_header=_h("gfx,cu_num,token,model_dim,inter_dim,expert,topk,shared_expert_id,act_type,dtype,"
@@ -443,7 +451,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_file_attr="AITER_CONFIG_FHMOE_FILE", miss_raises=True,  # fused_moe.py:2369-2374 NotImplementedError
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
-        name="grouped_fmoe", env_var="AITER_CONFIG_GROUPED_FMOE",
+        name="grouped_fmoe", kernel_columns=("kernelName1", "kernelName2"),
+        env_var="AITER_CONFIG_GROUPED_FMOE",
         tuned_file="tuned_grouped_fmoe.csv", untuned_file="untuned_grouped_fmoe.csv",
         tuned_header=_FMOE_KEY + _h(
             "max_m,tile_m,tile_n,tile_k,tile_m2,tile_n2,tile_k2,m_warp,n_warp,m_warp2,n_warp2,num_buffers,"
@@ -466,7 +475,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py", tuner_args=("--grouped-gemm",),
         tuner_races=False),
     TableFamily(
-        name="gdn_k5_opt", env_var="AITER_CONFIG_GDN_K5_OPT",
+        name="gdn_k5_opt", kernel_columns=("BV",),
+        env_var="AITER_CONFIG_GDN_K5_OPT",
         tuned_file="chunk_gdn_h_opt_tuned.csv", untuned_file="chunk_gdn_h_opt_untuned.csv",
         tuned_header=_h("gfx,cu_num,dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,T_flat,"
                         "N,total_chunks,max_seq_chunks,BV,us"),

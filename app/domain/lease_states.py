@@ -85,6 +85,14 @@ def result(shape: ShapeFacts, lease_id: str, kind: ResultKind, error: str | None
     return _count_try(shape, error or f"result {kind}", max_attempts)
 
 
+def reopen(shape: ShapeFacts, why: str) -> ShapeFacts:
+    """A tuned shape whose result overturned the row it carried from its image's parent (app/domain/upgrade.py)
+    goes back to the queue for a full race: its try was counted by the result, and it is not parked."""
+    if shape.state is not ShapeState.TUNED:
+        raise TransitionError(f"only a tuned shape is reopened, not a {shape.state} one")
+    return replace(shape, state=ShapeState.QUEUED, lease_id=None, last_error=why)
+
+
 def late_result(shape: ShapeFacts, kind: ResultKind) -> ShapeFacts:
     """A result finished under a lease that expired meanwhile (the expiry counted the try): taken only if it
     tunes the shape and nobody holds it now, so no finished winner is lost and none is taken twice."""

@@ -145,6 +145,12 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
         camp.step_hist = served.merge(camp.step_hist, delta)
     if camp.step_hist and (delta or rows):
         reweigh(s, camp, fam)
+    notes = list(parsed.notes)
+    if new:  # new shapes: maybe an image seen for the first time, from a host that ran another one
+        from app.services.upgrades import suggestion_note
+        note = suggestion_note(s, body.image_digest)
+        if note:
+            notes.append(note)
     return CaptureOut(capture_id=cap.id, campaign_id=camp.id, family=fam.name, shapes_received=len(parsed.shapes),
-                      shapes_new=new, calls_added=cap.calls, notes=parsed.notes,
+                      shapes_new=new, calls_added=cap.calls, notes=notes,
                       priority_rule=served.rule(camp.step_hist))

@@ -17,7 +17,7 @@ from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, Result
 from app.config import Settings
 from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
 from app.db.models import CampaignShape, Result, utcnow
-from app.domain import lease_states as ls, served
+from app.domain import lease_states as ls, served, upgrade
 from app.domain.families import get_family
 from app.domain.improvement import row_helps
 from app.domain.keys import runtime_value
@@ -192,7 +192,9 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
         hard_deadline=lf.hard_deadline, heartbeat_every_s=settings.lease_ttl_s / 3, est_shape_cost_s=cost,
         tuned_header=tuned, untuned_header=untuned,
         shapes=[LeasedShape.model_construct(shape_id=r.id, shape=r.shape, calls=r.calls,
-                                            attempts=f.attempts - f.attempts_base + 1) for r, f in leased])
+                                            attempts=f.attempts - f.attempts_base + 1,
+                                            incumbent=(r.finalists or [None])[0], finalists=r.finalists or [])
+                for r, f in leased])
 
 
 @dataclass(frozen=True)
@@ -362,6 +364,9 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
         return _superseded(p, shape, lease, body, now, "only a tuned result is still taken")
+    conf = _confirmation(shape, kind, body)
+    if conf is not None and conf.outcome is upgrade.Outcome.SHIPPED_KEPT:
+        kind = ls.ResultKind.DEFAULT_BEST  # the image's shipped row stays: nothing of ours to deploy
     verified = kind is ls.ResultKind.VERIFIED
     if kind is ls.ResultKind.DEFAULT_BEST:
         row = None
@@ -377,10 +382,23 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         f = ls.late_result(_row_facts(shape), kind)
     else:
         f = ls.result(_row_facts(shape), lease.id, kind, None if verified else why, settings.max_attempts)
+    if conf is not None and conf.outcome is not None:
+        if conf.full_race:  # the carried row lost: withdrawn (outcome set), the shape raced in full
+            f = ls.reopen(f, f"the row carried from the parent image lost its confirmation race to "
+                             f"{body.kernel_name or 'the default'}; racing in full")
+        p.run("set_outcome", {"sid": shape.id, "outcome": conf.outcome.value,
+                              "finalists": p.to_doc(None if conf.full_race else shape.finalists)})
     p.drive(_write_facts(p, [(shape, f)], now))
     if not late:
         p.drive(_finish_if_empty(p, lease))
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
+
+
+def _confirmation(shape, kind: ls.ResultKind, body: ResultIn) -> upgrade.Confirmation | None:  # type: ignore[no-untyped-def]
+    """What this result decides for a shape inherited from the image's parent and not decided yet."""
+    if not shape.triage or shape.outcome:
+        return None
+    return upgrade.confirm(upgrade.Triage(shape.triage), (shape.finalists or [None])[0], kind, body.kernel_name)
 
 
 def _add_result(p: Plain, shape, lease, body: ResultIn, now: datetime, row: dict | None, verified: bool,

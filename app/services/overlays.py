@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -12,9 +13,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.dialect import Plain
-from app.db.models import Campaign, CampaignShape, ImageTable, Result
+from app.db.models import Campaign, CampaignShape, Image, ImageTable, Result
 from app.domain import deploy
 from app.domain import engagement as eng
+from app.domain import upgrade
 from app.domain.deploy import Shipped
 from app.domain.families import AiterRelease, TableFamily
 from app.domain.headers import Schema
@@ -38,6 +40,8 @@ class Overlay:
     live_gfx: str
     tables: Hashable = None  # (release, the image's tables by id, path, kind, sha256) shipped was read at: the
                              # next build of the slot keeps shipped (and its memo) while they are the same
+    provisional: int = 0  # rows carried from the parent image, served until their confirmation races decide
+    carried_from: str | None = None  # that parent
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -91,7 +95,31 @@ class Overlay:
         return int(ROW_KB * (1 + len(deploy.FORMS)) * (shipped + len(self.table.rows))) + 1
 
 
-def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
+def best_rows(s: Session, digest: str, family: str, schema: Schema) -> tuple[list[dict[str, str]], int]:
+    """The fastest verified row per key measured in this image, then the rows carried from its parent image
+    (app/domain/upgrade.py) for keys it has none of yet, while their confirmation races run; and how many of
+    those there are."""
+    best = _measured(s, digest, family, schema)
+    measured = len(best)
+    for row in carried_rows(s, digest, family, schema):
+        best.setdefault(row_key(schema.key_columns, row), (float("inf"), row))
+    rows = [row for _, row in best.values()]
+    rows.sort(key=lambda row: tuple(str(x) for x in row_key(schema.key_columns, row)))
+    return rows, len(best) - measured
+
+
+def carried_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
+    """The parent image's rows this image serves provisionally, in this image's header."""
+    q = (select(Result.row).join(CampaignShape, CampaignShape.carried_result_id == Result.id)
+         .join(Campaign, Campaign.id == CampaignShape.campaign_id)
+         .where(Campaign.image_digest == digest, Campaign.family == family,
+                CampaignShape.triage == upgrade.Triage.CARRIED.value, CampaignShape.outcome.is_(None))
+         .order_by(CampaignShape.id))
+    return [{c: str(row[c]) for c in schema.header} for row, in s.execute(q)
+            if row and all(c in row for c in schema.header)]
+
+
+def _measured(s: Session, digest: str, family: str, schema: Schema) -> dict[tuple, tuple[float, dict[str, str]]]:
     q = (select(Result).join(CampaignShape, CampaignShape.id == Result.shape_id)
          .join(Campaign, Campaign.id == CampaignShape.campaign_id)
          .where(Campaign.image_digest == digest, Campaign.family == family, Result.verified.is_(True))
@@ -103,9 +131,7 @@ def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict
         k = row_key(schema.key_columns, r.row)
         if k not in best or r.us < best[k][0]:
             best[k] = (r.us, r.row)
-    rows = [row for _, row in best.values()]
-    rows.sort(key=lambda row: tuple(str(x) for x in row_key(schema.key_columns, row)))
-    return rows
+    return best
 
 
 def live_gfx(s: Session, digest: str, family: str) -> str:
@@ -137,7 +163,11 @@ def _inputs(s: Session, digest: str, family: str) -> tuple:
                        .where(ImageTable.image_digest == digest, ImageTable.family == family)
                        .order_by(ImageTable.id)).all()
     results = s.execute(select(func.count(), func.max(Result.id)).where(Result.image_digest == digest)).one()
-    return tuple(map(tuple, tables)), tuple(results)
+    # an inherit (the image's parent set) or a new triage (its tables or kernel catalog reported) moves the rows
+    # carried from the parent
+    parent, catalog = s.execute(select(Image.parent_digest, Image.kernel_catalog)
+                                .where(Image.digest == digest)).one_or_none() or (None, None)
+    return tuple(map(tuple, tables)), tuple(results), parent, json.dumps(catalog, sort_keys=True) if parent else None
 
 
 def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overlay:
@@ -152,13 +182,14 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
     slot = (Plain.of(s).key, digest, fam.name, gfx)
 
     def make() -> Overlay:
-        table = Table(schema.header, best_rows(s, digest, fam.name, schema), overlay_filename(fam, digest))
+        rows, carried = best_rows(s, digest, fam.name, schema)
+        table = Table(schema.header, rows, overlay_filename(fam, digest))
         # a new result leaves what shipped_for reads as it was: the slot's last build keeps it, with what is
         # made of it (Shipped.memo)
         tables, old = (release.name, inputs[0]), _BUILT.kept(slot)
         shipped = (old.shipped if old is not None and old.tables == tables
                    else shipped_for(s, digest, fam.name, release))
-        return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables)
+        return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables, carried, inputs[2])
     return _BUILT.get(slot, version, make)
 
 

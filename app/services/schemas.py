@@ -31,6 +31,8 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
     img.configs_dir = body.configs_dir or img.configs_dir
     if body.flydsl is not None:
         img.flydsl = body.flydsl
+    if body.kernels:
+        img.kernel_catalog = {**(img.kernel_catalog or {}), **body.kernels}
     stored: dict[str, int] = {}
     for path, text in body.tables.items():
         fam = family_for_file(path)
@@ -53,6 +55,9 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
         stored[fam.name] = stored.get(fam.name, 0) + 1
     _HEADERS.clear()
     event.listen(s, "after_commit", lambda _s: _HEADERS.clear(), once=True)  # and once others can read them
+    if img.parent_digest:  # rows carried from the parent meet the image's own tables and kernels now
+        from app.services.upgrades import retriage
+        retriage(s, digest)
     return stored
 
 

@@ -23,7 +23,7 @@ from app.config import Settings
 from app.db.models import Campaign
 from app.db.session import Database
 from app.domain.families import get_family
-from app.services import campaigns, engagement, overlays, verifications
+from app.services import campaigns, engagement, overlays, verifications, upgrades
 from app.domain.roofline import processor
 from app.web.plots import coverage_svg
 
@@ -141,7 +141,8 @@ class _Head(NamedTuple):
 
 def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None) -> _Head:
     counts = campaigns.shape_counts(s, campaign_id)  # one pass: the summary's and the totals' version's
-    summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id, counts)
+    summary = {**campaigns.summary(s, settings.default_shape_cost_s, campaign_id, counts),
+               "upgrade": upgrades.counts(s, campaign_id)}
     return _Head(counts, summary, verifications.listing(s, summary["image_digest"], summary["family"])[:3],
                  campaigns.listed_version(s, campaign_id, after=after),
                  engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})))

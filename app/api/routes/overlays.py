@@ -50,7 +50,8 @@ def overlay_info(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> di
     return {"family": ov.family.name, "env_var": ov.family.env_var, "rows": len(ov.table.rows),
             "header": list(ov.schema.header), "schema_known": ov.schema.known, "filename": name,
             "env_line": f"{ov.family.env_var}=/overlays/{name}",
-            "download": f"/v1/overlays/{image_digest}/{ov.family.name}.csv"}
+            "download": f"/v1/overlays/{image_digest}/{ov.family.name}.csv",
+            "provisional_rows": ov.provisional, "carried_from": ov.carried_from}
 
 
 @router.get("/v1/overlays/{image_digest}/{family}/deploy", response_model=DeployPlan)

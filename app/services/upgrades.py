@@ -1,0 +1,212 @@
+"""Image upgrades: a new image inherits its parent's campaigns (shapes, calls, served steps) and, row by row, its
+tuning (app/domain/upgrade.py): carried rows are served at once and confirmed by short races, rows the new image
+ships or can no longer run are raced again. One transaction: an inherit that fails leaves nothing behind."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result
+from app.domain import deploy, served
+from app.domain import upgrade as up
+from app.domain.families import get_family
+from app.domain.lease_states import ShapeState
+from app.domain.tables import Table
+from app.errors import Conflict, Invalid, NotFound
+from app.services.captures import ensure_campaign, ensure_image, reweigh
+from app.services.schemas import release_of, schema_for, shipped_for
+
+
+def _parents(s: Session) -> dict[str, str | None]:
+    return dict(s.execute(select(Image.digest, Image.parent_digest)).all())
+
+
+def _best_results(s: Session, shape_ids: list[int]) -> dict[int, Result]:
+    """Each shape's fastest verified result."""
+    best: dict[int, Result] = {}
+    for i in range(0, len(shape_ids), 500):
+        for r in s.scalars(select(Result).where(Result.shape_id.in_(shape_ids[i:i + 500]),
+                                                Result.verified.is_(True))):
+            if r.us is not None and (r.shape_id not in best or r.us < (best[r.shape_id].us or float("inf"))):
+                best[r.shape_id] = r
+    return best
+
+
+def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: dict[int, Result]) -> None:
+    """Each shape's verdict against its image's tables and kernel catalog as known now (shapes: those with a
+    carried result, by shape id)."""
+    if not shapes:
+        return
+    fam = get_family(camp.family)
+    img = s.get(Image, camp.image_digest)
+    catalog = (img.kernel_catalog or {}).get(fam.name) if img else None
+    schema = schema_for(s, camp.image_digest, fam.name)
+    release = release_of(s, camp.image_digest)
+    rows = [carried[sh.id].row or {} for sh in shapes]
+    shipped = deploy.shipped_rows(release, fam, shipped_for(s, camp.image_digest, fam.name, release),
+                                  Table(tuple(schema.header), [{c: r.get(c, "") for c in schema.header} for r in rows]),
+                                  camp.gfx)
+    for sh, row, ship in zip(shapes, rows, shipped):
+        res = carried[sh.id]
+        kernel = res.kernel_name or fam.kernel_of(row)
+        verdict = up.triage(kernel, row, schema.header, ship is not None, catalog)
+        sh.triage, sh.outcome = verdict.value, None
+        if verdict is up.Triage.CARRIED:
+            sh.finalists = up.finalists(kernel, res.candidates or [], catalog=catalog)
+        elif verdict is up.Triage.NOW_SHIPPED:
+            # the shipped kernel is the incumbent to beat; ours and the parent's best race it
+            theirs = fam.kernel_of(ship or {})
+            sh.finalists = ([theirs] if theirs else []) + [k for k in up.finalists(
+                kernel, res.candidates or [], catalog=catalog) if k != theirs]
+        else:
+            sh.finalists = None
+
+
+def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
+    """new's campaigns from old's (every gfx/cu_num/family), with their shapes, calls and served-step histograms,
+    and each verified row triaged. Refused (nothing written) for an unknown parent, a cycle, or a second parent."""
+    if s.get(Image, old) is None:
+        raise NotFound(f"from: no image {old} is known here", "from")
+    try:
+        up.check_lineage(new, old, _parents(s))
+    except up.LineageError as e:
+        raise (Conflict if e.conflict else Invalid)(str(e), e.field) from None
+    img = ensure_image(s, new)
+    img.parent_digest = old
+    out = []
+    for oc in s.scalars(select(Campaign).where(Campaign.image_digest == old).order_by(Campaign.id)).all():
+        nc = ensure_campaign(s, new, oc.gfx, oc.cu_num, oc.family)
+        if oc.step_hist:
+            nc.step_hist = served.merge(nc.step_hist, oc.step_hist)
+        olds = s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == oc.id)
+                         .order_by(CampaignShape.id)).all()
+        have = {sh.shape_key: sh for sh in s.scalars(select(CampaignShape)
+                                                     .where(CampaignShape.campaign_id == nc.id))}
+        best = _best_results(s, [sh.id for sh in olds])
+        carried: dict[int, Result] = {}
+        to_triage = []
+        added = 0
+        for o in olds:
+            sh = have.get(o.shape_key)
+            if sh is None:
+                sh = CampaignShape(campaign_id=nc.id, shape_key=o.shape_key, shape=o.shape, calls=o.calls,
+                                   flops=o.flops, default_us=o.default_us, default_measured=o.default_measured,
+                                   steps=o.steps, priority=o.priority, state=ShapeState.QUEUED.value, attempts=0,
+                                   attempts_base=0)
+                s.add(sh)
+                added += 1
+            elif sh.state != ShapeState.QUEUED.value or sh.attempts or sh.triage:
+                continue  # the new image already works on it (or tuned it): its own race stands
+            else:
+                sh.calls = max(sh.calls, o.calls)
+            if o.id in best:
+                to_triage.append((sh, best[o.id]))
+        s.flush()
+        for sh, res in to_triage:
+            sh.carried_result_id = res.id
+            carried[sh.id] = res
+        _triage(s, nc, [sh for sh, _ in to_triage], carried)
+        if nc.step_hist:
+            s.flush()
+            reweigh(s, nc, get_family(nc.family))
+        verdicts = Counter(sh.triage for sh, _ in to_triage)
+        out.append({"campaign_id": nc.id, "from_campaign_id": oc.id, "family": nc.family, "gfx": nc.gfx,
+                    "cu_num": nc.cu_num, "shapes_added": added, "with_row": len(to_triage),
+                    **{v.value: verdicts.get(v.value, 0) for v in up.Triage}})
+    if not out:
+        raise Invalid(f"from: image {old} has no campaigns to inherit", "from")
+    return {"image_digest": new, "from": old, "campaigns": out}
+
+
+def retriage(s: Session, digest: str) -> int:
+    """The image's tables or kernel catalog changed (its worker reported them): carried rows not yet confirmed are
+    triaged again (a key it now ships, a kernel it lacks). Shapes being raced stay as they are."""
+    s.flush()
+    n = 0
+    for camp in s.scalars(select(Campaign).where(Campaign.image_digest == digest)).all():
+        shapes = s.scalars(select(CampaignShape).where(
+            CampaignShape.campaign_id == camp.id, CampaignShape.triage == up.Triage.CARRIED.value,
+            CampaignShape.outcome.is_(None), CampaignShape.state == ShapeState.QUEUED.value)).all()
+        if not shapes:
+            continue
+        results = {r.id: r for r in s.scalars(select(Result).where(
+            Result.id.in_([sh.carried_result_id for sh in shapes])))}
+        carried = {sh.id: results[sh.carried_result_id] for sh in shapes if sh.carried_result_id in results}
+        _triage(s, camp, [sh for sh in shapes if sh.id in carried], carried)
+        n += len(carried)
+    return n
+
+
+def counts(s: Session, campaign_id: int) -> dict[str, Any] | None:
+    """What an inherited campaign carried and how its confirmations went, with its race time against the parent
+    campaign's (None: the campaign's image inherits nothing)."""
+    camp = s.get(Campaign, campaign_id)
+    img = s.get(Image, camp.image_digest) if camp else None
+    if camp is None or img is None or not img.parent_digest:
+        return None
+    parent = s.scalars(select(Campaign).where(Campaign.image_digest == img.parent_digest, Campaign.gfx == camp.gfx,
+                                              Campaign.cu_num == camp.cu_num, Campaign.family == camp.family)).first()
+    by = Counter({(t, o): n for t, o, n in s.execute(
+        select(CampaignShape.triage, CampaignShape.outcome, func.count()).where(
+            CampaignShape.campaign_id == campaign_id, CampaignShape.triage.is_not(None))
+        .group_by(CampaignShape.triage, CampaignShape.outcome))})
+
+    def n(triage: str | None = None, outcome: str | None = None) -> int:
+        return sum(v for (t, o), v in by.items() if (triage is None or t == triage) and (outcome is None or o == outcome))
+
+    def spent(cid: int) -> float:
+        return float(s.scalar(select(func.sum(Result.elapsed_s)).join(Lease, Lease.id == Result.lease_id)
+                              .where(Lease.campaign_id == cid)) or 0.0)
+    gpu, parent_gpu = spent(campaign_id), spent(parent.id) if parent else 0.0
+    return {"from_digest": img.parent_digest, "from_campaign_id": parent.id if parent else None,
+            "inherited_rows": n(),
+            "carried": n(up.Triage.CARRIED), "provisional": n(up.Triage.CARRIED) - sum(
+                n(up.Triage.CARRIED, o) for o in up.Outcome),
+            "confirmed": n(outcome=up.Outcome.CONFIRMED), "overturned": n(outcome=up.Outcome.OVERTURNED),
+            "re_raced": n(outcome=up.Outcome.RE_RACED),
+            "kernel_gone": n(up.Triage.KERNEL_GONE), "header_changed": n(up.Triage.HEADER_CHANGED),
+            "now_shipped": n(up.Triage.NOW_SHIPPED), "shipped_kept": n(outcome=up.Outcome.SHIPPED_KEPT),
+            "ours_kept": n(outcome=up.Outcome.OURS_KEPT),
+            "gpu_s": gpu, "parent_gpu_s": parent_gpu, "gpu_ratio": gpu / parent_gpu if parent_gpu else None}
+
+
+def lineage(s: Session, digest: str, may_see: Any = lambda d: True) -> dict[str, Any]:
+    img = s.get(Image, digest)
+    if img is None:
+        raise NotFound(f"image_digest: no image {digest} is known here", "image_digest")
+    children = [d for d, in s.execute(select(Image.digest).where(Image.parent_digest == digest)) if may_see(d)]
+    return {"image_digest": digest, "parent": img.parent_digest if img.parent_digest and may_see(img.parent_digest)
+            else None, "children": children,
+            "suggested_from": [d for d in suggestions(s, digest) if may_see(d)] if not img.parent_digest else []}
+
+
+def suggestions(s: Session, digest: str) -> list[str]:
+    """The digests the hosts now capturing digest reported last before it: the image it most likely upgrades."""
+    hosts = [h for h, in s.execute(select(Capture.host).join(Campaign, Campaign.id == Capture.campaign_id)
+                                   .where(Campaign.image_digest == digest, Capture.host.is_not(None)).distinct())]
+    out: list[str] = []
+    for host in hosts[:20]:
+        first = s.scalar(select(func.min(Capture.id)).join(Campaign, Campaign.id == Capture.campaign_id)
+                         .where(Campaign.image_digest == digest, Capture.host == host))
+        prev = s.scalar(select(Campaign.image_digest).join(Capture, Capture.campaign_id == Campaign.id)
+                        .where(Capture.host == host, Capture.id < first, Campaign.image_digest != digest)
+                        .order_by(Capture.id.desc()).limit(1))
+        if prev and prev not in out:
+            out.append(prev)
+    return out
+
+
+def suggestion_note(s: Session, digest: str) -> str | None:
+    """A capture note for an image seen for the first time from a host that ran another image before."""
+    img = s.get(Image, digest)
+    if img is None or img.parent_digest:
+        return None
+    found = suggestions(s, digest)
+    if not found:
+        return None
+    return (f"image {digest} is new here and its host last ran {found[0]}: an admin can carry that image's tuning "
+            f"over with POST /v1/images/{digest}/inherit {{\"from\": \"{found[0]}\"}} (or `aiter-tuner inherit`)")
