@@ -123,9 +123,9 @@ class LeasedShape(BaseModel):
     shape: dict[str, str]
     calls: int
     attempts: int  # this try's number (1 on the first lease)
-    # a confirmation race (an image upgrade carried this shape's row from the image it inherits from): the
-    # carried row's kernel, and the old race's top kernels; a worker races the default, the incumbent and these
-    # only. Empty: a full race.
+    # a confirmation race (an image upgrade carried this shape's row from the image it inherits from,
+    # app/domain/upgrade.py): the kernel to confirm (the carried row's, or the new image's shipped one), and the
+    # kernels to race beside the default: the incumbent first, then the parent race's best. Empty: a full race.
     incumbent: str | None = None
     finalists: list[str] = []
 
