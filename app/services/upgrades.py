@@ -14,10 +14,12 @@ from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result
 from app.domain import deploy, served
 from app.domain import upgrade as up
 from app.domain.families import get_family
+from app.domain import lease_states as ls
 from app.domain.lease_states import ShapeState
 from app.domain.tables import Table
 from app.errors import Conflict, Invalid, NotFound
 from app.services.captures import ensure_campaign, ensure_image, reweigh
+from app.services.leasing import set_shape, shape_facts
 from app.services.schemas import release_of, schema_for, shipped_for
 
 
@@ -58,8 +60,14 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
         if verdict is up.Triage.CARRIED:
             sh.finalists = up.finalists(kernel, res.candidates or [], catalog=catalog)
         elif verdict is up.Triage.NOW_SHIPPED:
-            # the shipped kernel is the incumbent to beat; ours and the parent's best race it
             theirs = fam.kernel_of(ship or {})
+            settled = up.settled(verdict, kernel, theirs)
+            if settled is not None:  # the image ships our very row's kernel: covered by it, nothing to race
+                sh.outcome, sh.finalists = settled.value, None
+                set_shape(sh, ls.cover(shape_facts(sh), f"the image ships this key with {theirs}, the kernel "
+                                                         f"{res.image_digest[:19]} tuned: nothing to race"))
+                continue
+            # the shipped kernel is the incumbent to beat; ours and the parent's best race it
             sh.finalists = ([theirs] if theirs else []) + [k for k in up.finalists(
                 kernel, res.candidates or [], catalog=catalog) if k != theirs]
         else:
