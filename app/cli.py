@@ -28,9 +28,10 @@ def serve(args: argparse.Namespace) -> int:
         settings.database_url = args.database_url
     app = create_app(settings)
     ready_to_serve(app)
-    # httptools parses HTTP and uvloop runs the event loop in C: a lease round trip's framework share halves
+    # "auto": httptools and uvloop where installed (the server extra; a lease round trip's framework share
+    # halves), else h11 and asyncio
     uvicorn.run(app, host=args.host or settings.host, port=args.port or settings.port,
-                log_level="info", http="httptools", loop="uvloop",
+                log_level="info", http="auto", loop="auto",
                 access_log=args.access_log)  # a log line per request costs ~5% of a lease
     return 0
 
@@ -61,13 +62,19 @@ def _wait_up(url: str, timeout_s: float = 60) -> None:
             time.sleep(0.3)
 
 
+def _cpu_count() -> int:
+    from workers.identity import cpu_count  # what a CPU worker reports as its cu_num (not nproc: OMP_NUM_THREADS)
+    return cpu_count()
+
+
 def example(args: argparse.Namespace) -> int:
     import httpx
     url = args.service.rstrip("/")
     _wait_up(url)
     tok = _token(args)
     headers = {"Authorization": f"Bearer {tok}"} if tok else {}
-    body = {"image_digest": EXAMPLE_DIGEST, "gfx": args.gfx, "cu_num": args.cu_num, "family": "bf16_gemm",
+    cu_num = args.cu_num or (_cpu_count() if args.gfx == "cpu" else 304)
+    body = {"image_digest": EXAMPLE_DIGEST, "gfx": args.gfx, "cu_num": cu_num, "family": "bf16_gemm",
             "host": "example", "shapes": EXAMPLE_SHAPES}
     r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
     print(r.status_code, json.dumps(r.json()))
@@ -119,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="aiter-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the service (migrates its database first)")
-    s.add_argument("--host", help="default TUNER_HOST or 127.0.0.1")
+    s.add_argument("--host", help="the address to listen on (default TUNER_HOST or 127.0.0.1; the capture agent's "
+                                  "own name is TUNER_HOSTNAME)")
     s.add_argument("--port", type=int, help="default TUNER_PORT or 8000")
     s.add_argument("--database-url", default=None)
     s.add_argument("--access-log", action="store_true", help="log every request (Prometheus counts them anyway)")
@@ -129,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="default TUNER_SERVICE_URL (what workers read too) or http://127.0.0.1:8000")
     e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
     e.add_argument("--gfx", default="gfx942", help="the identity workers will report: gfx942, gfx950, cpu, ...")
-    e.add_argument("--cu-num", type=int, default=304, help="their CU count (a CPU worker reports `nproc`)")
+    e.add_argument("--cu-num", type=int, default=None,
+                   help="their CU count (default: with --gfx cpu, the CPUs this process may use, as a CPU worker on "
+                        "this machine reports them; else 304)")
     e.set_defaults(fn=example)
     from app.capture.agent import add_arguments
     cap = sub.add_parser("capture", help="follow a server's log (and vLLM metrics) and post AITER's lookups")
