@@ -74,7 +74,7 @@ def example(args: argparse.Namespace) -> int:
     tok = _token(args)
     headers = {"Authorization": f"Bearer {tok}"} if tok else {}
     cu_num = args.cu_num or (_cpu_count() if args.gfx == "cpu" else 304)
-    body = {"image_digest": EXAMPLE_DIGEST, "gfx": args.gfx, "cu_num": cu_num, "family": "bf16_gemm",
+    body = {"image_digest": args.image_digest, "gfx": args.gfx, "cu_num": cu_num, "family": "bf16_gemm",
             "host": "example", "shapes": EXAMPLE_SHAPES}
     r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
     print(r.status_code, json.dumps(r.json()))
@@ -83,6 +83,15 @@ def example(args: argparse.Namespace) -> int:
         print(f"campaign {c['campaign_id']}: {c['family']} {c['gfx']}/{c['cu_num']} {c['shapes']} shapes, "
               f"{c['queued']} queued")
     return 0 if r.status_code == 201 else 1
+
+
+def _write_secret(path: str, secret: str) -> None:
+    """Mode 0600, whole or not at all: a reader never sees half a token."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    os.replace(tmp, path)
 
 
 def token_cmd(args: argparse.Namespace) -> int:
@@ -103,8 +112,11 @@ def token_cmd(args: argparse.Namespace) -> int:
                 except Invalid as e:
                     print(f"error: {e.detail}", file=sys.stderr)
                     return 2
-                print(json.dumps({"id": tok.id, "name": tok.name, "role": tok.role, "digests": tok.digests,
-                                  "token": secret}))
+                out = {"id": tok.id, "name": tok.name, "role": tok.role, "digests": tok.digests, "token": secret}
+                if args.secret_file:  # the secret alone, for a container to read (docker-compose.yml)
+                    _write_secret(args.secret_file, secret)
+                    out["token"] = f"(in {args.secret_file})"
+                print(json.dumps(out))
             elif args.action == "list":
                 print(json.dumps(tokens.listing(s), indent=1))
             elif not tokens.revoke(s, args.id):
@@ -136,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"),
                    help="default TUNER_SERVICE_URL (what workers read too) or http://127.0.0.1:8000")
     e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
+    e.add_argument("--image-digest", default=EXAMPLE_DIGEST, help="the image the shapes are for (default: sha256:0…01)")
     e.add_argument("--gfx", default="gfx942", help="the identity workers will report: gfx942, gfx950, cpu, ...")
     e.add_argument("--cu-num", type=int, default=None,
                    help="their CU count (default: with --gfx cpu, the CPUs this process may use, as a CPU worker on "
@@ -151,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--role", required=True, choices=["capture", "worker", "admin", "read"])
     c.add_argument("--name", required=True)
     c.add_argument("--digest", action="append", help="scope to this image digest (repeatable)")
+    c.add_argument("--secret-file", help="write the token's secret to this file (0600) instead of printing it")
     tsub.add_parser("list")
     r = tsub.add_parser("revoke")
     r.add_argument("id", type=int)
