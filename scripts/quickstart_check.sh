@@ -32,7 +32,7 @@ echo "== checks"
 R="$ROOT/README.md"
 ! grep -qE 'nproc\)|kill %1' "$R" || { echo "README: nproc or kill %1 is back"; exit 1; }
 grep -q 'NEW=$(curl' "$R" || { echo "README: \$NEW is used but never set"; exit 1; }
-! grep -qE 'pip install[^`]* aiter-tuner( |&|"|$)|pip install .aiter-tuner\[' "$R" \
+! grep -qE "pip install( +-[-a-z]+)* +['\"]?aiter-tuner([^_a-z0-9]|\$)" "$R" \
   || { echo "README: installs aiter-tuner from a package index"; exit 1; }
 grep -q 'amd.com/gpu' "$R" && grep -q 'name: MODEL' "$R" || { echo "README: the pod lacks a GPU or MODEL"; exit 1; }
 grep -q 'apt_install chromium' "$ROOT/scripts/test.sh" || { echo "test.sh installs silently"; exit 1; }
@@ -65,6 +65,9 @@ assert "googleapis" not in redoc and "cdn.redoc.ly" not in js and js, "ReDoc loa
 # a header-only overlay says why, and offers no AITER_CONFIG line to set
 if $rows == 0:
     assert "Nothing to deploy yet" in page and 'id="envline"' not in page, page
+# the deploy plan offers no form its own notes say would replace the shipped table
+plan = httpx.get(url + "/v1/overlays/sha256:" + "0" * 63 + "1/bf16_gemm/deploy").json()
+assert plan["shipped_tables_known"] or "layer" not in plan["offered"], plan
 # the plot's last point is the page's served time covered
 from app.db.session import Database
 from app.services import campaigns
