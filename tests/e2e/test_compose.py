@@ -9,13 +9,12 @@ the compose plugin is installed."""
 
 from __future__ import annotations
 
-import os
+import io
 import re
 import shlex
-import shutil
 import subprocess
 import tarfile
-import io
+import time
 
 import httpx
 import pytest
@@ -133,7 +132,6 @@ class Stack:
 
 
 def wait(what, until, procs, timeout_s=600):
-    import time
     end = time.monotonic() + timeout_s
     while not until():
         for p in procs:
