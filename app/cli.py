@@ -28,9 +28,10 @@ def serve(args: argparse.Namespace) -> int:
         settings.database_url = args.database_url
     app = create_app(settings)
     ready_to_serve(app)
-    # httptools parses HTTP and uvloop runs the event loop in C: a lease round trip's framework share halves
+    # "auto": httptools and uvloop where installed (the server extra; a lease round trip's framework share
+    # halves), else h11 and asyncio
     uvicorn.run(app, host=args.host or settings.host, port=args.port or settings.port,
-                log_level="info", http="httptools", loop="uvloop",
+                log_level="info", http="auto", loop="auto",
                 access_log=args.access_log)  # a log line per request costs ~5% of a lease
     return 0
 
@@ -61,13 +62,19 @@ def _wait_up(url: str, timeout_s: float = 60) -> None:
             time.sleep(0.3)
 
 
+def _cpu_count() -> int:
+    from workers.identity import cpu_count  # what a CPU worker reports as its cu_num (not nproc: OMP_NUM_THREADS)
+    return cpu_count()
+
+
 def example(args: argparse.Namespace) -> int:
     import httpx
     url = args.service.rstrip("/")
     _wait_up(url)
     tok = _token(args)
     headers = {"Authorization": f"Bearer {tok}"} if tok else {}
-    body = {"image_digest": EXAMPLE_DIGEST, "gfx": args.gfx, "cu_num": args.cu_num, "family": "bf16_gemm",
+    cu_num = args.cu_num or (_cpu_count() if args.gfx == "cpu" else 304)
+    body = {"image_digest": args.image_digest, "gfx": args.gfx, "cu_num": cu_num, "family": "bf16_gemm",
             "host": "example", "shapes": EXAMPLE_SHAPES}
     r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
     print(r.status_code, json.dumps(r.json()))
@@ -76,6 +83,15 @@ def example(args: argparse.Namespace) -> int:
         print(f"campaign {c['campaign_id']}: {c['family']} {c['gfx']}/{c['cu_num']} {c['shapes']} shapes, "
               f"{c['queued']} queued")
     return 0 if r.status_code == 201 else 1
+
+
+def _write_secret(path: str, secret: str) -> None:
+    """Mode 0600, whole or not at all: a reader never sees half a token."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    os.replace(tmp, path)
 
 
 def token_cmd(args: argparse.Namespace) -> int:
@@ -96,8 +112,11 @@ def token_cmd(args: argparse.Namespace) -> int:
                 except Invalid as e:
                     print(f"error: {e.detail}", file=sys.stderr)
                     return 2
-                print(json.dumps({"id": tok.id, "name": tok.name, "role": tok.role, "digests": tok.digests,
-                                  "token": secret}))
+                out = {"id": tok.id, "name": tok.name, "role": tok.role, "digests": tok.digests, "token": secret}
+                if args.secret_file:  # the secret alone, for a container to read (docker-compose.yml)
+                    _write_secret(args.secret_file, secret)
+                    out["token"] = f"(in {args.secret_file})"
+                print(json.dumps(out))
             elif args.action == "list":
                 print(json.dumps(tokens.listing(s), indent=1))
             elif not tokens.revoke(s, args.id):
@@ -147,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="aiter-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the service (migrates its database first)")
-    s.add_argument("--host", help="default TUNER_HOST or 127.0.0.1")
+    s.add_argument("--host", help="the address to listen on (default TUNER_HOST or 127.0.0.1; the capture agent's "
+                                  "own name is TUNER_HOSTNAME)")
     s.add_argument("--port", type=int, help="default TUNER_PORT or 8000")
     s.add_argument("--database-url", default=None)
     s.add_argument("--access-log", action="store_true", help="log every request (Prometheus counts them anyway)")
@@ -156,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"),
                    help="default TUNER_SERVICE_URL (what workers read too) or http://127.0.0.1:8000")
     e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
+    e.add_argument("--image-digest", default=EXAMPLE_DIGEST, help="the image the shapes are for (default: sha256:0…01)")
     e.add_argument("--gfx", default="gfx942", help="the identity workers will report: gfx942, gfx950, cpu, ...")
-    e.add_argument("--cu-num", type=int, default=304, help="their CU count (a CPU worker reports `nproc`)")
+    e.add_argument("--cu-num", type=int, default=None,
+                   help="their CU count (default: with --gfx cpu, the CPUs this process may use, as a CPU worker on "
+                        "this machine reports them; else 304)")
     e.set_defaults(fn=example)
     from app.capture.agent import add_arguments
     cap = sub.add_parser("capture", help="follow a server's log (and vLLM metrics) and post AITER's lookups")
@@ -169,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--role", required=True, choices=["capture", "worker", "admin", "read"])
     c.add_argument("--name", required=True)
     c.add_argument("--digest", action="append", help="scope to this image digest (repeatable)")
+    c.add_argument("--secret-file", help="write the token's secret to this file (0600) instead of printing it")
     tsub.add_parser("list")
     r = tsub.add_parser("revoke")
     r.add_argument("id", type=int)

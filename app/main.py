@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import math
@@ -10,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -85,6 +87,50 @@ def bootstrap_admin(db: Database, settings: Settings) -> None:
     print(f"aiter-tuner: first start, admin token (also in {path}): {secret}", file=sys.stderr, flush=True)
 
 
+def _bearer_in_openapi(app: FastAPI) -> None:
+    """The bearer scheme in the OpenAPI document, so /docs has an Authorize button. Optional per the document
+    (`{}`): reads may be open (TUNER_READ_OPEN); each route's role is checked in app/auth.py, not declared here."""
+    made = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = made()
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+                "type": "http", "scheme": "bearer",
+                "description": "an API token (`aiter-tuner token create`, or the admin token at start)"}
+            schema["security"] = [{"bearer": []}, {}]
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"  # ReDoc's "API docs by Redocly" badge, in its bundle
+
+
+@functools.cache
+def _redoc_js() -> bytes:
+    """fastapi-offline's ReDoc bundle with its one remote image pointed at our favicon."""
+    import fastapi_offline
+    js = (Path(fastapi_offline.__file__).parent / "static" / "redoc.standalone.js").read_bytes()
+    return js.replace(REDOC_LOGO.encode(), b"/static/favicon.svg")
+
+
+def _offline_redoc(app: FastAPI) -> None:
+    """/redoc from the app alone: fastapi-offline's page loads Google Fonts' CSS off and its bundle's badge
+    from a CDN; this one neither."""
+    from fastapi.openapi.docs import get_redoc_html
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> Response:
+        return get_redoc_html(openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - ReDoc",
+                              redoc_js_url="/docs-assets/redoc.standalone.js",
+                              redoc_favicon_url="/static/favicon.svg", with_google_fonts=False)
+
+    @app.get("/docs-assets/redoc.standalone.js", include_in_schema=False)
+    def redoc_js() -> Response:
+        return Response(_redoc_js(), media_type="application/javascript")
+
+
 def create_app(settings: Settings | None = None, run_migrations: bool = True) -> FastAPI:
     settings = settings or Settings()
     if run_migrations:
@@ -110,9 +156,11 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
 
     # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not a CDN: they work offline
     app = FastAPIOffline(title="AITER tuning orchestrator", version="0.1.0", lifespan=lifespan,
-                         favicon_url="/static/favicon.svg",
+                         favicon_url="/static/favicon.svg", redoc_url=None,  # _offline_redoc: no CDN logo
                          responses=responses.errors(400, 401, 403, 404, 409, 413, 422, 503))
     app.state.settings, app.state.db = settings, db
+    _bearer_in_openapi(app)
+    _offline_redoc(app)
     app.state.lease_limiter = (anyio.CapacityLimiter(settings.lease_threads)
                                if settings.lease_threads > 0 and not db.is_sqlite else None)
     app.state.token_cache = TTLCache(settings.token_cache_s)

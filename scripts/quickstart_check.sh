@@ -20,12 +20,25 @@ echo "== running in $WORK (port $PORT):"; cat "$WORK/quickstart.sh"
 
 cd "$WORK"
 # `source` so the README's `serve &` is a job of this shell, stopped on exit
-trap 'kill %1 2>/dev/null || true' EXIT
+trap 'kill "${SERVER:-%1}" 2>/dev/null || true' EXIT  # the README sets SERVER=$! for its `kill $SERVER`
 set -x
 source ./quickstart.sh
 set +x
 
 echo "== checks"
+[ -n "${SERVER:-}" ] && kill -0 "$SERVER" || { echo "the README's \$SERVER is not the running service"; exit 1; }
+# the README's other points (issue 27), kept: no nproc (OMP_NUM_THREADS changes it), no kill %1, $NEW set before
+# use, no index's aiter-tuner (an unclaimed name), a Kubernetes pod that asks for a GPU and sets $MODEL
+R="$ROOT/README.md"
+! grep -qE 'nproc\)|kill %1' "$R" || { echo "README: nproc or kill %1 is back"; exit 1; }
+grep -q 'NEW=$(curl' "$R" || { echo "README: \$NEW is used but never set"; exit 1; }
+! grep -qE "pip install( +-[-a-z]+)* +['\"]?aiter-tuner([^_a-z0-9]|\$)" "$R" \
+  || { echo "README: installs aiter-tuner from a package index"; exit 1; }
+grep -q 'amd.com/gpu' "$R" && grep -q 'name: MODEL' "$R" || { echo "README: the pod lacks a GPU or MODEL"; exit 1; }
+grep -q 'apt_install chromium' "$ROOT/scripts/test.sh" || { echo "test.sh installs silently"; exit 1; }
+TUNER_CU_NUM=304x .venv/bin/aiter-tuner token list >/dev/null  # a malformed value stops only `capture`
+if TUNER_CU_NUM=304x .venv/bin/aiter-tuner capture --once 2>cu.err; then exit 1; fi
+grep -q TUNER_CU_NUM cu.err || { cat cu.err; exit 1; }
 rows=$(($(wc -l < bf16_tuned_gemm.csv) - 1))
 head -1 bf16_tuned_gemm.csv | grep -q '^gfx,cu_num,M,N,K' || { echo "overlay header unexpected"; exit 1; }
 .venv/bin/python - <<PY
@@ -44,5 +57,23 @@ assert "/campaigns/" in home, home[:500]
 page = httpx.get(url + "/campaigns/1").text
 assert "CPU time" in page and "GPU time" not in page, "the dashboard names the CPU's time"
 assert "swagger-ui" in httpx.get(url + "/docs").text
+# /docs' Authorize button: a bearer scheme in the OpenAPI; /redoc fetches nothing from another host
+assert httpx.get(url + "/openapi.json").json()["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+redoc = httpx.get(url + "/redoc").text
+js = "".join(httpx.get(url + src).text for src in __import__("re").findall(r'<script src="([^"]+)"', redoc))
+assert "googleapis" not in redoc and "cdn.redoc.ly" not in js and js, "ReDoc loads from a CDN"
+# a header-only overlay says why, and offers no AITER_CONFIG line to set
+if $rows == 0:
+    assert "Nothing to deploy yet" in page and 'id="envline"' not in page, page
+# the deploy plan offers no form its own notes say would replace the shipped table
+plan = httpx.get(url + "/v1/overlays/sha256:" + "0" * 63 + "1/bf16_gemm/deploy").json()
+assert plan["shipped_tables_known"] or "layer" not in plan["offered"], plan
+# the plot's last point is the page's served time covered
+from app.db.session import Database
+from app.services import campaigns
+db = Database("sqlite:///data/tuner.db")
+with db.session(write=False) as s:
+    last = campaigns.coverage_points(s, 1)[-1][1]
+assert abs(last - camp["served_time_covered"]) < 1e-9, (last, camp["served_time_covered"])
 print(f"quickstart OK: 3 shapes tuned, overlay downloaded with $rows rows; torch {torch.__version__}")
 PY

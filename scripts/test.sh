@@ -5,20 +5,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q -e '.[dev]'
+# -c: the versions the suite was last run on (requirements-lock.txt, scripts/lock.sh writes it)
+.venv/bin/pip install -q -c requirements-lock.txt -e '.[dev]'
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download of its own).
+# apt_install PKG WHY: says what it installs and why before it does (the machine's package manager, as root)
+apt_install() {
+  echo "scripts/test.sh: apt-get install $1 ($2)" >&2
+  apt-get install -y -q "$1" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "$1" >/dev/null; }
+}
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
-  (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
-    apt-get install -y -q chromium >/dev/null; }) || echo "!!!!! could not install chromium: browser tests will fail" >&2
+  apt_install chromium "the browser tests drive it" || echo "!!!!! could not install chromium: browser tests will fail" >&2
 fi
 
 start_pg() {
   local bin
   bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
   if [ -z "$bin" ] && command -v apt-get >/dev/null; then
-    (apt-get install -y -q postgresql >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
-      apt-get install -y -q postgresql >/dev/null; }) || true
+    apt_install postgresql "the tests' PostgreSQL, started on loopback and removed at exit" || true
     bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
   fi
   [ -n "$bin" ] || return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -31,6 +32,22 @@ from app.domain.log_lines import parse_log
 log = logging.getLogger("aiter-tuner.capture")
 MAX_SHAPES_PER_CAPTURE = 1000
 RETRY = {401, 403, 404, 408, 409, 429}  # fixable outside the capture (token, service, load): try again later
+_RNG = random.Random()  # retry jitter; seeded from the OS, so two sidecars draw differently
+
+
+def number(kind: type, env_name: str, positive: bool = True) -> Any:
+    """An argparse type for a flag whose default comes from env_name: a bad value is an error naming both,
+    raised only when this command parses its flags (never while another subcommand's parser is built)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or (positive and value <= 0):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'positive ' if positive else ''}{kind.__name__} "
+                                             f"(the flag, or {env_name} in the environment)")
+        return value
+    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the served image's digest, from the pod spec or `docker inspect` (TUNER_IMAGE_DIGEST)")
     p.add_argument("--gfx", default=env("TUNER_GFX"),
                    help="the GPU's gfx; default: rocminfo's (as get_gfx_runtime reads it), else GPU_ARCHS")
-    p.add_argument("--cu-num", type=int, default=int(env("TUNER_CU_NUM", "0")) or None,
+    p.add_argument("--cu-num", type=number(int, "TUNER_CU_NUM"), default=env("TUNER_CU_NUM") or None,
                    help="the GPU's compute units; default: rocminfo's, else CU_NUM")
     p.add_argument("--log", default=env("TUNER_LOG"), help="the server's log file, or - for standard input")
     p.add_argument("--metrics-url", default=env("TUNER_METRICS_URL"),
@@ -50,9 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="read what is there, post, exit (1: left in the spool)")
     mode.add_argument("--follow", action="store_true", help="keep following (the default)")
-    p.add_argument("--interval-s", type=float, default=float(env("TUNER_CAPTURE_INTERVAL_S", "10")))
+    p.add_argument("--interval-s", type=number(float, "TUNER_CAPTURE_INTERVAL_S"),
+                   default=env("TUNER_CAPTURE_INTERVAL_S") or "10")
     p.add_argument("--retry-s", type=float, default=30.0, help="--once: how long to retry an unreachable service")
-    p.add_argument("--host", default=env("TUNER_HOST", socket.gethostname()))
+    # TUNER_HOSTNAME, not TUNER_HOST: that one is the address `aiter-tuner serve` listens on
+    p.add_argument("--host", default=env("TUNER_HOSTNAME") or socket.gethostname(),
+                   help="this server's name as the service shows it (TUNER_HOSTNAME; default: the hostname)")
     p.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN)")
 
 
@@ -196,29 +216,38 @@ def run(args: argparse.Namespace) -> int:
         spool.close()
 
 
+def jittered(ceiling: float) -> float:
+    """A wait drawn from the upper half of the backoff's ceiling: sidecars that lost the service together (a
+    restart, an outage) spread their retries instead of arriving in lockstep at every doubling."""
+    return _RNG.uniform(ceiling / 2, ceiling)
+
+
 def _once(agent: Agent) -> int:
     while agent.collect(drain=True):  # a big log takes several reads (each one bounded in bytes)
         pass
-    give_up, delay = time.monotonic() + agent.args.retry_s, 0.5
+    give_up, ceiling = time.monotonic() + agent.args.retry_s, 0.5
     while not agent.deliver():
+        delay = jittered(ceiling)
         if time.monotonic() + delay > give_up:
             log.error("%d capture(s) not delivered; they stay in %s", len(agent.spool.pending), agent.spool.dir)
             return 1
         time.sleep(delay)
-        delay = min(delay * 2, 10.0)
+        ceiling = min(ceiling * 2, 10.0)
     return 1 if agent.rejected else 0
 
 
-def _follow(agent: Agent) -> int:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    backoff, up = agent.args.interval_s, True
+def _follow(agent: Agent, stop: threading.Event | None = None) -> int:
+    if stop is None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    ceiling, up = agent.args.interval_s, True
     while not stop.is_set():
         agent.collect(with_metrics=up)
         up = agent.deliver()
-        backoff = agent.args.interval_s if up else min(max(backoff * 2, 1.0), 300.0)
-        stop.wait(backoff)
+        # the service answered: the plain interval; it did not: capped exponential backoff, jittered
+        ceiling = agent.args.interval_s if up else min(max(ceiling * 2, 1.0), 300.0)
+        stop.wait(ceiling if up else jittered(ceiling))
     agent.collect()
     agent.deliver()
     return 0

@@ -1,4 +1,8 @@
-"""Run Alembic migrations programmatically (the server upgrades its database at start)."""
+"""Run Alembic migrations programmatically (the server upgrades its database at start).
+
+The migration scripts ship inside the package (app/migrations/, package data), so an installed wheel migrates
+without a checkout; Alembic is configured here in code, without alembic.ini (which only serves the `alembic`
+command run from a checkout, and points at the same folder)."""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parents[1] / "migrations"
 
 
 def alembic_config(url: str) -> Config:
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPTS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     cfg.attributes["configure_logger"] = False
     return cfg

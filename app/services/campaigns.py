@@ -148,9 +148,11 @@ def workers(s: Session, stale_s: float) -> list[dict]:
 
 
 def coverage_points(s: Session, campaign_id: int) -> list[tuple[float, float]]:
-    """(GPU seconds spent so far, share of served time tuned) after each result, in the order they landed."""
+    """(GPU seconds spent so far, share of served time tuned) after each result, in the order they landed. A shape
+    counts once a verified row or a "default is best" answer lands: the shapes the page counts as tuned."""
     total = s.scalar(select(func.sum(CampaignShape.priority)).where(CampaignShape.campaign_id == campaign_id)) or 0
-    q = (select(Result.elapsed_s, Result.verified, CampaignShape.priority, CampaignShape.id)
+    q = (select(Result.elapsed_s, Result.verified | (Result.status == "default_best"), CampaignShape.priority,
+                CampaignShape.id)
          .join(CampaignShape, CampaignShape.id == Result.shape_id)
          .where(CampaignShape.campaign_id == campaign_id).order_by(Result.id))
     spent = covered = 0.0

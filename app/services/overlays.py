@@ -222,9 +222,12 @@ def deploy_plan(s: Session, digest: str, family: str) -> dict:
     out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name)
     out["release"] = ov.release.name
     out["shipped_tables_known"] = ov.shipped.known
-    if not ov.shipped.known:
-        out["notes"].insert(0, "no shipped tables reported for this image yet (a worker reports them at start): "
-                               "the layer value lists only the overlay, which would REPLACE the shipped table")
+    if not ov.shipped.known:  # the layer value would list the overlay alone: not a form to offer
+        why = ("no shipped tables reported for this image yet (a worker reports them at start): the layer value "
+               "would list only the overlay, which would REPLACE the shipped table")
+        out["layer"].update(offered=False, why_not=why)
+        out["offered"] = [f for f in out["offered"] if f != "layer"]
+        out["notes"].insert(0, f"not offered: layer: {why}")
     return out
 
 

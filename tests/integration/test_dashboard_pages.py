@@ -70,3 +70,22 @@ def test_a_listed_shape_shows_its_fields_but_not_the_ones_every_shape_has_at_the
     (cell,) = re.findall(r'<tr class="shape"[^>]*>\s*<td><code>(.*?)</code></td>', page)
     assert cell == "".join(f"{k}={v} " for k, v in stored.items() if k not in hidden)
     assert cell.startswith("M=1 N=64 K=64 ")
+
+
+def test_a_campaign_the_default_won_says_why_its_overlay_is_empty_and_plots_what_the_page_counts(client):
+    from app.services import campaigns
+    from tests.integration.test_leasing_api import lease
+    cid = capture(client, [{"M": m, "N": 1280, "K": 8192} for m in (1, 2)], gfx="cpu", cu_num=2).json()["campaign_id"]
+    body = lease(client, budget_s=80_000, gfx="cpu", cu_num=2).json()
+    for item in body["shapes"]:  # the default won each shape: tuned, no row (what a CPU quick start ends with)
+        r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
+            "shape_id": item["shape_id"], "backend": "torch", "status": "default_best", "us": 5000.0,
+            "default_us": 5000.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": 1.0})
+        assert r.status_code == 200, r.text
+    page = client.get(f"/campaigns/{cid}").text
+    assert "Nothing to deploy yet" in page and "the\ndefault path AITER takes today won" in page
+    assert 'id="envline"' not in page  # no AITER_CONFIG line for an overlay that has no row
+    camp = client.get(f"/v1/campaigns/{cid}").json()
+    with client.app.state.db.session(write=False) as s:
+        last = campaigns.coverage_points(s, cid)[-1][1]
+    assert camp["served_time_covered"] == 1.0 and last == 1.0

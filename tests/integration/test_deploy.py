@@ -65,6 +65,9 @@ def test_deploy_plan_lists_the_shipped_tables_then_the_overlay(client):
     assert "untuned" not in plan["model_configs_dropin"]["copy_to"].rsplit("/", 1)[-1]
     bf16 = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()
     assert bf16["rebuild"] is None and not bf16["shipped_tables_known"]
+    # without the image's tables the layer value is the overlay alone, which replaces the shipped table: not offered
+    assert "layer" not in bf16["offered"] and not bf16["layer"]["offered"], bf16
+    assert "REPLACE" in bf16["layer"]["why_not"] and plan["layer"]["offered"] and "layer" in plan["offered"]
 
 
 def test_bucket_plan_covers_every_captured_m_of_a_real_model_with_fewer_rows():

@@ -17,7 +17,15 @@ def test_api_docs_pages_load_nothing_from_another_host(client, page):
         assert url.startswith("/") and not url.startswith("//"), f"{page} loads {url} from elsewhere"
         r = client.get(url)
         assert r.status_code == 200 and len(r.content) > 100, url
+        assert url not in scripts or "cdn.redoc.ly" not in r.text, f"{url} draws ReDoc's badge from its CDN"
     assert "fonts.googleapis" not in html and "cdn." not in html
+
+
+def test_the_openapi_declares_the_bearer_token_so_docs_can_authorize(client):
+    doc = client.get("/openapi.json").json()
+    assert doc["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "description": doc["components"]["securitySchemes"]["bearer"]["description"]}
+    assert {"bearer": []} in doc["security"] and {} in doc["security"]  # optional: reads may be open
 
 
 def test_the_favicon_is_served(client):
