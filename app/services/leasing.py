@@ -118,14 +118,12 @@ def _seen(p: Rows, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[
 
 
 def _add_worker(body: LeaseIn, touch: tuple[str, dict]) -> Steps[None]:
-    """A worker id the touch did not find: registered, unless another token's. Idempotent: when two first leases
-    of one new id race (two replicas, a restarted agent), the second insert does nothing and that request touches
-    the row the first one made, as any later lease would."""
+    """A worker id the touch did not find: registered, unless another token's. Idempotent: when first leases of
+    one new id race (replicas, a restarted agent), the later insert does nothing and that request touches the row
+    the first one made, as any later lease would (the touch passes only where this token may act as the worker)."""
     name, seen = touch
-    theirs = seen["tok"] is not None and (yield from ask("worker_exists", seen))
-    if not theirs and ((yield from change("add_worker", seen)) or (yield from change(name, seen))):
-        return
-    raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
+    if not ((yield from change("add_worker", seen)) or (yield from change(name, seen))):
+        raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
 
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
