@@ -17,6 +17,7 @@ from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, Result
 from app.config import Settings
 from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
 from app.db.models import CampaignShape, Result, utcnow
+from app.db.session import Database
 from app.domain import lease_states as ls, served
 from app.domain.families import get_family
 from app.domain.improvement import row_helps
@@ -62,10 +63,14 @@ def _shape_writes(p: Rows, changes: Sequence[tuple[object, ls.ShapeFacts]], now:
                              "lease": f.lease_id, "error": f.last_error, "now": stamp}) for r, f in changes]
 
 
+class ShapeMoved(Conflict):
+    """A guarded shape write found the shape changed since it was read (a sweeper requeued it meanwhile)."""
+
+
 def _all_written(sent: list[Sent]) -> None:
     """All or nothing: 409 (and the transaction rolled back) if a shape moved meanwhile."""
     if any(w.count != 1 for w in sent):
-        raise Conflict("shape_id: a shape changed state meanwhile; retry", "shape_id")
+        raise ShapeMoved("shape_id: a shape changed state meanwhile; retry", "shape_id")
 
 
 def _write_facts(p: Rows, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> Steps[None]:
@@ -392,6 +397,19 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     if not late:
         p.drive(_finish_if_empty(p, lease))
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
+
+
+def take_result(db: Database, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE
+                ) -> ResultOut | Refused:
+    """post_result in a transaction of its own, once more if a sweeper (any replica's) expired the lease and
+    requeued the shape between this post's read and its write: read again, the lease is expired and the result
+    is taken late or kept as a record, never rolled back into a 409 that the worker would drop from its spool."""
+    try:
+        with db.plain() as p:
+            return post_result(p, lease_id, body, settings, caller)
+    except ShapeMoved:
+        with db.plain() as p:
+            return post_result(p, lease_id, body, settings, caller)
 
 
 def _add_result(p: Plain, shape, lease, body: ResultIn, now: datetime, row: dict | None, verified: bool,

@@ -83,3 +83,34 @@ def test_a_lease_request_whose_sweep_collides_with_a_sweeper_gets_its_lease(expi
         out = finish(request, p, pending)  # was a 409 "lease ... ended meanwhile"
     assert out is not None and len(out.shapes) == 3 and {s.attempts for s in out.shapes} == {2}
     assert _after(db, lease_id)[0] == "expired"
+
+
+def test_a_result_whose_lease_a_sweeper_ends_between_its_read_and_its_write_is_not_lost(settings, monkeypatch):
+    """The lease read live, then (another replica's sweeper) expired and its shape requeued before the result's
+    write: the post is taken again in a new transaction, late, not answered 409 and rolled back (the worker drops a
+    409'd result from its spool: it was lost)."""
+    if settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite has one writer: a sweep never runs inside a result's transaction")
+    from app.db import session as db_session
+    c = TestClient(create_app(settings))  # no lifespan: no background sweeper
+    capture(c, [{"M": 1, "N": 64, "K": 64}])
+    lease = c.post("/v1/leases", json={**BODY, "worker_id": "slow"}).json()
+    db, swept = c.app.state.db, []
+
+    class SweptBeforeTheWrite(db_session.Plain):
+        def batch(self, *stmts):  # type: ignore[no-untyped-def]
+            if not swept and any(n == "write_shape" for n, _ in stmts):
+                swept.append(1)
+                with db.session() as s:  # the lease's expiry comes, and a sweeper ends it
+                    s.execute(update(Lease).values(expires_at=utcnow() - timedelta(seconds=1)))
+                with db.plain() as other:
+                    swept.append(other.drive(leasing.sweep_expired(other, settings)))
+            return super().batch(*stmts)
+    monkeypatch.setattr(db_session, "Plain", SweptBeforeTheWrite)
+    item = lease["shapes"][0]
+    row = dict(item["shape"], gfx="gfx942", cu_num=304, libtype="torch", solidx=0, splitK=0, us=10.0,
+               kernelName="k", err_ratio=0.0, tflops=1, bw=1)
+    out = leasing.take_result(db, lease["lease_id"], leasing.ResultIn(
+        shape_id=item["shape_id"], backend="torch", status="ok", row=row, us=10.0, err_ratio=0.0), settings)
+    assert swept == [1, 1] and isinstance(out, leasing.ResultOut) and out.shape_state == "tuned"
+    db.dispose()
