@@ -118,8 +118,8 @@ class Agent:
                 lease = self.client.lease(self.lease_request())
             except Stopped:
                 break
-            except LeaseLost as e:  # a 409 naming a lease someone else ended meanwhile (a replica's sweeper),
-                log.warning("lease request met a lease ended meanwhile (%s); leasing again", e)  # never ours
+            except LeaseLost as e:  # a 409 naming a lease another replica's sweeper ended meanwhile: not ours
+                log.warning("lease request met a lease ended meanwhile (%s); leasing again", e)
                 self.stop.wait(min(1.0, self.cfg.poll_s))
                 continue
             except ServiceError as e:  # our request refused, or a service fault: count, wait, go on
