@@ -95,3 +95,33 @@ def test_first_leases_of_one_new_worker_id_at_once_on_every_replica(db_url, tmp_
         assert scalar(db_url, "SELECT count(*) FROM workers") == 4
     finally:
         stop(servers)
+
+
+@pytest.mark.parametrize("admin", ["generated", "shared"])
+def test_bootstraps_at_once_on_a_migrated_database_make_one_admin_token(db_url, tmp_path, admin):
+    """The bootstrap alone, at the same instant in several processes' place (threads, each with its own
+    connections) on a database already migrated: one admin token, no duplicate-key crash."""
+    from app.config import Settings
+    from app.db import migrate
+    from app.db.session import Database
+    from app.main import bootstrap_admin
+    migrate.upgrade(db_url)
+    settings = Settings(database_url=db_url, admin_token=None if admin == "generated" else ADMIN,
+                        admin_token_file=str(tmp_path / "admin_token"))
+    dbs = [Database(db_url) for _ in range(6)]
+    go, errors = threading.Barrier(len(dbs)), []
+
+    def boot(db: Database) -> None:
+        go.wait()
+        try:
+            bootstrap_admin(db, settings)
+        except Exception as e:  # noqa: BLE001 - a replica that would have crashed at start
+            errors.append(e)
+    threads = [threading.Thread(target=boot, args=(db,)) for db in dbs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for db in dbs:
+        db.dispose()
+    assert not errors and scalar(db_url, "SELECT count(*) FROM tokens WHERE role = 'admin'") == 1, errors
