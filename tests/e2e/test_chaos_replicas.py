@@ -61,8 +61,8 @@ class Workers:
                 cwd=ROOT, env=env, stdout=open(tmp / f"{wid}.log", "w"), stderr=subprocess.STDOUT)
 
     def stop_past_ttl(self, rng: random.Random, until: threading.Event) -> None:
-        """A worker SIGSTOPped 1-8 s (past the 3 s TTL about two times in three) every 0.5-2 s, one at a time."""
-        while not until.wait(rng.uniform(0.5, 2.0)):
+        """A worker SIGSTOPped 1-8 s (past the 3 s TTL about two times in three) every 0.2-1 s, one at a time."""
+        while not until.wait(rng.uniform(0.2, 1.0)):
             with self.lock:
                 proc = rng.choice(list(self.procs.values()))
                 proc.send_signal(signal.SIGSTOP)
@@ -112,6 +112,7 @@ def test_replicas_on_one_postgresql_through_outages_and_colliding_sweepers(priva
             private_pg.start()
             wait_for(lambda: all(db_status(s) == 200 for s in servers), timeout=180, every=0.5)
             outages.append(tuned())
+        wait_for(lambda: workers.stops >= 6 or tuned() == N_SHAPES, timeout=600, every=0.5)
         stop_chaos.set()
         chaos.join()
         workers.continue_all()
