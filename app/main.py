@@ -27,6 +27,7 @@ from app.api import responses
 from app.api.routes import campaigns, captures, health, images, leases, overlays, tokens as token_routes
 from app.config import Settings
 from app.db import migrate
+from app.db.dialect import start_lock
 from app.db.session import Database
 from app.limits import BodyLimit
 from app.auth import ClosedDocs, ReadAuth
@@ -70,11 +71,12 @@ CHECKPOINT_EVERY_S = 1.0  # SQLite's WAL checkpoints, off the requests (Database
 
 
 def bootstrap_admin(db: Database, settings: Settings) -> None:
-    """First start: an admin token from TUNER_ADMIN_TOKEN, or a generated one printed and saved (0600)."""
+    """First start: an admin token from TUNER_ADMIN_TOKEN, or a generated one printed and saved (0600). Under the
+    start-up lock: of replicas started together on an empty database, one makes it and the others find it."""
     path = Path(settings.admin_token_file)
     if path.exists():  # an admin token file readable by others is fixed at every start
         os.chmod(path, 0o600)
-    with db.session() as s:
+    with start_lock(settings.database_url), db.session() as s:
         if tokens.has_admin(s):
             return
         _, secret = tokens.create(s, "bootstrap-admin", "admin", secret=settings.admin_token)

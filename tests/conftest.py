@@ -179,27 +179,36 @@ class LiveServer:
         return json.loads(out)["token"]
 
 
+def spawn_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None, port: int | None = None,
+                 args: tuple[str, ...] = (), cwd: Path = ROOT) -> LiveServer:
+    """A `serve` process started, not waited for (wait_up): several at the same instant (replicas)."""
+    port = port or free_port()
+    env = {**os.environ, "DATABASE_URL": db_url, "TUNER_ADMIN_TOKEN": ADMIN, **(env_extra or {})}
+    out = open(log, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args], cwd=cwd, env=env,
+                            stdout=out, stderr=subprocess.STDOUT)
+    return LiveServer(f"http://127.0.0.1:{port}", proc, log, db_url)
+
+
+def wait_up(srv: LiveServer, timeout: float = 60) -> LiveServer:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if srv.proc.poll() is not None:
+            raise RuntimeError(f"server exited: {srv.log.read_text()[-2000:]}")
+        try:
+            if httpx.get(srv.url + "/healthz", timeout=2).status_code == 200:
+                return srv
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    srv.proc.kill()
+    raise RuntimeError("server did not come up")
+
+
 def start_server(db_url: str, log: Path, env_extra: dict[str, str] | None = None, port: int | None = None,
                  args: tuple[str, ...] = (), cwd: Path = ROOT) -> LiveServer:
     """port: a restart on the port workers already use; args: more `serve` flags (--access-log); cwd: the
     checkout whose app/ it serves (a benchmark's older commit)."""
-    port = port or free_port()
-    env = dict(os.environ, DATABASE_URL=db_url, TUNER_ADMIN_TOKEN=ADMIN, **(env_extra or {}))
-    out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args], cwd=cwd, env=env,
-                            stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return LiveServer(url, proc, log, db_url)
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not come up")
+    return wait_up(spawn_server(db_url, log, env_extra, port, args, cwd))
 
 
 @pytest.fixture

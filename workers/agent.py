@@ -118,6 +118,10 @@ class Agent:
                 lease = self.client.lease(self.lease_request())
             except Stopped:
                 break
+            except LeaseLost as e:  # a 409 naming a lease another replica's sweeper ended meanwhile: not ours
+                log.warning("lease request met a lease ended meanwhile (%s); leasing again", e)
+                self.stop.wait(min(1.0, self.cfg.poll_s))
+                continue
             except ServiceError as e:  # our request refused, or a service fault: count, wait, go on
                 self.stats.refused += isinstance(e, Refused)
                 log.error("lease request failed: %s", e)
@@ -154,7 +158,7 @@ class Agent:
             self.client.post_build({"image_digest": self.cfg.image_digest, "family": lease["family"],
                                     "worker_id": self.cfg.worker_id, "aiter_commit": self.cfg.aiter_commit,
                                     **report})
-        except ServiceError as e:  # a report that does not arrive is logged, never fatal
+        except (LeaseLost, ServiceError) as e:  # a report that does not arrive is logged, never fatal
             log.error("compile lane: build report not accepted: %s", e)
 
     def deliver_spool(self) -> None:

@@ -1,17 +1,20 @@
-"""The only place that knows SQLite from PostgreSQL: the bulk shape upsert, the lease lock, and the lease routes'
-statements as each driver runs them."""
+"""The only place that knows SQLite from PostgreSQL: the bulk shape upsert, the lease lock, the start-up lock, and
+the lease routes' statements as each driver runs them."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 from collections import namedtuple
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import NamedTuple, TypeVar
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, make_url, select
 from sqlalchemy.orm import Session
 
 from app.db.models import CampaignShape
@@ -76,6 +79,33 @@ def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: date
     return int(new)
 
 
+# pg_advisory_lock's key for start-up work (migrations, the bootstrap admin token): any constant all replicas share
+START_LOCK_KEY = 0x41495445  # "AITE"
+
+
+@contextmanager
+def start_lock(url: str) -> Iterator[None]:
+    """One process at a time, across every replica on this database, in what each does once at start
+    (migrations, the bootstrap admin token): PostgreSQL's advisory lock, held on a connection of its own (a
+    replica that dies holding it frees it with its connection); SQLite's, an flock on a file beside the database
+    (freed with the process too). The others wait for it, then find the work done."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1].split("?", 1)[0]
+        if not path or path == ":memory:":
+            yield
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".start-lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield  # closing the file frees the lock
+        return
+    import psycopg
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (START_LOCK_KEY,))
+        yield  # the connection's end frees the lock
+
+
 def db_key(engine: Engine) -> str:
     """One name per database, whichever engine (SQLite's reader or writer) reaches it."""
     return engine.url.render_as_string()
@@ -98,7 +128,7 @@ PLAIN_SQL = {
     "worker_exists": "SELECT 1 FROM workers WHERE id = :wid",
     "add_worker": "INSERT INTO workers (id, image_digest, gfx, cu_num, host, backends, aiter_commit, first_seen_at, "
                   "last_seen_at, token_id) VALUES (:wid, :image_digest, :gfx, :cu_num, :host, ${json:backends}, "
-                  ":aiter_commit, :now, :now, :tok)",
+                  ":aiter_commit, :now, :now, :tok) ON CONFLICT (id) DO NOTHING",  # another request's first lease won
     "worker_seen": "UPDATE workers SET last_seen_at = :now WHERE id = :wid",
     # an identity's campaigns, each with its top queued priority: one ix_shapes_queue seek per campaign
     "campaigns": "SELECT c.id, c.family, c.image_digest, c.gfx, c.cu_num, (SELECT s.priority FROM shapes s "
@@ -118,7 +148,7 @@ PLAIN_SQL = {
     # a lease with its campaign's facts (the token's image scope, a result's checks): one primary-key join
     "lease": f"SELECT {', '.join('l.' + c for c in _LEASE_COLS.split(', '))}, c.family, c.image_digest, c.gfx, "
              "c.cu_num FROM leases l JOIN campaigns c ON c.id = l.campaign_id WHERE l.id = :lid",
-    "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now",
+    "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now ORDER BY id",
     "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
     "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",
     "shape": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE id = :sid",

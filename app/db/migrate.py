@@ -6,10 +6,13 @@ command run from a checkout, and points at the same folder)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+
+from app.db.dialect import start_lock
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "migrations"
 
@@ -22,9 +25,20 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, rev: str = "head") -> None:
-    command.upgrade(alembic_config(url), rev)
+def upgrade(url: str, rev: str = "head") -> list[str]:
+    """Under the start-up lock: replicas started together on an empty database migrate it once (the others wait,
+    then find it at head) instead of racing to create the same tables. Returns the revisions this call ran, and
+    says so on stderr (an operator sees which replica migrated)."""
+    cfg = alembic_config(url)
+    applied: list[str] = cfg.attributes.setdefault("applied", [])
+    with start_lock(url):
+        command.upgrade(cfg, rev)
+    if applied:
+        print(f"aiter-tuner: database migrated to {applied[-1]} ({len(applied)} revisions)", file=sys.stderr,
+              flush=True)
+    return applied
 
 
 def downgrade(url: str, rev: str) -> None:
-    command.downgrade(alembic_config(url), rev)
+    with start_lock(url):
+        command.downgrade(alembic_config(url), rev)

@@ -170,7 +170,10 @@ class Database:
         engine = self.engine if write else self.read_engine
         driver_error = engine.dialect.loaded_dbapi.Error
         with self._one_writer(write):
-            fairy = engine.raw_connection()
+            try:
+                fairy = engine.raw_connection()
+            except driver_error as e:  # the pool's connect, unwrapped by SQLAlchemy here: refused, or starting up
+                raise DBAPIError.instance(None, None, e, driver_error) from e
             conn = fairy.dbapi_connection
             try:
                 if self.is_sqlite:  # as the engines' "begin" hook does: writers queue for the one write lock

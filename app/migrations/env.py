@@ -27,8 +27,11 @@ def run() -> None:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     engine = create_engine(url)
     with engine.connect() as conn:
+        applied = config.attributes.get("applied")  # app.db.migrate.upgrade's record of the revisions it ran
         context.configure(connection=conn, target_metadata=Base.metadata, compare_type=True,
-                          render_as_batch=conn.dialect.name == "sqlite")
+                          render_as_batch=conn.dialect.name == "sqlite",
+                          on_version_apply=(lambda step, **_kw: applied.append(step.up_revision_id))
+                          if applied is not None else ())
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -17,6 +17,7 @@ from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, Result
 from app.config import Settings
 from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
 from app.db.models import CampaignShape, Result, utcnow
+from app.db.session import Database
 from app.domain import lease_states as ls, served, upgrade
 from app.domain.families import get_family
 from app.domain.improvement import row_helps
@@ -62,10 +63,14 @@ def _shape_writes(p: Rows, changes: Sequence[tuple[object, ls.ShapeFacts]], now:
                              "lease": f.lease_id, "error": f.last_error, "now": stamp}) for r, f in changes]
 
 
+class ShapeMoved(Conflict):
+    """A guarded shape write found the shape changed since it was read (a sweeper requeued it meanwhile)."""
+
+
 def _all_written(sent: list[Sent]) -> None:
     """All or nothing: 409 (and the transaction rolled back) if a shape moved meanwhile."""
     if any(w.count != 1 for w in sent):
-        raise Conflict("shape_id: a shape changed state meanwhile; retry", "shape_id")
+        raise ShapeMoved("shape_id: a shape changed state meanwhile; retry", "shape_id")
 
 
 def _write_facts(p: Rows, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> Steps[None]:
@@ -73,12 +78,19 @@ def _write_facts(p: Rows, changes: list[tuple[object, ls.ShapeFacts]], now: date
 
 
 def _end_lease(p: Rows, lease, how: ls.LeaseState,  # type: ignore[no-untyped-def]
-               changes: Sequence[tuple[object, ls.ShapeFacts]] = (), now: datetime | None = None) -> Steps[str]:
+               changes: Sequence[tuple[object, ls.ShapeFacts]] = (), now: datetime | None = None,
+               sweep: bool = False) -> Steps[str | None]:
     """An active lease row ends (released, expired, done), with its shapes' changes written in the same round
-    trip; 409 if another request ended it meanwhile."""
+    trip; 409 if another request ended it meanwhile. The shapes are written before the lease row, the order a
+    result post takes its row locks in (its shape, then _finish_if_empty's lease), so the two never deadlock.
+    sweep: ending an expired lease is idempotent (replicas' sweepers and every request that sweeps may end the
+    same one at once): a lease another sweeper ended meanwhile, or a shape whose result was taken meanwhile, is
+    no longer there to end (each write is guarded by the state it read); None when this one ended nothing."""
     state = ls.end_lease(_lease_facts(lease), how).state.value
-    ended, *written = yield (("end_lease", {"lid": lease.id, "state": state}),
-                             *_shape_writes(p, changes, now or utcnow()))
+    *written, ended = yield (*_shape_writes(p, changes, now or utcnow()),
+                             ("end_lease", {"lid": lease.id, "state": state}))
+    if sweep:
+        return state if ended.count else None
     if not ended.count:
         raise Conflict(f"lease_id: lease {lease.id} ended meanwhile; lease again", "lease_id")
     _all_written(written)
@@ -86,16 +98,18 @@ def _end_lease(p: Rows, lease, how: ls.LeaseState,  # type: ignore[no-untyped-de
 
 
 def sweep_expired(p: Rows, settings: Settings, now: datetime | None = None) -> Steps[int]:
-    """The one sweeper: leases past their expiry end, their held shapes each count a try."""
+    """The one sweeper: leases past their expiry end, their held shapes each count a try; in id order, so
+    concurrent sweepers take their row locks in one order. Returns how many leases this sweep ended."""
     now = now or utcnow()
     dead = yield from p.lease_steps("dead_leases", {"now": p.stamp(now)})
+    ended = 0
     for lease in dead:
         why = f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)"
         held = yield from p.shape_steps("held", {"lid": lease.id})
-        yield from _end_lease(p, lease, ls.LeaseState.EXPIRED,
-                              [(r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts)) for r in held],
-                              now)
-    return len(dead)
+        ended += (yield from _end_lease(p, lease, ls.LeaseState.EXPIRED, [
+            (r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts)) for r in held], now,
+            sweep=True)) is not None
+    return ended
 
 
 def _seen(p: Rows, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[str, dict]:
@@ -108,11 +122,13 @@ def _seen(p: Rows, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[
     return ("touch_worker" if token_id is None else "touch_own_worker"), seen
 
 
-def _add_worker(body: LeaseIn, seen: dict) -> Steps[None]:
-    """A worker id the touch did not find: registered, unless another token's."""
-    if seen["tok"] is not None and (yield from ask("worker_exists", seen)):
+def _add_worker(body: LeaseIn, touch: tuple[str, dict]) -> Steps[None]:
+    """A worker id the touch did not find: registered, unless another token's. Idempotent: when first leases of
+    one new id race (replicas, a restarted agent), the later insert does nothing and that request touches the row
+    the first one made, as any later lease would (the touch passes only where this token may act as the worker)."""
+    name, seen = touch
+    if not ((yield from change("add_worker", seen)) or (yield from change(name, seen))):
         raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
-    yield from change("add_worker", seen)
 
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
@@ -163,7 +179,7 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
     touched, campaigns = yield (touch, ("campaigns", {"digest": body.image_digest, "gfx": body.gfx,
                                                       "cu": body.cu_num}))
     if not touched.count:
-        yield from _add_worker(body, touch[1])
+        yield from _add_worker(body, touch)
     camp = _best_campaign(p.as_campaigns(campaigns.rows), body)
     if camp is None:
         return None
@@ -399,6 +415,19 @@ def _confirmation(shape, kind: ls.ResultKind, body: ResultIn) -> upgrade.Confirm
     if not shape.triage or shape.outcome:
         return None
     return upgrade.confirm(upgrade.Triage(shape.triage), (shape.finalists or [None])[0], kind, body.kernel_name)
+
+
+def take_result(db: Database, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE
+                ) -> ResultOut | Refused:
+    """post_result in a transaction of its own, once more if a sweeper (any replica's) expired the lease and
+    requeued the shape between this post's read and its write: read again, the lease is expired and the result
+    is taken late or kept as a record, never rolled back into a 409 that the worker would drop from its spool."""
+    try:
+        with db.plain() as p:
+            return post_result(p, lease_id, body, settings, caller)
+    except ShapeMoved:
+        with db.plain() as p:
+            return post_result(p, lease_id, body, settings, caller)
 
 
 def _add_result(p: Plain, shape, lease, body: ResultIn, now: datetime, row: dict | None, verified: bool,

@@ -178,3 +178,23 @@ def test_the_compile_lane_builds_once_per_family_outside_any_lease(server, tmp_p
     assert {x["state"] for x in by_m.values()} == {"tuned"} and {x["attempts"] for x in by_m.values()} == {1}
     with server.client() as c:
         assert c.get(f"/v1/campaigns/{cid}").json()["build_s"] == 0.3
+
+
+def test_a_409_naming_a_lease_someone_else_ended_is_not_fatal_to_a_lease_request(server, tmp_path):
+    """A lease request that met a lease another replica's sweeper ended meanwhile was answered 409 naming that
+    lease (services before sweeping was idempotent; the 409 names lease_id): the agent leases again, never exits."""
+    from workers.client import Reply
+    cid = capture(server, [1, 2])
+    a = agent(server, Scripted(), tmp_path)
+    real, met = a.client._request, []
+
+    def first_lease_met_a_sweep(method: str, path: str, body: bytes | None) -> Reply:
+        if path == "/v1/leases" and not met:
+            met.append(path)
+            return Reply(method, path, 409, {"content-type": "application/problem+json"},
+                         b'{"title": "conflict", "status": 409, "detail": "lease_id: lease 5f0c ended meanwhile; '
+                         b'lease again", "field": "lease_id"}')
+        return real(method, path, body)
+    a.client._request = first_lease_met_a_sweep  # type: ignore[method-assign]
+    stats = a.run()  # raised LeaseLost out of the loop (the agent process exited 1)
+    assert met and {x["state"] for x in states(server, cid).values()} == {"tuned"} and stats.posted == 2

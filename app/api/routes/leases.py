@@ -105,8 +105,7 @@ async def heartbeat(lease_id: LeaseId, f: Acting) -> Response:
 
 def _take(lease_id: str, body: ResultIn, request: Request, f: Fleet) -> ResultOut:
     """One result in its own transaction; raises the problem its post answers."""
-    with f.db.plain() as p:
-        out = leasing.post_result(p, lease_id, body, f.settings, f.caller)
+    out = leasing.take_result(f.db, lease_id, body, f.settings, f.caller)
     if isinstance(out, leasing.Refused):  # committed: the refused try counts, a superseded record is kept
         request.app.state.metrics.results.labels(bounded(body.backend, BACKENDS), out.outcome, "false").inc()
         raise out.error
