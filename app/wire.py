@@ -17,13 +17,24 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 INT64_MAX = 2**63 - 1
 MAX_TEXT = 4096  # default bound on any string field without its own
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-GFX_RE = re.compile(r"^(gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31})$")
+# Checked with fullmatch only: re.match's `$` also matches before a trailing newline, and one digest with a
+# newline in it broke every idle worker's 204 header (issue 26).
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+GFX_RE = re.compile(r"gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31}")
+# a pydantic `pattern` (pydantic-core's Rust regex, re.search semantics): anchored at both ends, where Rust's `$`
+# is the end of the text only (no newline before it), as \z is
 NAME_PATTERN = r"^[\w.:@-]+$"
 IDLE_HEADER = "X-Tuner-Idle-Reason"  # on a 204 to a lease request: why there is no work for this worker
+_UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
 # the worker id acting on a lease (heartbeat, results, release): it must be the worker the lease was granted
 # to, so workers that share a token cannot act on each other's leases
 WORKER_HEADER = "X-Tuner-Worker"
+
+
+def header_value(text: str) -> str:
+    """Text as an HTTP header value: printable ASCII only (a CR or LF would end the header and drop the
+    connection; anything else non-ASCII is escaped), bounded."""
+    return _UNSAFE_IN_HEADER.sub(lambda m: ascii(m.group())[1:-1], text)[:2000]
 
 
 def _check_text(s: str) -> None:
@@ -56,7 +67,7 @@ def check_clean(value: Any) -> Any:
 
 
 def check_digest(v: str) -> str:
-    if not DIGEST_RE.match(v):
+    if not DIGEST_RE.fullmatch(v):
         raise ValueError("expected an image digest 'sha256:' followed by 64 lowercase hex digits")
     return v
 
@@ -102,7 +113,7 @@ class Identity(Wire):
     @field_validator("gfx")
     @classmethod
     def _gfx(cls, v: str) -> str:
-        if not GFX_RE.match(v):
+        if not GFX_RE.fullmatch(v):
             raise ValueError("expected a gfx arch such as gfx942 or gfx950")
         return v
 

@@ -132,7 +132,8 @@ def _sweep_due(p: Rows, settings: Settings) -> bool:
 
 
 def shape_cost(p: Rows, campaign_id: int, backend: str, default: float) -> Steps[float]:
-    """Median measured seconds per shape in this campaign for this backend; the default until measured."""
+    """Median measured seconds per shape in this campaign for this backend (successful results only: a try that
+    failed at once says nothing of what a shape costs); the default until measured."""
     key = (p.key, campaign_id, backend)
     hit = _COSTS.get(key)
     if hit is None:
@@ -169,9 +170,8 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
         return None
     backend = body.backends[0]
     cost = yield from shape_cost(p, camp.id, backend, settings.default_shape_cost_s)
-    n = max(1, math.floor(body.budget_s / cost)) if cost > 0 else 10_000
-    if body.max_shapes:
-        n = min(n, body.max_shapes)
+    n = min(max(1, math.floor(body.budget_s / cost)) if cost > 0 else settings.max_lease_shapes,
+            settings.max_lease_shapes, body.max_shapes or settings.max_lease_shapes)
     rows = yield from p.shape_steps("pick", {"cid": camp.id, "n": n})
     if not rows:
         return None
