@@ -221,7 +221,7 @@ def _owned_lease(p: Rows, lease_id: str, caller: Caller, found: list | None = No
         raise Forbidden(f"worker_id: lease {lease_id} was granted to worker {lease.worker_id!r}, not to "
                         f"{caller.worker_id!r}", "worker_id")
     if caller.digests is not None and lease.image_digest not in caller.digests:
-        raise Forbidden(f"image_digest: lease {lease_id} is for {lease.image_digest}, outside this token's images",
+        raise Forbidden(f"image_digest: lease {lease_id} is for an image outside this token's images",
                         "image_digest")
     return lease
 

@@ -88,7 +88,7 @@ async def lease(body: LeaseIn, f: Worker) -> LeaseOut | Response:
 
     def why() -> str:
         with f.db.session(write=False) as s:
-            return idle.idle_reason(s, body)
+            return idle.idle_reason(s, body, f.who.digests)
     return Response(status_code=204, headers={IDLE_HEADER: header_value(await f.run(why))})
 
 
