@@ -13,9 +13,10 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 INT64_MAX = 2**63 - 1
+MAX_BUDGET_S = 24 * 3600  # one lease's budget at most
 MAX_TEXT = 4096  # default bound on any string field without its own
 # Checked with fullmatch only: re.match's `$` also matches before a trailing newline, and one digest with a
 # newline in it broke every idle worker's 204 header (issue 26).
@@ -35,6 +36,18 @@ def header_value(text: str) -> str:
     """Text as an HTTP header value: printable ASCII only (a CR or LF would end the header and drop the
     connection; anything else non-ASCII is escaped), bounded."""
     return _UNSAFE_IN_HEADER.sub(lambda m: ascii(m.group())[1:-1], text)[:2000]
+
+
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def formula_safe(v: str) -> str:
+    """A cell a spreadsheet opening the overlay would not run as a formula (CSV injection: '=HYPERLINK(...)'):
+    nothing starting with = + - @ tab or CR, but a number. AITER's own tables start none of their kernel names so,
+    and only numbers with '-' (-1 in tuned_fmoe.csv's topk, cluster_n; its shipped aiter/configs/*.csv)."""
+    if v[:1] in ("=", "+", "-", "@", "\t", "\r") and not _NUMBER.fullmatch(v):
+        raise ValueError("starts like a spreadsheet formula (=, +, -, @, tab or CR) and is not a number")
+    return v
 
 
 def _check_text(s: str) -> None:
@@ -123,7 +136,7 @@ class LeaseIn(Identity):
     backends: list[Annotated[str, Field(min_length=1, max_length=32, pattern=NAME_PATTERN)]] = Field(
         min_length=1, max_length=8)
     families: list[Annotated[str, Field(max_length=64)]] | None = Field(None, max_length=64)  # None: all
-    budget_s: float = Field(gt=0, le=24 * 3600)
+    budget_s: float = Field(gt=0, le=MAX_BUDGET_S)
     max_shapes: int | None = Field(None, ge=1, le=10_000)
     host: str | None = Field(None, max_length=255)
     aiter_commit: str | None = Field(None, max_length=80)
@@ -166,7 +179,7 @@ class HeartbeatOut(BaseModel):
 
 
 class Candidate(Wire):
-    name: str = Field(max_length=512)
+    name: Annotated[str, AfterValidator(formula_safe)] = Field(max_length=512)
     us: float | None = Field(None, ge=0)
     err_ratio: float | None = Field(None, ge=0)
     error: str | None = Field(None, max_length=4000)
@@ -180,13 +193,13 @@ class ResultIn(Wire):
         None, max_length=64)  # the winner in the family's tuned schema
     us: Micros | None = None
     err_ratio: float | None = Field(None, ge=0, le=1)
-    kernel_name: str | None = Field(None, max_length=1000)
+    kernel_name: Annotated[str, AfterValidator(formula_safe)] | None = Field(None, max_length=1000)
     default_us: Micros | None = None
     candidates: list[Candidate] = Field(default_factory=list, max_length=10_000)
     error: str | None = Field(None, max_length=20_000)
     elapsed_s: Seconds | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    started_at: AwareDatetime | None = None  # with its timezone: a naive time is no instant
+    finished_at: AwareDatetime | None = None
     aiter_commit: str | None = Field(None, max_length=80)
 
 

@@ -133,6 +133,7 @@ PLAIN_SQL = {
              "ORDER BY r.id DESC LIMIT 200",  # a failed try's seconds say nothing of a shape's cost
     "headers": "SELECT path, header FROM image_tables WHERE image_digest = :digest AND family = :family "
                "AND kind = :kind ORDER BY path",
+    "catalog": "SELECT kernel_catalog FROM images WHERE digest = :digest",
 }
 
 

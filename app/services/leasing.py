@@ -8,12 +8,13 @@ import time
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
+from app.wire import MAX_BUDGET_S, formula_safe
 from app.config import Settings
 from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
 from app.db.models import CampaignShape, Result, utcnow
@@ -21,7 +22,7 @@ from app.domain import lease_states as ls, served
 from app.domain.families import get_family
 from app.domain.improvement import row_helps
 from app.domain.keys import runtime_value
-from app.domain.roofline import floor_us
+from app.domain.roofline import ceiling_us, floor_us
 from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 from app.ttl_cache import TTLCache
@@ -270,6 +271,11 @@ def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> di
     if missing:
         raise Invalid(f"row.{missing[0]}: missing; the image's {fam.name} header is {','.join(schema.header)}",
                       f"row.{missing[0]}")
+    for col in schema.header:
+        try:
+            formula_safe(cells[col])
+        except ValueError as e:
+            raise Invalid(f"row.{col}: {cells[col][:80]!r} {e}", f"row.{col}") from None
     want = dict(shape.shape, gfx=lease.gfx, cu_num=str(lease.cu_num))
     for col in schema.key_columns:
         if col in want and runtime_value(col, cells[col]) != runtime_value(col, want[col]):
@@ -288,6 +294,46 @@ def _check_timing(lease, shape: CampaignShape, body: ResultIn) -> None:
             if us < floor:
                 raise Invalid(f"{field}: {us} us is below the roofline floor of {floor:.3g} us for this shape on "
                               f"{lease.gfx} with {lease.cu_num} CUs", field)
+    if body.default_us is not None and body.status != "failed":
+        # the default's time is what every row's gain is measured against: timed by this worker in this race
+        # (one of its candidates), and not past what any default path on the device costs
+        if not any(c.us is not None and math.isclose(c.us, body.default_us, rel_tol=1e-6) for c in body.candidates):
+            raise Invalid(f"default_us: {body.default_us} us is not the time of any posted candidate; the default "
+                          f"must be timed in the same race", "default_us")
+        ceiling = ceiling_us(fam, shape.shape, lease.gfx, lease.cu_num)
+        if body.default_us > ceiling:
+            raise Invalid(f"default_us: {body.default_us} us is above {ceiling:.3g} us, slower than any default "
+                          f"path for this shape on {lease.gfx} with {lease.cu_num} CUs", "default_us")
+
+
+CLOCK_SKEW = timedelta(minutes=5)  # a worker's clock may be this far off the service's
+
+
+def _check_times(lease, body: ResultIn, settings: Settings, now: datetime) -> None:  # type: ignore[no-untyped-def]
+    """A result's times fall inside its lease's life: it began at most a budget and the grace before the hard
+    deadline (MAX_BUDGET_S: the lease's budget is not on its row) and nothing finishes after the deadline or now,
+    give or take a clock's skew; elapsed_s is no longer than that life."""
+    life = timedelta(seconds=MAX_BUDGET_S + settings.lease_grace_s)
+    first, last = lease.hard_deadline - life - CLOCK_SKEW, min(now, lease.hard_deadline) + CLOCK_SKEW
+    for field, t in (("started_at", body.started_at), ("finished_at", body.finished_at)):
+        if t is not None and not first <= t <= last:
+            raise Invalid(f"{field}: {t.isoformat()} is outside lease {lease.id}'s life ({first.isoformat()} to "
+                          f"{last.isoformat()})", field)
+    if body.started_at and body.finished_at and body.started_at > body.finished_at:
+        raise Invalid("finished_at: before started_at", "finished_at")
+    if body.elapsed_s is not None and body.elapsed_s > (life + CLOCK_SKEW).total_seconds():
+        raise Invalid(f"elapsed_s: {body.elapsed_s} s is longer than any lease lives", "elapsed_s")
+
+
+def _check_kernel(p: Plain, lease, body: ResultIn, row: dict[str, str] | None) -> None:  # type: ignore[no-untyped-def]
+    """The winner must be a kernel the image's tuner races, where the image reported its catalog for the family."""
+    catalog = table_schemas.kernel_catalog(p, lease.image_digest, lease.family)
+    if catalog is None or body.status == "failed":
+        return
+    for field, name in (("kernel_name", body.kernel_name), ("row.kernelName", (row or {}).get("kernelName"))):
+        if name and name not in catalog:
+            raise Invalid(f"{field}: {name[:200]!r} is not in the image's {lease.family} kernel catalog "
+                          f"({len(catalog)} kernels, as its worker reported them)", field)
 
 
 @dataclass
@@ -351,6 +397,8 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     try:
         row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
         _check_timing(lease, shape, body)
+        _check_times(lease, body, settings, now)
+        _check_kernel(p, lease, body, row)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if late:
             return Refused(e, shape.state)
