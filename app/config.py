@@ -34,5 +34,6 @@ class Settings(BaseSettings):
     auth: bool = True  # bearer tokens with roles; off only for local experiments
     token_cache_s: float = 5.0  # a resolved token is trusted this long: a revocation takes up to this to bite
     read_open: bool = True  # overlays, reports and the dashboard need no token
+    cookie_secure: bool = False  # the sign-in cookie only over HTTPS (set it where the service is served on TLS)
     admin_token: str | None = None  # TUNER_ADMIN_TOKEN: the first admin token, instead of a generated one
     admin_token_file: str = "./data/admin_token"  # where a generated first admin token is written (0600)

@@ -55,3 +55,18 @@ def test_no_answer_to_a_scoped_token_names_another_images_digest_or_queue(env):
     assert short not in reason and "4 queued" not in reason and "no campaign has queued shapes" in reason
     r = c.get(f"/v1/campaigns/{cid}", headers=h(sec["read-b"]))
     assert r.status_code == 403 and DIGEST not in r.text
+
+
+def test_sign_in_refuses_another_sites_form_and_the_cookie_can_be_secure(env):
+    c, sec = env
+    form = {"token": sec["read-a"], "next": "/"}
+    for header in ({"Origin": "https://evil.example"}, {"Referer": "https://evil.example/page"},
+                   {"Origin": "null"}):
+        r = c.post("/signin", data=form, headers=header, follow_redirects=False)
+        assert r.status_code == 403 and "tuner_token" not in r.headers.get("set-cookie", ""), header
+    r = c.post("/signin", data=form, headers={"Origin": "http://testserver"}, follow_redirects=False)
+    assert r.status_code == 303 and "tuner_token" in r.headers["set-cookie"]
+    assert "secure" not in r.headers["set-cookie"].lower()
+    c.app.state.settings.cookie_secure = True
+    r = c.post("/signin", data=form, headers={"Referer": "http://testserver/campaigns/1"}, follow_redirects=False)
+    assert r.status_code == 303 and "secure" in r.headers["set-cookie"].lower()
