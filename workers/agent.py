@@ -195,17 +195,20 @@ class Agent:
         """Results finished earlier (an outage, a crash, a spool fault) go out first, in the order they finished."""
         self._respool()
         pending, self.unspooled = self._pending(), []  # what fails again is kept again (_keep)
+        chunks = []
         for lease_id, group in itertools.groupby(pending, key=lambda e: e[1]):
             items = [(rid, payload) for rid, _, payload in group]
-            for at in range(0, len(items), MAX_RESULTS):
-                try:
-                    self._deliver(lease_id, items[at:at + MAX_RESULTS])
-                except ServiceError as e:  # a fault on these: they stay spooled (or in memory), the rest go out
-                    self._keep(lease_id, items[at:at + MAX_RESULTS])
-                    if isinstance(e, Stopped):
-                        raise
-                    log.error("could not deliver %d spooled results of lease %s: %s", len(items[at:at + MAX_RESULTS]),
-                              lease_id, e)
+            chunks += [(lease_id, items[at:at + MAX_RESULTS]) for at in range(0, len(items), MAX_RESULTS)]
+        for i, (lease_id, chunk) in enumerate(chunks):
+            try:
+                self._deliver(lease_id, chunk)
+            except Stopped:  # this and the rest wait for the next turn (or the next start)
+                for lid, rest in chunks[i:]:
+                    self._keep(lid, rest)
+                raise
+            except ServiceError as e:  # a fault on these: they stay spooled (or in memory), the rest go out
+                self._keep(lease_id, chunk)
+                log.error("could not deliver %d spooled results of lease %s: %s", len(chunk), lease_id, e)
 
     def _keep(self, lease_id: str, items: list[tuple[str | None, dict[str, Any]]]) -> None:
         """Undelivered results the spool does not hold stay in memory for the next turn."""

@@ -14,7 +14,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
-from app.wire import MAX_BUDGET_S, formula_safe
 from app.config import Settings
 from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
 from app.db.models import CampaignShape, Result, utcnow
@@ -26,6 +25,7 @@ from app.domain.roofline import ceiling_us, floor_us
 from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 from app.ttl_cache import TTLCache
+from app.wire import MAX_BUDGET_S, formula_safe
 
 
 def shape_facts(sh: CampaignShape) -> ls.ShapeFacts:
