@@ -30,7 +30,8 @@ class Principal:
 
     def check_digest(self, digest: str) -> None:
         if self.digests is not None and digest not in self.digests:
-            raise Forbidden(f"image_digest: token {self.name!r} is not scoped to {digest}", "image_digest")
+            # "this image", never the digest: a campaign or lease id must not reveal another image's digest
+            raise Forbidden(f"image_digest: token {self.name!r} is not scoped to this image", "image_digest")
 
     def covers(self, digests: Collection[str] | None) -> bool:
         """Whether a token scoped to `digests` (None: every image) reaches only images this one may act on."""

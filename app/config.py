@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     max_attempts: int = 3  # a shape failing this many times is parked as failed
     min_improvement_pct: float = 3.0  # a row reaches the overlay only past this gain over the default (AITER's)
     default_shape_cost_s: float = 30.0  # until a campaign has measured costs
+    max_lease_shapes: int = 256  # shapes in one lease at most, whatever the measured cost says
     sqlite_busy_ms: int = 5000
     # PostgreSQL: at most this many lease transactions at once: a lease, heartbeat or release on the event
     # loop's connections (Database.aplain), a result on threads of its own (0: 40 and the shared thread pool).
@@ -33,5 +34,6 @@ class Settings(BaseSettings):
     auth: bool = True  # bearer tokens with roles; off only for local experiments
     token_cache_s: float = 5.0  # a resolved token is trusted this long: a revocation takes up to this to bite
     read_open: bool = True  # overlays, reports and the dashboard need no token
+    cookie_secure: bool = False  # the sign-in cookie only over HTTPS (set it where the service is served on TLS)
     admin_token: str | None = None  # TUNER_ADMIN_TOKEN: the first admin token, instead of a generated one
     admin_token_file: str = "./data/admin_token"  # where a generated first admin token is written (0600)

@@ -13,17 +13,41 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 INT64_MAX = 2**63 - 1
+MAX_BUDGET_S = 24 * 3600  # one lease's budget at most
 MAX_TEXT = 4096  # default bound on any string field without its own
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-GFX_RE = re.compile(r"^(gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31})$")
+# Checked with fullmatch only: re.match's `$` also matches before a trailing newline, and one digest with a
+# newline in it broke every idle worker's 204 header (issue 26).
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+GFX_RE = re.compile(r"gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31}")
+# a pydantic `pattern` (pydantic-core's Rust regex, re.search semantics): anchored at both ends, where Rust's `$`
+# is the end of the text only (no newline before it), as \z is
 NAME_PATTERN = r"^[\w.:@-]+$"
 IDLE_HEADER = "X-Tuner-Idle-Reason"  # on a 204 to a lease request: why there is no work for this worker
+_UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
 # the worker id acting on a lease (heartbeat, results, release): it must be the worker the lease was granted
 # to, so workers that share a token cannot act on each other's leases
 WORKER_HEADER = "X-Tuner-Worker"
+
+
+def header_value(text: str) -> str:
+    """Text as an HTTP header value: printable ASCII only (a CR or LF would end the header and drop the
+    connection; anything else non-ASCII is escaped), bounded."""
+    return _UNSAFE_IN_HEADER.sub(lambda m: ascii(m.group())[1:-1], text)[:2000]
+
+
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def formula_safe(v: str) -> str:
+    """A cell a spreadsheet opening the overlay would not run as a formula (CSV injection: '=HYPERLINK(...)'):
+    nothing starting with = + - @ tab or CR, but a number. AITER's own tables start none of their kernel names so,
+    and only numbers with '-' (-1 in tuned_fmoe.csv's topk, cluster_n; its shipped aiter/configs/*.csv)."""
+    if v[:1] in ("=", "+", "-", "@", "\t", "\r") and not _NUMBER.fullmatch(v):
+        raise ValueError("starts like a spreadsheet formula (=, +, -, @, tab or CR) and is not a number")
+    return v
 
 
 def _check_text(s: str) -> None:
@@ -56,7 +80,7 @@ def check_clean(value: Any) -> Any:
 
 
 def check_digest(v: str) -> str:
-    if not DIGEST_RE.match(v):
+    if not DIGEST_RE.fullmatch(v):
         raise ValueError("expected an image digest 'sha256:' followed by 64 lowercase hex digits")
     return v
 
@@ -102,7 +126,7 @@ class Identity(Wire):
     @field_validator("gfx")
     @classmethod
     def _gfx(cls, v: str) -> str:
-        if not GFX_RE.match(v):
+        if not GFX_RE.fullmatch(v):
             raise ValueError("expected a gfx arch such as gfx942 or gfx950")
         return v
 
@@ -112,7 +136,7 @@ class LeaseIn(Identity):
     backends: list[Annotated[str, Field(min_length=1, max_length=32, pattern=NAME_PATTERN)]] = Field(
         min_length=1, max_length=8)
     families: list[Annotated[str, Field(max_length=64)]] | None = Field(None, max_length=64)  # None: all
-    budget_s: float = Field(gt=0, le=24 * 3600)
+    budget_s: float = Field(gt=0, le=MAX_BUDGET_S)
     max_shapes: int | None = Field(None, ge=1, le=10_000)
     host: str | None = Field(None, max_length=255)
     aiter_commit: str | None = Field(None, max_length=80)
@@ -155,7 +179,7 @@ class HeartbeatOut(BaseModel):
 
 
 class Candidate(Wire):
-    name: str = Field(max_length=512)
+    name: Annotated[str, AfterValidator(formula_safe)] = Field(max_length=512)
     us: float | None = Field(None, ge=0)
     err_ratio: float | None = Field(None, ge=0)
     error: str | None = Field(None, max_length=4000)
@@ -169,13 +193,13 @@ class ResultIn(Wire):
         None, max_length=64)  # the winner in the family's tuned schema
     us: Micros | None = None
     err_ratio: float | None = Field(None, ge=0, le=1)
-    kernel_name: str | None = Field(None, max_length=1000)
+    kernel_name: Annotated[str, AfterValidator(formula_safe)] | None = Field(None, max_length=1000)
     default_us: Micros | None = None
     candidates: list[Candidate] = Field(default_factory=list, max_length=10_000)
     error: str | None = Field(None, max_length=20_000)
     elapsed_s: Seconds | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    started_at: AwareDatetime | None = None  # with its timezone: a naive time is no instant
+    finished_at: AwareDatetime | None = None
     aiter_commit: str | None = Field(None, max_length=80)
 
 

@@ -4,14 +4,17 @@ Nothing about one shape ends the loop (arq's rule: a failing job is counted, nev
 becomes that shape's failed result, a refused result is logged, counted and reported as a failed shape, and an
 unavailable service is waited out (workers/client.py). Every finished result is written to a local spool
 (workers/spool.py) before it is posted and acknowledged there once the service answered, so a crash or a long
-outage loses none: the spool is delivered first on the next turn (or the next start). Only a signal, or --once
-with no work left, ends it.
+outage loses none: the spool is delivered first on the next turn (or the next start). A spool that cannot be
+written (a full or read-only disk) is no reason to stop either: the result in hand is kept in memory and posted,
+its write retried before every turn, and the lease's other shapes go back to the queue at once rather than be
+measured with nowhere safe to keep them. Only a signal, or --once with no work left, ends it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 import os
 import signal
@@ -57,6 +60,7 @@ class Stats:
     backend_errors: int = 0  # shapes whose backend raised: reported as failed shapes
     superseded: int = 0  # late results for shapes another worker had meanwhile
     spooled: int = 0  # results written to the spool (every finished one)
+    spool_faults: int = 0  # spool writes that failed (the result kept in memory instead)
     results: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -95,6 +99,7 @@ class Agent:
         self.warmed: set[str] = set()  # families whose JIT build this worker has warmed for its image
         self.spool = Spool(Path(cfg.spool_dir) if cfg.spool_dir
                            else default_spool_dir(cfg.worker_id, str(client.http.base_url)))
+        self.unspooled: list[tuple[str, dict[str, Any]]] = []  # (lease id, result): finished, not on disk, not posted
 
     def install_signals(self) -> None:
         def _term(signum: int, _frame: Any) -> None:
@@ -128,7 +133,7 @@ class Agent:
                 self.stop.wait(self.cfg.poll_s)
                 continue
             if lease is None:
-                if self.cfg.once and not self.spool.pending():
+                if self.cfg.once and not self._pending():
                     break
                 self.stop.wait(self.cfg.poll_s)
                 continue
@@ -136,6 +141,9 @@ class Agent:
                 self.compile_lane(lease)
                 continue
             self.run_lease(lease)
+        self._respool()
+        for lease_id, payload in self.unspooled:  # the disk refused them to the end: the log keeps them
+            log.error("result never spooled nor delivered (lease %s): %s", lease_id, json.dumps(payload))
         return self.stats
 
     def needs_build(self, lease: dict[str, Any]) -> bool:
@@ -161,20 +169,56 @@ class Agent:
         except (LeaseLost, ServiceError) as e:  # a report that does not arrive is logged, never fatal
             log.error("compile lane: build report not accepted: %s", e)
 
-    def deliver_spool(self) -> None:
-        """Results finished earlier (an outage, a crash) go out first, in the order they finished."""
-        for lease_id, group in itertools.groupby(self.spool.pending(), key=lambda e: e[1]):
-            items = [(rid, payload) for rid, _, payload in group]
-            for at in range(0, len(items), MAX_RESULTS):
-                try:
-                    self._deliver(lease_id, items[at:at + MAX_RESULTS])
-                except Stopped:
-                    raise
-                except ServiceError as e:  # a fault on these: they stay spooled, the rest go out
-                    log.error("could not deliver %d spooled results of lease %s: %s", len(items[at:at + MAX_RESULTS]),
-                              lease_id, e)
+    def _put(self, lease_id: str, payload: dict[str, Any]) -> str | None:
+        """The result on disk; None (kept in memory by the caller) when the disk refuses it."""
+        try:
+            return self.spool.put(lease_id, payload)
+        except OSError as e:
+            self.stats.spool_faults += 1
+            log.error("spool write failed (%s): the result for shape %s is kept in memory", e, payload["shape_id"])
+            return None
 
-    def _deliver(self, lease_id: str, items: list[tuple[str, dict[str, Any]]]) -> bool:
+    def _respool(self) -> None:
+        """Results the spool refused earlier: written now if the disk takes them."""
+        kept, self.unspooled = self.unspooled, []
+        for i, (lease_id, payload) in enumerate(kept):
+            if self._put(lease_id, payload) is None:
+                self.unspooled += kept[i:]
+                return
+
+    def _pending(self) -> list[tuple[str | None, str, dict[str, Any]]]:
+        """Every result not yet delivered: the spool's, then those only in memory (rid None)."""
+        try:
+            on_disk: list[tuple[str | None, str, dict[str, Any]]] = list(self.spool.pending())
+        except OSError as e:
+            log.error("spool unreadable (%s); its results wait for the next turn", e)
+            on_disk = []
+        return on_disk + [(None, lid, payload) for lid, payload in self.unspooled]
+
+    def deliver_spool(self) -> None:
+        """Results finished earlier (an outage, a crash, a spool fault) go out first, in the order they finished."""
+        self._respool()
+        pending, self.unspooled = self._pending(), []  # what fails again is kept again (_keep)
+        chunks = []
+        for lease_id, group in itertools.groupby(pending, key=lambda e: e[1]):
+            items = [(rid, payload) for rid, _, payload in group]
+            chunks += [(lease_id, items[at:at + MAX_RESULTS]) for at in range(0, len(items), MAX_RESULTS)]
+        for i, (lease_id, chunk) in enumerate(chunks):
+            try:
+                self._deliver(lease_id, chunk)
+            except Stopped:  # this and the rest wait for the next turn (or the next start)
+                for lid, rest in chunks[i:]:
+                    self._keep(lid, rest)
+                raise
+            except ServiceError as e:  # a fault on these: they stay spooled (or in memory), the rest go out
+                self._keep(lease_id, chunk)
+                log.error("could not deliver %d spooled results of lease %s: %s", len(chunk), lease_id, e)
+
+    def _keep(self, lease_id: str, items: list[tuple[str | None, dict[str, Any]]]) -> None:
+        """Undelivered results the spool does not hold stay in memory for the next turn."""
+        self.unspooled += [(lease_id, payload) for rid, payload in items if rid is None]
+
+    def _deliver(self, lease_id: str, items: list[tuple[str | None, dict[str, Any]]]) -> bool:
         """Post spooled results of one lease in one request; False when the service already gave a shape of
         them to another lease. A fault on the request as a whole raises, and they all stay spooled."""
         try:
@@ -183,10 +227,15 @@ class Agent:
             answers = [e] * len(items)
         return all([self._settle(rid, lease_id, payload, a) for (rid, payload), a in zip(items, answers)])
 
-    def _settle(self, rid: str, lease_id: str, payload: dict[str, Any], answer: dict | Exception) -> bool:
-        """One result's answer: taken, superseded (False) or refused; acknowledged in the spool either way."""
+    def _settle(self, rid: str | None, lease_id: str, payload: dict[str, Any], answer: dict | Exception) -> bool:
+        """One result's answer: taken, superseded (False) or refused; acknowledged in the spool either way (an
+        acknowledgement the disk refuses re-sends it later: the service answers that as a duplicate)."""
         sid = payload["shape_id"]
-        self.spool.done(rid)
+        if rid is not None:
+            try:
+                self.spool.done(rid)
+            except OSError as e:
+                log.warning("spool acknowledgement failed (%s): shape %s will be re-sent", e, sid)
         if isinstance(answer, LeaseLost):  # dead lease, and another worker has the shape now (the service took what it could)
             self.stats.superseded += 1
             log.warning("result for shape %s (lease %s) superseded, not taken: %s", sid, lease_id, answer)
@@ -222,10 +271,14 @@ class Agent:
         hard = datetime.fromisoformat(lease["hard_deadline"].replace("Z", "+00:00"))
         to_hard = (hard - datetime.now(timezone.utc)).total_seconds() - 1.0
         deadline = time.monotonic() + min(self.cfg.budget_s, to_hard)
-        batch = Batch(lease, deadline, lambda: self.stop.is_set() or hb.lost.is_set())
+        faults = self.stats.spool_faults
+        # a spool fault ends the batch: its other shapes go back to the queue now, not at the lease's expiry
+        batch = Batch(lease, deadline,
+                      lambda: self.stop.is_set() or hb.lost.is_set() or self.stats.spool_faults > faults)
         finished: set[int] = set()
-        unposted: list[tuple[str, dict[str, Any]]] = []  # spooled, not yet posted
+        unposted: list[tuple[str | None, dict[str, Any]]] = []  # spooled (or kept in memory), not yet posted
         posted_at = [float("-inf")]
+        undelivered = [False]  # a post of this lease's results failed
 
         def post() -> None:
             if not unposted:
@@ -237,19 +290,25 @@ class Agent:
                 if not self._deliver(lid, items):
                     hb.lost.set()  # the lease is dead: stop working on its shapes
             except Stopped:  # they stay in the spool for the next start
+                self._keep(lid, items)
                 hb.lost.set()
             except ServiceError as e:  # a service fault on these: they stay spooled, the batch goes on
+                self._keep(lid, items)
+                undelivered[0] = True
                 log.error("could not post the results for shapes %s: %s", [p["shape_id"] for _, p in items], e)
 
         def emit(res: ShapeResult) -> None:
             finished.add(res.shape_id)
             payload = res.payload(self.backend.name, self.cfg.aiter_commit)
-            unposted.append((self.spool.put(lid, payload), payload))
-            self.stats.spooled += 1
-            log.info("shape %s finished (%s) for lease %s, spooled", res.shape_id, res.status, lid)
+            rid = self._put(lid, payload)
+            unposted.append((rid, payload))
+            self.stats.spooled += rid is not None
+            log.info("shape %s finished (%s) for lease %s%s", res.shape_id, res.status, lid,
+                     ", spooled" if rid is not None else "")
             # at most one post every post_every_s: a shape slower than that is posted as it finishes, faster
             # ones together (one request and transaction-set for several: a short CPU race's overhead halves)
-            if time.monotonic() - posted_at[0] >= self.cfg.post_every_s or len(unposted) >= MAX_RESULTS:
+            if (rid is None or time.monotonic() - posted_at[0] >= self.cfg.post_every_s
+                    or len(unposted) >= MAX_RESULTS):
                 post()
 
         try:
@@ -263,10 +322,18 @@ class Agent:
                                  finished_at=now_iso()))
         finally:
             post()  # what finished since the last post, before the release
+            if undelivered[0]:  # once more: a release would requeue their shapes and supersede the results
+                try:
+                    self.deliver_spool()
+                except Stopped:
+                    hb.lost.set()
+                undelivered[0] = any(held == lid for _, held, _ in self._pending())
             hb.done.set()
             hb.join(timeout=5)
             if hb.lost.is_set():
                 self.stats.lost_leases += 1
+            elif undelivered[0]:  # still held: the results are taken late while nobody else has the shapes
+                log.warning("results of lease %s undelivered: its shapes stay with it until it expires", lid)
             elif len(finished) < len(lease["shapes"]):
                 try:  # unfinished shapes go straight back to the queue, uncounted
                     self.stats.released += self.client.release(lid)["requeued"]

@@ -38,6 +38,19 @@ def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
         logging.warning("could not report the image's AITER tables: %s", e)
 
 
+def report_kernel_catalog(client: ServiceClient, cfg: WorkerSettings, backend: object) -> None:
+    """The kernels this backend may race, per family, so the service refuses a winner outside them. The aiter
+    backend reports none yet: its candidates are the image's tuner's own (its *_tuned_gemm screening lists), read
+    per shape, and its fmoe winners are two kernels joined; the service checks only what is reported."""
+    catalog = getattr(backend, "kernel_catalog", None)
+    if catalog is None:
+        return
+    try:
+        client.put_tables(cfg.image_digest, {"tables": {}, "kernels": catalog()})
+    except Exception as e:  # unchecked winners until the next start; tuning goes on
+        logging.warning("could not report the backend's kernel catalog: %s", e)
+
+
 def parser() -> argparse.ArgumentParser:
     """Flags for the settings in WorkerSettings; an absent flag leaves the environment's value (or default)."""
     p = argparse.ArgumentParser(prog="aiter-tuner-worker", description=__doc__,
@@ -74,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(client, backend, ident, agent_cfg)
     agent.install_signals()
     report_image_tables(client, cfg)
+    report_kernel_catalog(client, cfg, backend)
     try:
         stats = agent.run()
     finally:

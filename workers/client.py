@@ -157,7 +157,11 @@ class ServiceClient:
 
     def _json(self, r: Reply) -> Any:
         if r.status_code < 400:
-            return r.json()
+            try:
+                return r.json()
+            except ValueError:  # a proxy's or load balancer's page: not the service's answer, retried later
+                raise ServiceError(f"{r.method} {r.path}: {r.status_code} answer is not JSON (a proxy's page?): "
+                                   f"{r.text[:200]!r}") from None
         try:
             problem = r.json()
             field, detail = problem.get("field"), str(problem.get("detail", r.text))

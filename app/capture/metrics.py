@@ -4,10 +4,16 @@ else a small one for the lines needed."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 
+log = logging.getLogger("aiter-tuner.capture")
+
 HISTOGRAM = "vllm:iteration_tokens_total"
+# a bucket's count is a step counter: a float that counts exactly up to 2^53; NaN, Inf, a negative or a bigger
+# value is a broken exporter, skipped (the service takes at most 2^62 steps a bucket, app/api/schemas.py)
+MAX_COUNT = float(2**53)
 _BUCKET = re.compile(r"^" + re.escape(HISTOGRAM) + r"_bucket\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
 _LE = re.compile(r'(?:^|,)\s*le="(?P<le>[^"]+)"')
 
@@ -41,9 +47,19 @@ def cumulative(text: str) -> dict[str, float]:
     except ImportError:
         samples = _samples_small(text)
     out: dict[str, float] = {}
+    bad = []
     for le, v in samples:
-        key = _le_key(le)
-        out[key] = out.get(key, 0.0) + v
+        try:
+            key = _le_key(le)
+        except (ValueError, OverflowError):
+            key = "nan"
+        if key == "nan" or not 0 <= v <= MAX_COUNT:  # NaN fails the comparison too
+            bad.append(f"le={le!r} {v!r}")
+            continue
+        out[key] = min(out.get(key, 0.0) + v, MAX_COUNT)
+    if bad:  # skipped, never fatal: the same page is read again after every restart
+        log.warning("metrics: %d %s bucket(s) skipped, not a count in 0..2^53 (%s)", len(bad), HISTOGRAM,
+                    ", ".join(bad[:3]))
     return out
 
 

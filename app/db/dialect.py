@@ -163,9 +163,11 @@ PLAIN_SQL = {
                   ":elapsed_s, :started_at, :finished_at, :now) RETURNING id",
     "result_of": "SELECT id, verified FROM results WHERE lease_id = :lid AND shape_id = :sid",
     "costs": "SELECT r.elapsed_s FROM results r JOIN shapes s ON s.id = r.shape_id WHERE s.campaign_id = :cid "
-             "AND r.backend = :backend AND r.elapsed_s IS NOT NULL ORDER BY r.id DESC LIMIT 200",
+             "AND r.backend = :backend AND r.elapsed_s IS NOT NULL AND r.status IN ('ok', 'default_best') "
+             "ORDER BY r.id DESC LIMIT 200",  # a failed try's seconds say nothing of a shape's cost
     "headers": "SELECT path, header FROM image_tables WHERE image_digest = :digest AND family = :family "
                "AND kind = :kind ORDER BY path",
+    "catalog": "SELECT kernel_catalog FROM images WHERE digest = :digest",
 }
 
 

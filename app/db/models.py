@@ -89,9 +89,12 @@ class Campaign(Base):
 
 class Capture(Base):
     __tablename__ = "captures"
+    # a capture_uid is the sender's, unique within its image only: a token scoped to another image never meets it
+    __table_args__ = (UniqueConstraint("image_digest", "capture_uid"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    image_digest: Mapped[str] = mapped_column(ForeignKey("images.digest"))
     # the sender's id for this capture: a repeat is acknowledged without counting twice
-    capture_uid: Mapped[str | None] = mapped_column(String(128), unique=True)
+    capture_uid: Mapped[str | None] = mapped_column(String(128))
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
     host: Mapped[str | None] = mapped_column(String(255))
     source_format: Mapped[str] = mapped_column(String(16))

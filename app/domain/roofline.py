@@ -26,6 +26,9 @@ class Device:
     cache_tbs: float  # last-level cache bandwidth, TB/s (upper bound on warm-cache operand streaming)
     launch_us: float = 4.0  # typical launch + tail of one kernel
     processor: str = "GPU"  # what the time a worker spends here is called ("CPU time" on a CPU identity)
+    # how much slower than estimate_us a real default path may run (an untuned skinny shape, a busy part): a
+    # default time past it is not a measurement (an inflated default makes any row look like a gain)
+    slack: float = 1000.0
 
 
 DEVICES: dict[str, Device] = {
@@ -36,10 +39,13 @@ DEVICES: dict[str, Device] = {
     # H200 (the portable torch backend's GPU): 132 SMs
     "sm_90": Device(132, {"bf16": 989.4, "fp8": 1978.9, "fp4": 1978.9}, 4.8, 12.0),
     # A CPU identity reports cores as cu_num: a generous 2 TFLOP/s per core bounds any x86/arm core today
-    "cpu": Device(1, {"bf16": 2.0, "fp8": 2.0, "fp4": 2.0}, 0.5, 2.0, launch_us=0.5, processor="CPU"),
+    # (bf16 without native support runs at a few GFLOP/s a core; a Python call costs ~10 us: slack 100x more)
+    "cpu": Device(1, {"bf16": 2.0, "fp8": 2.0, "fp4": 2.0}, 0.5, 2.0, launch_us=0.5, processor="CPU",
+                  slack=100_000.0),
 }
-# An unknown gfx gets the fastest device we know, so a bound never refuses a real measurement.
-_FASTEST = Device(1, {"bf16": 2516.6, "fp8": 5033.2, "fp4": 10066.3}, 8.0, 17.2)
+# An unknown gfx gets the fastest device we know, so a bound never refuses a real measurement (and a slack that
+# covers a CPU's on top, for the ceiling)
+_FASTEST = Device(1, {"bf16": 2516.6, "fp8": 5033.2, "fp4": 10066.3}, 8.0, 17.2, slack=1e7)
 _BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 _DTYPE_MATH = {"torch.float8_e4m3fnuz": "fp8", "torch.float8_e4m3fn": "fp8", "torch.int8": "fp8",
                "torch.float4_e2m1fn_x2": "fp4", "torch.int4": "fp4", "torch.uint8": "fp4"}
@@ -101,3 +107,8 @@ def estimate_us(family: TableFamily, shape: dict[str, str], gfx: str, cu_num: in
     flops, nbytes = work(family, shape)
     peak = dev.tflops[_math(family, shape)] * 1e12 * scale
     return max(flops / peak, nbytes / (dev.hbm_tbs * 1e12)) * 1e6 + dev.launch_us
+
+
+def ceiling_us(family: TableFamily, shape: dict[str, str], gfx: str, cu_num: int) -> float:
+    """No default path on this device is slower than this: the estimate times the device's slack."""
+    return estimate_us(family, shape, gfx, cu_num) * _device(gfx, cu_num)[0].slack

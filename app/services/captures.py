@@ -86,8 +86,10 @@ def _step_delta(body: CaptureIn) -> dict[str, float] | None:
         raise Invalid(f"step_buckets: {e}", "step_buckets") from None
 
 
-def _already(s: Session, uid: str | None, fam: TableFamily) -> CaptureOut | None:
-    prior = s.scalars(select(Capture).where(Capture.capture_uid == uid)).first() if uid else None
+def _already(s: Session, digest: str, uid: str | None, fam: TableFamily) -> CaptureOut | None:
+    """This image's capture with this uid, if counted already (another image's uid is another capture)."""
+    prior = s.scalars(select(Capture).where(Capture.image_digest == digest, Capture.capture_uid == uid)).first() \
+        if uid else None
     if prior is None:
         return None
     camp = s.get(Campaign, prior.campaign_id)
@@ -112,21 +114,22 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
            max_campaign_shapes: int | None = None) -> CaptureOut:
     fam, fmt, parsed = parse(body, max_shapes)  # raises before anything is written
     delta = _step_delta(body)
-    done = _already(s, body.capture_uid, fam)
+    done = _already(s, body.image_digest, body.capture_uid, fam)
     if done is not None:
         return done
     # what a server claims about AITER stays on its capture; the image's version is what its workers read there
     ensure_image(s, body.image_digest)
     camp = ensure_campaign(s, body.image_digest, body.gfx, body.cu_num, fam.name)
-    cap = Capture(campaign_id=camp.id, host=body.host, source_format=fmt, aiter_version=body.aiter_version,
-                  aiter_commit=body.aiter_commit, env=body.env, shapes=len(parsed.shapes),
-                  calls=sum(c for _, c in parsed.shapes.values()), capture_uid=body.capture_uid, step_hist=delta)
+    cap = Capture(campaign_id=camp.id, image_digest=body.image_digest, host=body.host, source_format=fmt,
+                  aiter_version=body.aiter_version, aiter_commit=body.aiter_commit, env=body.env,
+                  shapes=len(parsed.shapes), calls=sum(c for _, c in parsed.shapes.values()),
+                  capture_uid=body.capture_uid, step_hist=delta)
     try:
         with s.begin_nested():  # a concurrent repeat of this capture_uid: theirs counted, ours is a duplicate
             s.add(cap)
             s.flush()
     except IntegrityError:
-        done = _already(s, body.capture_uid, fam)
+        done = _already(s, body.image_digest, body.capture_uid, fam)
         if done is None:
             raise
         return done

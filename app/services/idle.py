@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -11,9 +13,10 @@ from app.db.models import Campaign, CampaignShape
 MAX_LISTED = 5
 
 
-def idle_reason(s: Session, body: LeaseIn) -> str:
+def idle_reason(s: Session, body: LeaseIn, digests: Collection[str] | None = None) -> str:
     """e.g. 'no queued shapes for gfx=cpu cu_num=2 (image sha256:0000..0001, families bf16_gemm); queued shapes
-    exist for gfx942/304 bf16_gemm (3 queued, image sha256:0000..0001)'."""
+    exist for gfx942/304 bf16_gemm (3 queued, image sha256:0000..0001)'. digests: the token's images (None: every
+    image); a scoped token hears of its own images' queues only."""
     fams = f", families {','.join(body.families)}" if body.families is not None else ""
     head = (f"no queued shapes for gfx={body.gfx} cu_num={body.cu_num} "
             f"(image {_short(body.image_digest)}{fams})")
@@ -21,6 +24,8 @@ def idle_reason(s: Session, body: LeaseIn) -> str:
          .join(CampaignShape, CampaignShape.campaign_id == Campaign.id).where(CampaignShape.state == "queued")
          .group_by(Campaign.image_digest, Campaign.gfx, Campaign.cu_num, Campaign.family)
          .order_by(func.count().desc()))
+    if digests is not None:
+        q = q.where(Campaign.image_digest.in_(list(digests)))
     elsewhere = list(s.execute(q.limit(MAX_LISTED + 1)))
     if not elsewhere:
         return head + "; no campaign has queued shapes: post a capture for this identity (POST /v1/captures)"

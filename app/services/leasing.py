@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,10 +22,11 @@ from app.domain import lease_states as ls, served, upgrade
 from app.domain.families import get_family
 from app.domain.improvement import row_helps
 from app.domain.keys import runtime_value
-from app.domain.roofline import floor_us
+from app.domain.roofline import ceiling_us, floor_us
 from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 from app.ttl_cache import TTLCache
+from app.wire import MAX_BUDGET_S, formula_safe
 
 
 def shape_facts(sh: CampaignShape) -> ls.ShapeFacts:
@@ -148,7 +149,8 @@ def _sweep_due(p: Rows, settings: Settings) -> bool:
 
 
 def shape_cost(p: Rows, campaign_id: int, backend: str, default: float) -> Steps[float]:
-    """Median measured seconds per shape in this campaign for this backend; the default until measured."""
+    """Median measured seconds per shape in this campaign for this backend (successful results only: a try that
+    failed at once says nothing of what a shape costs); the default until measured."""
     key = (p.key, campaign_id, backend)
     hit = _COSTS.get(key)
     if hit is None:
@@ -185,9 +187,8 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
         return None
     backend = body.backends[0]
     cost = yield from shape_cost(p, camp.id, backend, settings.default_shape_cost_s)
-    n = max(1, math.floor(body.budget_s / cost)) if cost > 0 else 10_000
-    if body.max_shapes:
-        n = min(n, body.max_shapes)
+    n = min(max(1, math.floor(body.budget_s / cost)) if cost > 0 else settings.max_lease_shapes,
+            settings.max_lease_shapes, body.max_shapes or settings.max_lease_shapes)
     rows = yield from p.shape_steps("pick", {"cid": camp.id, "n": n})
     if not rows:
         return None
@@ -239,7 +240,7 @@ def _owned_lease(p: Rows, lease_id: str, caller: Caller, found: list | None = No
         raise Forbidden(f"worker_id: lease {lease_id} was granted to worker {lease.worker_id!r}, not to "
                         f"{caller.worker_id!r}", "worker_id")
     if caller.digests is not None and lease.image_digest not in caller.digests:
-        raise Forbidden(f"image_digest: lease {lease_id} is for {lease.image_digest}, outside this token's images",
+        raise Forbidden(f"image_digest: lease {lease_id} is for an image outside this token's images",
                         "image_digest")
     return lease
 
@@ -288,6 +289,11 @@ def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> di
     if missing:
         raise Invalid(f"row.{missing[0]}: missing; the image's {fam.name} header is {','.join(schema.header)}",
                       f"row.{missing[0]}")
+    for col in schema.header:
+        try:
+            formula_safe(cells[col])
+        except ValueError as e:
+            raise Invalid(f"row.{col}: {cells[col][:80]!r} {e}", f"row.{col}") from None
     want = dict(shape.shape, gfx=lease.gfx, cu_num=str(lease.cu_num))
     for col in schema.key_columns:
         if col in want and runtime_value(col, cells[col]) != runtime_value(col, want[col]):
@@ -306,6 +312,46 @@ def _check_timing(lease, shape: CampaignShape, body: ResultIn) -> None:
             if us < floor:
                 raise Invalid(f"{field}: {us} us is below the roofline floor of {floor:.3g} us for this shape on "
                               f"{lease.gfx} with {lease.cu_num} CUs", field)
+    if body.default_us is not None and body.status != "failed":
+        # the default's time is what every row's gain is measured against: timed by this worker in this race
+        # (one of its candidates), and not past what any default path on the device costs
+        if not any(c.us is not None and math.isclose(c.us, body.default_us, rel_tol=1e-6) for c in body.candidates):
+            raise Invalid(f"default_us: {body.default_us} us is not the time of any posted candidate; the default "
+                          f"must be timed in the same race", "default_us")
+        ceiling = ceiling_us(fam, shape.shape, lease.gfx, lease.cu_num)
+        if body.default_us > ceiling:
+            raise Invalid(f"default_us: {body.default_us} us is above {ceiling:.3g} us, slower than any default "
+                          f"path for this shape on {lease.gfx} with {lease.cu_num} CUs", "default_us")
+
+
+CLOCK_SKEW = timedelta(minutes=5)  # a worker's clock may be this far off the service's
+
+
+def _check_times(lease, body: ResultIn, settings: Settings, now: datetime) -> None:  # type: ignore[no-untyped-def]
+    """A result's times fall inside its lease's life: it began at most a budget and the grace before the hard
+    deadline (MAX_BUDGET_S: the lease's budget is not on its row) and nothing finishes after the deadline or now,
+    give or take a clock's skew; elapsed_s is no longer than that life."""
+    life = timedelta(seconds=MAX_BUDGET_S + settings.lease_grace_s)
+    first, last = lease.hard_deadline - life - CLOCK_SKEW, min(now, lease.hard_deadline) + CLOCK_SKEW
+    for field, t in (("started_at", body.started_at), ("finished_at", body.finished_at)):
+        if t is not None and not first <= t <= last:
+            raise Invalid(f"{field}: {t.isoformat()} is outside lease {lease.id}'s life ({first.isoformat()} to "
+                          f"{last.isoformat()})", field)
+    if body.started_at and body.finished_at and body.started_at > body.finished_at:
+        raise Invalid("finished_at: before started_at", "finished_at")
+    if body.elapsed_s is not None and body.elapsed_s > (life + CLOCK_SKEW).total_seconds():
+        raise Invalid(f"elapsed_s: {body.elapsed_s} s is longer than any lease lives", "elapsed_s")
+
+
+def _check_kernel(p: Plain, lease, body: ResultIn, row: dict[str, str] | None) -> None:  # type: ignore[no-untyped-def]
+    """The winner must be a kernel the image's tuner races, where the image reported its catalog for the family."""
+    catalog = table_schemas.kernel_catalog(p, lease.image_digest, lease.family)
+    if catalog is None or body.status == "failed":
+        return
+    for field, name in (("kernel_name", body.kernel_name), ("row.kernelName", (row or {}).get("kernelName"))):
+        if name and name not in catalog:
+            raise Invalid(f"{field}: {name[:200]!r} is not in the image's {lease.family} kernel catalog "
+                          f"({len(catalog)} kernels, as its worker reported them)", field)
 
 
 @dataclass
@@ -369,6 +415,8 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     try:
         row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
         _check_timing(lease, shape, body)
+        _check_times(lease, body, settings, now)
+        _check_kernel(p, lease, body, row)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if late:
             return Refused(e, shape.state)

@@ -31,7 +31,7 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
     img.configs_dir = body.configs_dir or img.configs_dir
     if body.flydsl is not None:
         img.flydsl = body.flydsl
-    if body.kernels:
+    if body.kernels is not None:
         img.kernel_catalog = {**(img.kernel_catalog or {}), **body.kernels}
     stored: dict[str, int] = {}
     for path, text in body.tables.items():
@@ -110,6 +110,18 @@ def _header_steps(p: Rows, digest: str, family: str, kind: str) -> Steps[list[tu
         hit = _HEADERS.put(key, [tuple(r) for r in (yield from ask("headers", {"digest": digest, "family": family,
                                                                                "kind": kind}))])
     return hit  # type: ignore[no-any-return]
+
+
+def kernel_catalog(p: Plain, digest: str, family: str) -> frozenset[str] | None:
+    """The kernel names the image's tuner may race for the family, as its worker reported them (None: not
+    reported); cached with the headers (a PUT of the image's tables clears both)."""
+    key = (p.key, digest, "catalog")
+    hit = _HEADERS.get(key)
+    if hit is None:
+        found = p.rows("catalog", {"digest": digest})
+        doc = p.doc(found[0][0]) if found else None
+        hit = _HEADERS.put(key, {f: frozenset(names) for f, names in (doc or {}).items()})
+    return hit.get(family)  # type: ignore[no-any-return]
 
 
 def _headers(s: Session | Plain, digest: str, family: str, kind: str) -> list[tuple[str, str]]:

@@ -25,7 +25,7 @@ def create(s: Session, name: str, role: str, digests: list[str] | None = None, s
     if role not in ROLES:
         raise Invalid(f"role: must be one of {', '.join(ROLES)}", "role")
     for d in digests or ():
-        if not DIGEST_RE.match(d):
+        if not DIGEST_RE.fullmatch(d):
             raise Invalid(f"digests: {d!r} is not an image digest (sha256: and 64 lowercase hex digits)", "digests")
     secret = secret or "atk_" + secrets.token_urlsafe(32)
     tok = Token(name=name, role=role, token_hash=digest_of(secret), digests=digests or None)

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
@@ -23,6 +23,7 @@ from app.config import Settings
 from app.db.models import Campaign
 from app.db.session import Database
 from app.domain.families import get_family
+from app.errors import Forbidden
 from app.services import campaigns, engagement, overlays, verifications, upgrades
 from app.domain.roofline import processor
 from app.web.plots import coverage_svg
@@ -199,12 +200,26 @@ def error_page(request: Request, status: int, detail: str) -> HTMLResponse:
 async def sign_in(request: Request) -> Response:
     """The dashboard's sign-in when reads are closed: the pasted token, checked, is kept in an HttpOnly,
     SameSite=Strict cookie that page loads send (writes still need the Authorization header)."""
+    _same_origin(request)
     form = parse_qs((await request.body()).decode("utf-8", errors="replace"))
     nxt, secret = (form.get("next") or ["/"])[0], (form.get("token") or [""])[0].strip()
     await resolve(request, secret)  # 401 (the form again) for an unknown token
     page = RedirectResponse(nxt if nxt.startswith("/") and not nxt.startswith("//") else "/", status_code=303)
-    page.set_cookie(COOKIE, secret, httponly=True, samesite="strict")
+    page.set_cookie(COOKIE, secret, httponly=True, samesite="strict", secure=request.app.state.settings.cookie_secure)
     return page
+
+
+def _same_origin(request: Request) -> None:
+    """Login CSRF: another site's form must not sign this browser in with the other site's token. A browser
+    names the page a form came from (Origin on every POST; Referer where an old one does not); it must be this
+    host. A client that names none (curl, a script) is no browser to trick."""
+    for header in ("origin", "referer"):
+        value = request.headers.get(header)
+        if value is not None:
+            if urlsplit(value).netloc.lower() != request.headers.get("host", "").lower():
+                raise Forbidden(f"{header}: the sign-in form was posted from {value[:100]!r}, not from this "
+                                f"service's pages", header)
+            return
 
 
 @router.get("/tokens", response_class=HTMLResponse)

@@ -88,10 +88,12 @@ def test_default_is_best_is_tuned_without_a_row_and_counted(client):
     capture(client, [{"M": m, "N": 1280, "K": 8192} for m in (1, 2, 3)])
     body = lease(client, budget_s=80_000).json()
     a, b, c = body["shapes"]
-    posts = [dict(ok_row(body, a, us=9.0), default_us=10.0),  # 10% better: a row
-             dict(ok_row(body, b, us=9.8), default_us=10.0),  # 2% better: inside the margin, no row
+    timed = [{"name": "torch_linear", "us": 10.0}]  # the default, timed in the same race
+    posts = [dict(ok_row(body, a, us=9.0), default_us=10.0, candidates=timed),  # 10% better: a row
+             dict(ok_row(body, b, us=9.8), default_us=10.0, candidates=timed),  # 2% better: inside the margin
              {"shape_id": c["shape_id"], "backend": "torch", "status": "default_best", "us": 10.0,
-              "default_us": 10.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": 1.0}]
+              "default_us": 10.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": 1.0,
+              "candidates": timed}]
     for p in posts:
         r = client.post(f"/v1/leases/{body['lease_id']}/results", json=p)
         assert r.status_code == 200 and r.json()["shape_state"] == "tuned", r.text

@@ -94,7 +94,8 @@ def test_a_campaigns_results_are_its_own(client):
         body = lease(client, max_shapes=3, budget_s=1000, gfx=gfx, cu_num=cu).json()
         first, *rest = body["shapes"]
         posts = [{"shape_id": first["shape_id"], "backend": "torch", "status": "default_best", "us": 10.0,
-                  "default_us": 10.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": elapsed}]
+                  "default_us": 10.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": elapsed,
+                  "candidates": [{"name": "torch_linear", "us": 10.0}]}]
         posts += [dict(ok_row(body, item, plausible_us(body, item, us)), elapsed_s=elapsed) for item in rest]
         for p in posts:
             assert client.post(f"/v1/leases/{body['lease_id']}/results", json=p).status_code == 200

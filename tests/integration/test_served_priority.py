@@ -56,7 +56,7 @@ def test_a_measured_default_replaces_the_estimate(client):
     cid = capture(client, [{**DECODE, "count": 5}]).json()["campaign_id"]
     body = lease(client).json()
     item = body["shapes"][0]
-    res = dict(ok_row(body, item), default_us=123.0)
+    res = dict(ok_row(body, item), default_us=123.0, candidates=[{"name": "torch_linear", "us": 123.0}])
     assert client.post(f"/v1/leases/{body['lease_id']}/results", json=res).status_code in (200, 201)
     (s,) = client.get(f"/v1/campaigns/{cid}").json()["shape_list"]
     assert s["served"] == 5 * 123.0 and s["default_us_est"] is None

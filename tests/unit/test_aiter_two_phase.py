@@ -64,7 +64,9 @@ def test_screen_then_confirm_picks_the_true_best_and_emits_rows_that_help(standi
     assert all(r.default_us == 1001.0 and r.us < r.default_us for r in seen)
     assert all(r.row["kernelName"] == "standin_kernel_0" and tuple(r.row) == FAM.tuned_header for r in seen)
     names = {c["name"] for c in seen[0].candidates}
-    assert len(names) == 7 and "standin_kernel_3" not in names  # every candidate kept; errRatio 1.0 is not
+    assert len(names) == 8 and "standin_kernel_3" not in names  # every candidate kept; errRatio 1.0 is not
+    # and the default, timed in the same race (the service holds default_us to a posted candidate's time)
+    assert {c["us"] for c in seen[0].candidates if c["name"] == "aiter_default_path"} == {1001.0}
 
 
 def test_a_winner_inside_the_margin_is_default_is_best(standin, monkeypatch):

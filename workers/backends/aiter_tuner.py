@@ -38,6 +38,7 @@ from workers.backends.base import Batch, Emit, ShapeResult, now_iso, row_helps
 
 # the families whose AITER tuner this backend can race (TableFamily.tuner_script, tuner_races)
 TUNABLE = [f.name for f in FAMILIES.values() if f.tuner_script and f.tuner_races]
+DEFAULT_PATH = "aiter_default_path"  # the candidate the bare --run_config timed: what the image runs with no row
 
 
 def default_aiter_root() -> Path | None:
@@ -265,6 +266,8 @@ class AiterBackend:
                 d = default.get(sid) or {}
                 res = result_from_row(family, lease, sid, row, elapsed, started)
                 res.us, res.default_us = bench["e2e_us"], d.get("e2e_us")  # AITER's --compare compares e2e
+                if res.default_us is not None:  # the default timed in this race: one of its candidates
+                    cands.append({"name": DEFAULT_PATH, "us": res.default_us, "err_ratio": None})
                 if not row_helps(res.us, res.default_us, self.min_improvement_pct):
                     res.status, res.row = "default_best", None
             elif sid in screen_rows:  # no confirmation inside the budget: the screening winner, no baseline

@@ -60,6 +60,21 @@ def _split_k_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, pa
     return run
 
 
+MM_BT = "torch_mm_bt_contig"
+SPLIT_PARTS = (2, 4)
+
+
+def _split_name(parts: int) -> str:
+    return f"torch_splitk{parts}_fp32acc"
+
+
+def kernel_catalog() -> list[str]:
+    """Every name candidates() may race, on any device (Triton's on a GPU): the image's kernel catalog for the
+    torch backend's family, which the service holds posted winners to."""
+    from workers.backends.triton_configs import CONFIGS, config_name
+    return [DEFAULT, MM_BT, *map(_split_name, SPLIT_PARTS), *map(config_name, CONFIGS)]
+
+
 def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
                ) -> list[Candidate]:
     """The library paths first (the default first of all), then, on a GPU, every Triton config. Each library
@@ -78,11 +93,10 @@ def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_
         y = a @ bt
         return (y + bias if bias is not None else y).to(out_dtype)
 
-    cands = [Candidate(DEFAULT, "torch", 0, linear), Candidate("torch_mm_bt_contig", "torch", 0, mm_pretransposed)]
-    for parts in (2, 4):
+    cands = [Candidate(DEFAULT, "torch", 0, linear), Candidate(MM_BT, "torch", 0, mm_pretransposed)]
+    for parts in SPLIT_PARTS:
         if a.shape[1] >= 64 * parts:
-            cands.append(Candidate(f"torch_splitk{parts}_fp32acc", "torch", parts,
-                                   _split_k_cpu(a, b, bias, parts, out_dtype)))
+            cands.append(Candidate(_split_name(parts), "torch", parts, _split_k_cpu(a, b, bias, parts, out_dtype)))
     if a.is_cuda:
         from workers.backends import triton_gemm
         cands += [Candidate(name, "triton", sk, fn) for name, sk, fn in triton_gemm.candidates(a, b, bias, out_dtype)]
@@ -280,6 +294,10 @@ class TorchBackend:
         self.schedule = schedule or Schedule(final=repeats)
         self.min_improvement_pct = min_improvement_pct
         self.timer = Timer(self.device, seed)
+
+    def kernel_catalog(self) -> dict[str, list[str]]:
+        """{family: names} for PUT /v1/images/{digest}/tables (workers/cli.py)."""
+        return {f: kernel_catalog() for f in self.families}
 
     @property
     def builds(self) -> bool:

@@ -17,7 +17,7 @@ from app.db.dialect import Rows, Steps
 from app.db.session import Database
 from app.errors import DomainError, Invalid
 from app.wire import (IDLE_HEADER, NAME_PATTERN, WORKER_HEADER, HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn,
-                      ReleaseOut, ResultIn, ResultOut, ResultOutcome, ResultsIn, ResultsOut)
+                      ReleaseOut, ResultIn, ResultOut, ResultOutcome, ResultsIn, ResultsOut, header_value)
 from app.metrics import BACKENDS, bounded
 from app.services import idle, leasing
 
@@ -88,8 +88,8 @@ async def lease(body: LeaseIn, f: Worker) -> LeaseOut | Response:
 
     def why() -> str:
         with f.db.session(write=False) as s:
-            return idle.idle_reason(s, body)
-    return Response(status_code=204, headers={IDLE_HEADER: await f.run(why)})
+            return idle.idle_reason(s, body, f.who.digests)
+    return Response(status_code=204, headers={IDLE_HEADER: header_value(await f.run(why))})
 
 
 # The lease routes answer with their model already built and serialized by pydantic (declared as
