@@ -197,7 +197,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     out: list[ShapeEngagement] = []
     closest: dict[tuple, str] = {}
     for raw in shapes:
-        shape = family.remap(raw)
+        shape = family.looked_up(raw, cpp_at[0])  # the op's own remaps run on the device's gfx
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
         tried = [m for m, _ in cands]
         res = None

@@ -38,6 +38,31 @@ ENUM_VALUES = {
 }
 
 
+# The GPU's own fp8 (aiter/utility/dtypes.py:11-21 defaultDtypes, read by get_gfx_runtime(): the device, never
+# GPU_ARCHS); any other gfx gets torch.uint8 (:24 _8bit_fallback)
+FP8_OF_GFX = {"gfx942": "torch.float8_e4m3fnuz", **{g: "torch.float8_e4m3fn" for g in (
+    "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1151", "gfx1200", "gfx1201", "gfx1250")}}
+GPU_FP8 = "@fp8"  # in an OpRemap: the running GPU's own fp8
+
+
+def gpu_fp8(gfx: str) -> str:
+    return FP8_OF_GFX.get(gfx, "torch.uint8")
+
+
+@dataclass(frozen=True)
+class OpRemap:
+    """An argument the op rewrites before it calls its lookup, on the GPU it runs on: the column's value is kept
+    where it is one of `keep` (GPU_FP8: the GPU's own fp8), else looked up as `to`."""
+    where: str  # AITER's line, file:line at ROCm/aiter e4048607a5
+    column: str
+    keep: tuple[str, ...]
+    to: str
+
+    def value(self, cell: str, gfx: str) -> str:
+        kept = {gpu_fp8(gfx) if k == GPU_FP8 else k for k in self.keep}
+        return cell if cell in kept else self.to
+
+
 # Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
 # EP-agnostic rows AITER ships (grouped_moe_gfx1250.py:1032-1033); every other integer cell is non-negative.
 _MINUS_ONE_COLS = {"topk"}
@@ -179,6 +204,9 @@ class TableFamily:
     filled_unless: tuple[tuple[str, str, str], ...] = ()  # (column, exempt if this column, equals this)
     # captured values AITER rewrites before the lookup (and its tuner writes): (column, captured, looked up)
     remaps: tuple[tuple[str, str, str], ...] = ()
+    # what the op does to its arguments before the lookup, per GPU (the captured value is what the server's op
+    # was called with; the row must be keyed on what it looks up)
+    op_remaps: tuple[OpRemap, ...] = ()
     # cells a capture may leave out, in order: (column, default value or the column it copies)
     shape_defaults: tuple[tuple[str, str], ...] = ()
     overlay_first: bool = False  # in a merged file the overlay's rows go first (first-match lookups)
@@ -238,6 +266,14 @@ class TableFamily:
         for col, captured, used in self.remaps:
             if out.get(col) == captured:
                 out[col] = used
+        return out
+
+    def looked_up(self, shape: dict[str, str], gfx: str) -> dict[str, str]:
+        """A captured shape as the op on this GPU (get_gfx_runtime) hands it to the lookup: remap, then op_remaps."""
+        out = self.remap(shape)
+        for r in self.op_remaps:
+            if r.column in out:
+                out[r.column] = r.value(out[r.column], gfx)
         return out
 
     def other_op(self, shape: dict[str, str]) -> bool:
@@ -302,6 +338,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True, filled=("kernelName",),
+        # gemm_a8w8_CK looks up any weight dtype but the GPU's own fp8 and int8 as torch.int8
+        # (gemm_op_a8w8.py:663): a float8_e4m3fn weight on gfx942, a fnuz one on gfx950
+        op_remaps=(OpRemap("ops/gemm_op_a8w8.py:663", "q_dtype_w", (GPU_FP8, "torch.int8"), "torch.int8"),),
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
         cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),

@@ -92,17 +92,21 @@ class Overlay:
 
 
 def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
-    q = (select(Result).join(CampaignShape, CampaignShape.id == Result.shape_id)
+    """The lowest-us verified row per key, keyed as the op looks it up on the GPU it was tuned on (a weight dtype
+    the op remaps before its lookup: TableFamily.op_remaps), so a served call finds it."""
+    q = (select(Result, Campaign.gfx).join(CampaignShape, CampaignShape.id == Result.shape_id)
          .join(Campaign, Campaign.id == CampaignShape.campaign_id)
          .where(Campaign.image_digest == digest, Campaign.family == family, Result.verified.is_(True))
          .order_by(Result.id))
+    fam = family_or_422(family)
     best: dict[tuple, tuple[float, dict[str, str]]] = {}
-    for r in s.scalars(q):
+    for r, gfx in s.execute(q):
         if r.row is None or r.us is None:
             continue
-        k = row_key(schema.key_columns, r.row)
+        row = fam.looked_up(r.row, gfx) if fam.op_remaps else r.row
+        k = row_key(schema.key_columns, row)
         if k not in best or r.us < best[k][0]:
-            best[k] = (r.us, r.row)
+            best[k] = (r.us, row)
     rows = [row for _, row in best.values()]
     rows.sort(key=lambda row: tuple(str(x) for x in row_key(schema.key_columns, row)))
     return rows

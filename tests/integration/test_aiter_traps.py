@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 
+import pytest
+
 from app.domain.engagement import check
 from app.domain.families import FAMILIES
 from app.domain.tables import Table
@@ -71,3 +73,38 @@ def test_a8w8_python_and_compiled_lookups_must_agree():
                                    dict(base, M="128", q_dtype_w="torch.float8_e4m3fn", kernelId="2")])
     (clash,) = check(fam, fam.key_columns, "gfx950", 256, [dict(shape, M="128")], fp8)
     assert not clash.hit and "q_dtype_w" in clash.reason
+
+
+A8W8_ROW = {"cu_num": "0", "M": "128", "N": "1280", "K": "8192", "kernelId": "1", "splitK": "0", "us": "5",
+            "kernelName": "k", "tflops": "1", "bw": "1", "errRatio": "0"}
+
+
+@pytest.mark.parametrize("gfx,cu,weight", [("gfx942", 304, "torch.float8_e4m3fn"),
+                                           ("gfx950", 256, "torch.float8_e4m3fnuz")])
+def test_a8w8_ck_looks_up_a_weight_not_the_gpus_own_fp8_as_int8(gfx, cu, weight):
+    """gemm_a8w8_CK (gemm_op_a8w8.py:663) looks up any weight dtype but the GPU's own fp8 and int8 as torch.int8:
+    a row keyed on the captured dtype is never found, the int8 row is."""
+    fam = FAMILIES["a8w8_gemm"]
+    base = dict(A8W8_ROW, gfx=gfx, cu_num=str(cu))
+    shape = {"M": "128", "N": "1280", "K": "8192", "q_dtype_w": weight}
+    (res,) = check(fam, fam.key_columns, gfx, cu, [shape], Table(fam.tuned_header, [dict(base, q_dtype_w=weight)]))
+    assert not res.hit and "torch.int8" in res.reason
+    int8 = Table(fam.tuned_header, [dict(base, q_dtype_w="torch.int8", kernelName="int8_row")])
+    (res,) = check(fam, fam.key_columns, gfx, cu, [shape], int8)
+    assert res.hit and res.row["kernelName"] == "int8_row"
+    # the GPU's own fp8 is looked up as it is
+    own = "torch.float8_e4m3fnuz" if gfx == "gfx942" else "torch.float8_e4m3fn"
+    (res,) = check(fam, fam.key_columns, gfx, cu, [dict(shape, q_dtype_w=own)], int8)
+    assert not res.hit
+
+
+def test_an_a8w8_row_tuned_on_a_foreign_fp8_weight_is_keyed_as_the_op_looks_it_up(client):
+    """A float8_e4m3fn weight captured on gfx942: the tuner writes the row on fn, the op looks up int8; the
+    overlay carries it keyed int8, and the engagement report predicts the hit AITER makes."""
+    shape = {"M": 128, "N": 1280, "K": 8192, "q_dtype_w": "torch.float8_e4m3fn"}
+    cid = capture(client, [shape], family="a8w8_gemm", gfx="gfx942", cu_num=304).json()["campaign_id"]
+    tune_all(client, "gfx942", 304, kernelId="1", splitK="0", kernelName="mine", tflops="1", bw="1", errRatio="0")
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{DIGEST}/a8w8_gemm.csv").text)))
+    assert [(r["q_dtype_w"], r["kernelName"]) for r in rows] == [("torch.int8", "mine")]
+    rep = client.get(f"/v1/campaigns/{cid}/engagement", params={"form": "merged"}).json()
+    assert rep["hits"] == 1 and rep["report"][0]["kernel"] == "mine", rep["report"]
