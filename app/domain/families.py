@@ -232,6 +232,11 @@ class TableFamily:
     # what the generic probe passes AITER's lookup, in order: a column (as int), "q_dtype_w" (a torch dtype),
     # "@file" (the table AITER resolved); empty for the lookups with a probe of their own (bf16, fmoe)
     aiter_args: tuple[str, ...] = ()
+    # the op's own entry point (in the lookup's file) that the probe calls with meta tensors of the shape (XQ [M,K],
+    # WQ [N,K] of q_dtype_w, fp32 scales), its kernel launchers (aiter_kernels) stubbed, so the op's own argument
+    # path (op_remaps) builds the lookup's arguments; None: the probe calls the lookup itself
+    aiter_entry: str | None = None
+    aiter_kernels: tuple[str, ...] = ()
     # the op (in the lookup's file) that dispatches on the row's libtype; what it does is libtype_use below
     aiter_op: str | None = None
     # what the op does with the row its lookup returned, by the row's libtype (the op's dispatch after the
@@ -341,6 +346,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8_CK looks up any weight dtype but the GPU's own fp8 and int8 as torch.int8
         # (gemm_op_a8w8.py:663): a float8_e4m3fn weight on gfx942, a fnuz one on gfx950
         op_remaps=(OpRemap("ops/gemm_op_a8w8.py:663", "q_dtype_w", (GPU_FP8, "torch.int8"), "torch.int8"),),
+        aiter_entry="gemm_a8w8_CK", aiter_kernels=("gemm_a8w8_ck",),
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
         cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
@@ -580,7 +586,9 @@ RELEASE_0_1_7 = AiterRelease(
         ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"))),  # no FlyDSL check in its lookup
         # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}; Python
         # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242)
+        # its gemm_a8w8_CK (ops/gemm_op_a8w8.py:353-376) passes no dtype to the lookup: no remap
         ("a8w8_gemm", (("cpp_key", ("M", "N", "K")), ("aiter_lookup", "aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config"),
+                       ("op_remaps", ()),
                        ("aiter_args", _MNK_FILE))),
         # batched: tables without gfx; the compiled table is taken to key {B, M, N, K} over the device's cu_num rows
         # as a8w8's does (its .cu is not in what the tests unpack from the wheel: modelled, not executed)

@@ -354,10 +354,10 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
         v = verdicts(s, camp.id, form=deploy_form)
         form = v.used
         for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
-            predicted.setdefault(_as_logged(v.ov.family, x.shape), (x, c.hit, c.fails))
+            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails))
     report = []
     for k, c in counts.items():
-        x, hit, fails = predicted.get(_as_logged(fam, c["shape"]), (None, None, False))
+        x, hit, fails = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False))
         observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
         logged = hit or fails  # a row AITER finds is logged as used even where its kernel then raises
         report.append({"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
@@ -372,10 +372,11 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
                     f"is the service's verdict on the {form or 'layer'} form; a disagreement is a defect of the model"}
 
 
-def _as_logged(family: TableFamily, shape: dict[str, str]) -> tuple:
-    """A shape as AITER's log lines print it: raw M for GEMMs, the looked-up (padded) token for MoE."""
+def _as_logged(family: TableFamily, shape: dict[str, str], gfx: str) -> tuple:
+    """A shape as AITER's log lines print it: raw M for GEMMs, the looked-up (padded) token for MoE, the
+    arguments as the op on gfx hands them to the lookup (TableFamily.op_remaps)."""
     m = family.m_column
-    cells = dict(shape)
+    cells = family.looked_up(shape, gfx)
     if m is not None and m in cells and family.padding.startswith("moe"):
         cells[m] = str(m_candidates(family, cells)[0])
     return tuple(sorted(cells.items()))

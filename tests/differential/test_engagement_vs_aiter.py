@@ -326,7 +326,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
 
         theirs = out.verdicts
         if rel_name == "current":
-            disagreements += log_disagreements(family, shapes, theirs, out.log)[:4]
+            disagreements += log_disagreements(family, shapes, theirs, out.log, gfx)[:4]
         bad = 0
         for s, m, (h, c) in zip(shapes, mine, theirs):
             # a row AITER's lookup returned (used or not) must be the row the service found
@@ -341,7 +341,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
     assert not disagreements, "\n".join(disagreements)
 
 
-def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str]) -> list[str]:
+def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str) -> list[str]:
     """AITER's own log lines of these lookups (AITER_LOG_TUNED_CONFIG=1), read with the service's grammar
     (TableFamily.log_lines): every line is this family's and names a shape probed (as AITER printed it: MoE
     prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
@@ -349,7 +349,7 @@ def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str]) 
     printed: dict[tuple, bool] = {}
     for s, (_, c) in zip(shapes, theirs):
         found = c is not None and ("us" in c or "kernelName1" in c)
-        s = family.remap(s)
+        s = family.looked_up(s, gfx)  # as the op hands it to the lookup, which prints it
         s.update({c: str(int(s[src]) + off) for c, src, off in family.lookup_derived})  # as the lookup keys it
         for m in (m_candidates(family, s) if family.m_column == "token" else [None]):
             printed[make_shape(family, s if m is None else dict(s, token=str(m)), "probe").key] = found
