@@ -22,6 +22,23 @@ from typing import Any, Callable
 Probe = Callable[[dict[str, str]], tuple[bool, dict | None]]
 
 
+class ProbeBroken(RuntimeError):
+    """The probe itself went wrong (the op did not get to a kernel, the lookup's log line never came): never
+    taken for AITER raising on the shape."""
+
+
+def outcome(look: Probe, shape: dict[str, str]) -> tuple[bool, dict | None, str | None]:
+    """(hit, row, what AITER raised on this shape or None): a raise is a verdict of its own (the server would
+    crash on this call), never a miss."""
+    try:
+        hit, cfg = look(shape)
+    except ProbeBroken:
+        raise
+    except Exception as e:  # noqa: BLE001  AITER's own code raised on this shape
+        return False, None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return hit, cfg, None
+
+
 class Found(Exception):
     """Raised from fused_moe's '[fused_moe] using ... for {keys}' log line: the lookup is done, kernel set-up
     (which needs a GPU) follows."""
@@ -132,11 +149,11 @@ def op_call(mod: Any, family: Any, lookup: str) -> Callable[[dict], Any]:
         except Launched:
             pass
         else:
-            raise RuntimeError(f"{family.aiter_entry} returned without launching any of {family.aiter_kernels}")
+            raise ProbeBroken(f"{family.aiter_entry} returned without launching any of {family.aiter_kernels}")
         finally:
             ns.update(saved)
         if not got:
-            raise RuntimeError(f"{family.aiter_entry} launched a kernel without calling {lookup}")
+            raise ProbeBroken(f"{family.aiter_entry} launched a kernel without calling {lookup}")
         return got[-1]
     return call
 
@@ -196,12 +213,8 @@ def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool
             fn(**args)
         except Found as f:
             cfg = f.cfg
-        except NotImplementedError:
-            if config_file is None:
-                raise
-            return False, None  # the dedicated FHMoE path has no row for this shape and raises (this shape fails)
-        else:
-            raise RuntimeError("fused_moe lookup ended without its 'using' log line")
+        else:  # a raise (the dedicated FHMoE path without a row: NotImplementedError) is the shape's outcome
+            raise ProbeBroken("fused_moe lookup ended without its 'using' log line")
         hit = cfg is not None
         if hit and not flydsl and any(str(cfg.get(c, "")).startswith("flydsl_") for c in ("kernelName1", "kernelName2")):
             hit = False  # the stage launcher has no FlyDSL to run it: AITER raises ('not find kernel')

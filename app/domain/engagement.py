@@ -19,7 +19,12 @@ class ShapeEngagement:
     matched_m: int | None = None
     row: dict[str, str] | None = None
     reason: str = ""
-    fails: bool = False  # AITER finds (and logs) the row, then raises running its kernel
+    fails: bool = False  # AITER raises on this shape: running the row's kernel, or on its default path
+
+    @property
+    def verdict(self) -> str:
+        """hit (a row AITER runs), raises (the call raises: the server would crash on it) or miss (a default)."""
+        return "hit" if self.hit else "raises" if self.fails else "miss"
 
 
 class LookupRaises(Exception):
@@ -235,8 +240,10 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 reason = (f"FlyDSL rows at {family.m_column}={skipped} are skipped (flydsl is not importable in the "
                           f"serving image); " + reason)
             res = ShapeEngagement(raw, False, tried, reason=reason)
-            if family.miss_raises:
-                res.fails, res.reason = True, "AITER raises on a shape without a row (no default): " + reason
+            raising = next((r for r in family.miss_raises if r.raises(dict(shape, gfx=gfx))), None)
+            if raising is not None:
+                res.fails, res.reason = True, (f"AITER raises on a shape without a row ({raising.where}: "
+                                               f"{raising.reason}): " + reason)
         out.append(res)
     return out
 

@@ -63,6 +63,25 @@ class OpRemap:
         return cell if cell in kept else self.to
 
 
+@dataclass(frozen=True)
+class MissRaises:
+    """A shape the lookup finds no row for takes a default path that raises, where every `when` condition holds
+    and not every `unless` one does. A condition is (column, op, value) on the shape's cells and "gfx" (the gfx
+    the lookup keys on): "==", "!=", "in" (value '|'-separated), "%" (the cell is a multiple of value)."""
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    reason: str
+    when: tuple[tuple[str, str, str], ...] = ()
+    unless: tuple[tuple[str, str, str], ...] = ()
+
+    def raises(self, cells: dict[str, str]) -> bool:
+        def holds(col: str, op: str, val: str) -> bool:
+            cell = str(cells.get(col, ""))
+            if op == "%":
+                return cell.isdigit() and int(cell) % int(val) == 0
+            return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|")}[op]
+        return all(holds(*c) for c in self.when) and not (self.unless and all(holds(*c) for c in self.unless))
+
+
 # Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
 # EP-agnostic rows AITER ships (grouped_moe_gfx1250.py:1032-1033); every other integer cell is non-negative.
 _MINUS_ONE_COLS = {"topk"}
@@ -185,7 +204,8 @@ class TableFamily:
     # --- how the run-time lookup treats the table (aiter-tuning.md 1.4, 2.x, 6)
     gfx_source: str = "runtime"  # "get_gfx": honours GPU_ARCHS, last entry (tuned_gemm.py:28)
     gfx_on_miss: bool = False  # an untuned shape's default path calls get_gfx() (GPU_ARCHS), which may raise
-    miss_raises: bool = False  # a shape without a row raises instead of running a default kernel
+    # a shape without a row takes a default path that raises instead of running a default kernel
+    miss_raises: tuple[MissRaises, ...] = ()
     lookup_ignores: tuple[str, ...] = ()  # key columns the lookup effectively wildcards
     # a repeated lookup key: "raise" (drop_duplicates(), then set_index().to_dict), "raise_any" (identical rows
     # too) or "first" (first row)
@@ -331,6 +351,13 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
+        # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16 input,
+        # N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`
+        miss_raises=(MissRaises(
+            "tuned_gemm.py:208", "AssertionError: no solution (bpreshuffle without a row, and no default asm kernel "
+            "for this dtype/N/K/otype)", when=(("bpreshuffle", "==", "True"), ("gfx", "!=", "gfx942")),
+            unless=(("dtype", "==", "torch.bfloat16"), ("N", "%", "64"), ("K", "%", "64"),
+                    ("outdtype", "in", "torch.bfloat16|torch.float32"))),),
         shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),
                         ("dtype", "torch.bfloat16"), ("outdtype", "dtype")),
         tuned_variants=(("M,N,K,bias,dtype,outdtype,scaleAB,cu_num,libtype,solidx,splitK,us,kernelName,err_ratio,"
@@ -485,7 +512,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         duplicate_keys="raise_any", backfill_gfx=True, filled=("kernelName1", "kernelName2"), err_max=0.1,
         lookup_derived=(("shared_expert_id", "expert", -1),), dropped_rows=(("_tag", "flydsl_fallback"),),
         flydsl_miss="fails", aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_args=("@file",),
-        aiter_file_attr="AITER_CONFIG_FHMOE_FILE", miss_raises=True,  # fused_moe.py:2369-2374 NotImplementedError
+        aiter_file_attr="AITER_CONFIG_FHMOE_FILE",
+        miss_raises=(MissRaises("fused_moe.py:2369-2374", "NotImplementedError: the dedicated FHMoE path requires an "
+                                "exact tuned config row"),),
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
         name="grouped_fmoe", env_var="AITER_CONFIG_GROUPED_FMOE",
@@ -583,7 +612,8 @@ RELEASE_0_1_7 = AiterRelease(
     default_files=(("bf16_gemm", "tuned_gemm.csv"),),
     lookup_unused=("a8w8_bpreshuffle_gemm", "a8w8_blockscale_gemm", "a8w8_blockscale_bpreshuffle_gemm"),
     overrides=(
-        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"))),  # no FlyDSL check in its lookup
+        # no FlyDSL check in its lookup, no bpreshuffle (nor its no-solution assert)
+        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"), ("miss_raises", ()))),
         # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}; Python
         # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242)
         # its gemm_a8w8_CK (ops/gemm_op_a8w8.py:353-376) passes no dtype to the lookup: no remap

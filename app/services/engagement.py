@@ -72,7 +72,8 @@ def _totals(v: Verdicts, proof: EngagementProof | None) -> dict:
     """The totals over every shape of v (checked without `only`)."""
     proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
     total = sum(x.priority for x in v.shapes) or 1.0
-    return {"hits": sum(c.hit for c in v.checks), "misses": sum(not c.hit for c in v.checks),
+    return {"hits": sum(c.hit for c in v.checks), "misses": sum(c.verdict == "miss" for c in v.checks),
+            "raises": sum(c.verdict == "raises" for c in v.checks),
             "served_time_covered": sum(x.priority for x, c in zip(v.shapes, v.checks) if c.hit) / total,
             "disagreements": None if proof is None else sum(
                 1 for x, c in zip(v.shapes, v.checks) if x.id in proved and proved[x.id] != c.hit)}
@@ -137,7 +138,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
     v, proof, shown, n = _every_or_page(s, db, camp.id, rows, merged=merged, table_csv=table_csv, form=form)
     checked = {x.id: c for x, c in zip(v.shapes, v.checks)}
     proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
-    t = shown.totals or dict.fromkeys(("hits", "misses", "served_time_covered", "disagreements"))
+    t = shown.totals or dict.fromkeys(("hits", "misses", "raises", "served_time_covered", "disagreements"))
     ov, ident = v.ov, v.ident
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
@@ -145,13 +146,15 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         "table": v.used, "form": v.used, "refused": v.refused,
         "warnings": v.warnings + ident["mismatches"], "identity": ident,
         "header": list(ov.schema.header), "shapes": n,
-        "hits": t["hits"], "misses": t["misses"], "served_time_covered": t["served_time_covered"],
+        "hits": t["hits"], "misses": t["misses"], "raises": t.get("raises"),
+        "served_time_covered": t["served_time_covered"],
         "totals_pending": shown.pending, "totals_stale_s": shown.stale_s,
         "proof": None if proof is None else {
             "id": proof.id, "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version,
             "worker_id": proof.worker_id, "flydsl": proof.flydsl, "error": proof.error,
             "created_at": proof.created_at.isoformat(), "disagreements": t["disagreements"]},
-        "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
+        "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "verdict": c.verdict,
+                    "tried_m": c.tried_m,
                     "matched_m": c.matched_m, "reason": c.reason, "kernel": _kernel(c.row),
                     "proved_hit": proved[x.id]["hit"] if x.id in proved else None,
                     "proved_kernel": proved[x.id].get("kernel") if x.id in proved else None,
@@ -229,10 +232,10 @@ def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database 
     rows = [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
     v, proof, shown, n = _every_or_page(s, db, campaign_id, rows, counts=counts)
     proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
-    by_shape = {x.id: (c.hit, proved.get(x.id)) for x, c in zip(v.shapes, v.checks)}
+    by_shape = {x.id: (c.hit, proved.get(x.id), c.verdict) for x, c in zip(v.shapes, v.checks)}
     t = shown.totals or {"hits": None, "disagreements": None}
     return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
-            "predicted_hits": t["hits"], "stale_s": shown.stale_s, "by_shape": by_shape,
+            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s, "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
                 "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,

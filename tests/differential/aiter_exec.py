@@ -295,7 +295,8 @@ class Outcome:
     rewritten: list[str] = field(default_factory=list)  # shipped or overlay files AITER rewrote in place
     resolved: str | None = None
     verdicts: list[tuple[bool, dict | None]] = field(default_factory=list)
-    lookup_error: str | None = None
+    raised: list[str | None] = field(default_factory=list)  # per shape: what AITER raised on it
+    lookup_error: str | None = None  # the loader raised (every shape the same error)
     log: list[str] = field(default_factory=list)
 
 
@@ -368,7 +369,12 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
             try:
                 look = probe.make_probe(family, p.module, p, ident.flydsl, ident.gfx, ident.cu_num, csrc,
                                         out.resolved)
-                out.verdicts = [look(s) for s in shapes]
+                got = [probe.outcome(look, s) for s in shapes]
+                out.verdicts, out.raised = [(h, c) for h, c, _ in got], [r for _, _, r in got]
+                if shapes and len(set(out.raised)) == 1 and out.raised[0] is not None:
+                    raise RuntimeError(out.raised[0])  # the table's loader: the same error whatever the shape
+            except probe.ProbeBroken:
+                raise
             except Exception as e:  # noqa: BLE001  the lookup raised (e.g. a non-unique index)
                 out.lookup_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out.log = p.log.lines

@@ -328,10 +328,17 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         if rel_name == "current":
             disagreements += log_disagreements(family, shapes, theirs, out.log, gfx)[:4]
         bad = 0
-        for s, m, (h, c) in zip(shapes, mine, theirs):
-            # a row AITER's lookup returned (used or not) must be the row the service found
+        for s, m, (h, c), raised in zip(shapes, mine, theirs, out.raised):
+            # a row AITER's lookup returned (used or not) must be the row the service found; a shape AITER
+            # raises on must be predicted to raise (a third verdict, not a miss)
             found = c is not None and ("us" in c or "kernelName1" in c)
-            if m.hit != h or ((h or (found and m.row is not None)) and not same_row(family, c, m.row or {})):
+            verdict = "raises" if raised else "hit" if h else "miss"
+            if m.verdict != verdict and not (verdict == "miss" and m.verdict == "raises" and m.row is not None):
+                bad += 1
+                if len(disagreements) < 8:
+                    disagreements.append(f"{form} {s}: service {m.verdict} ({m.reason}), AITER {verdict} "
+                                         f"({raised})")
+            elif m.hit != h or ((h or (found and m.row is not None)) and not same_row(family, c, m.row or {})):
                 bad += 1
                 if len(disagreements) < 8:
                     disagreements.append(f"{form} {s}: service hit={m.hit} ({m.reason or (m.row or {}).get('us')}) "

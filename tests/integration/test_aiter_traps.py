@@ -108,3 +108,26 @@ def test_an_a8w8_row_tuned_on_a_foreign_fp8_weight_is_keyed_as_the_op_looks_it_u
     assert [(r["q_dtype_w"], r["kernelName"]) for r in rows] == [("torch.int8", "mine")]
     rep = client.get(f"/v1/campaigns/{cid}/engagement", params={"form": "merged"}).json()
     assert rep["hits"] == 1 and rep["report"][0]["kernel"] == "mine", rep["report"]
+
+
+@pytest.mark.parametrize("gfx,cu", [("gfx950", 256), ("gfx942", 304)])
+def test_bf16_bpreshuffle_without_a_row_raises_where_aiter_has_no_default(client, gfx, cu):
+    """tuned_gemm.py:191-210: a bpreshuffle call without a row asserts "no solution" off gfx942 unless the asm
+    default fits (bf16 in, N and K multiples of 64, bf16/fp32 out): a third verdict, counted and shown."""
+    base = {"N": 1280, "K": 8192, "bias": False, "dtype": "torch.bfloat16", "outdtype": "torch.bfloat16",
+            "scaleAB": False, "bpreshuffle": True}
+    shapes = [dict(base, M=7), dict(base, M=9, N=1288), dict(base, M=11, outdtype="torch.float16"),
+              dict(base, M=13, bpreshuffle=False, N=1288)]
+    cid = capture(client, shapes, family="bf16_gemm", gfx=gfx, cu_num=cu).json()["campaign_id"]
+    rep = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    by_m = {r["shape"]["M"]: r for r in rep["report"]}
+    want = {"7": "miss", "9": "raises", "11": "raises", "13": "miss"} if gfx == "gfx950" else dict.fromkeys(
+        ("7", "9", "11", "13"), "miss")  # gfx942's default is hipBLASLt (tuned_gemm.py:194-197)
+    assert {m: r["verdict"] for m, r in by_m.items()} == want
+    n = sum(v == "raises" for v in want.values())
+    assert (rep["hits"], rep["misses"], rep["raises"]) == (0, 4 - n, n)
+    if n:
+        assert "tuned_gemm.py:208" in by_m["9"]["reason"] and not by_m["9"]["hit"]
+    page = client.get(f"/campaigns/{cid}").text
+    assert (f"AITER raises on {n} of them" in page) == bool(n)
+    assert page.count('<td class="verdict state-failed">raises</td>') == n
