@@ -224,6 +224,11 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                     "FlyDSL row, but flydsl is not importable in the serving image: AITER has no fallback and "
                     "raises in the MoE stage"), fails=True)
                 break
+            bad = family.unreadable(row)
+            if bad is not None:  # a shipped row the op cannot parse (posted ones are refused)
+                res = ShapeEngagement(raw, False, tried, m, row, reason=f"AITER raises reading the row's {bad[0]}: "
+                                                                        f"{bad[1]}", fails=True)
+                break
             use = row_use(family, shape, row)
             if use != "hit":
                 res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=(

@@ -63,6 +63,46 @@ class OpRemap:
         return cell if cell in kept else self.to
 
 
+def holds(cells: dict[str, str], cond: tuple[str, str, str]) -> bool:
+    """(column, op, value) on a row's or shape's cells: "==", "!=", "in" (value '|'-separated), "%" (the cell is a
+    multiple of value), "nonzero" (pandas' truth of the cell: an empty cell is NaN, which is true)."""
+    col, op, val = cond
+    cell = str(cells.get(col, "")).strip()
+    if op == "%":
+        return cell.isdigit() and int(cell) % int(val) == 0
+    if op == "nonzero":
+        try:
+            return float(cell) != 0 if cell else True
+        except ValueError:
+            return True
+    return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|")}[op]
+
+
+@dataclass(frozen=True)
+class ReadCell:
+    """A cell of the row the op found, as AITER parses it when it runs the row: "int" (int() of what pandas read: an
+    empty cell is NaN and int(NaN) raises, as does a word), "enum" (one of values: any other is a KeyError).
+    Checked where every `when` condition (holds) is true of the row."""
+    column: str
+    parse: str
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    values: tuple[str, ...] = ()
+    when: tuple[tuple[str, str, str], ...] = ()
+
+    def problem(self, row: dict[str, str]) -> str | None:
+        if self.column not in row or not all(holds(row, c) for c in self.when):
+            return None
+        cell = str(row[self.column] if row[self.column] is not None else "").strip()
+        if self.parse == "enum":
+            return None if cell in self.values else (
+                f"{cell!r} is not one AITER runs ({self.where}: one of {', '.join(self.values)})")
+        try:
+            ok = float(cell).is_integer()
+        except ValueError:
+            ok = False
+        return None if ok else f"{cell!r} is not an integer, as AITER reads it ({self.where})"
+
+
 @dataclass(frozen=True)
 class MissRaises:
     """A shape the lookup finds no row for takes a default path that raises, where every `when` condition holds
@@ -74,12 +114,8 @@ class MissRaises:
     unless: tuple[tuple[str, str, str], ...] = ()
 
     def raises(self, cells: dict[str, str]) -> bool:
-        def holds(col: str, op: str, val: str) -> bool:
-            cell = str(cells.get(col, ""))
-            if op == "%":
-                return cell.isdigit() and int(cell) % int(val) == 0
-            return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|")}[op]
-        return all(holds(*c) for c in self.when) and not (self.unless and all(holds(*c) for c in self.unless))
+        return (all(holds(cells, c) for c in self.when)
+                and not (self.unless and all(holds(cells, c) for c in self.unless)))
 
 
 # Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
@@ -282,6 +318,8 @@ class TableFamily:
     # one int() rejects (a pandas merge writes an integer column holding a blank as 128.0) empties the table
     comment_prefix: str | None = None
     loader_ints: tuple[tuple[str, bool], ...] = ()
+    # the cells the op parses in a row it runs (a posted row that AITER could not parse is refused)
+    read_cells: tuple[ReadCell, ...] = ()
     # the lines AITER logs when this family's lookup finds a row or not (log_lines.parse_log reads them back)
     log_lines: tuple[LogLine, ...] = ()
 
@@ -304,6 +342,14 @@ class TableFamily:
     def other_op(self, shape: dict[str, str]) -> bool:
         """The shape is served by another op that reads this table without a libtype switch."""
         return any(shape.get(c) == v for c, v in self.libtype_use_unless)
+
+    def unreadable(self, row: dict[str, str]) -> tuple[str, str] | None:
+        """The first cell AITER could not parse when it runs this row, and why (read_cells)."""
+        for rc in self.read_cells:
+            why = rc.problem(row)
+            if why is not None:
+                return rc.column, why
+        return None
 
     def unfilled(self, row: dict[str, str]) -> list[str]:
         exempt = {c for c, when, val in self.filled_unless if str(row.get(when, "")).strip() == val}
@@ -348,6 +394,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
+        # gemm_a16w16 runs solMap[config["libtype"]] (tuned_gemm.py:327, :605-613): any other libtype is a KeyError
+        read_cells=(ReadCell("libtype", "enum", "tuned_gemm.py:327",
+                             ("torch", "hipblaslt", "skinny", "asm", "triton", "flydsl", "opus")),),
         gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
@@ -391,6 +440,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # libtype, or flydsl without FlyDSL, falls through to the default ck kernel, no next-M retry. int8 rows
         # are gemm_a8w8_ASM's (:621-640), which runs any row it finds.
         aiter_op="gemm_a8w8_bpreshuffle",
+        read_cells=(ReadCell("splitK", "int", "ops/gemm_op_a8w8.py:738", when=(("q_dtype_w", "!=", "torch.int8"),)),),
         libtype_use=(("ck", "hit"), ("cktile", "hit"), ("flydsl", "hit")), libtype_other="default",
         libtype_use_unless=(("q_dtype_w", "torch.int8"),), flydsl_miss="default",
         # ck rows also pick the kernel in the compiled (gfx,cu_num,M,N,K) table, padded as Python pads
@@ -485,6 +535,12 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         dropped_rows=(("_tag", "flydsl_fallback"),), flydsl_miss="fails", overlay_first=True,
         filled=("kernelName1", "kernelName2"), filled_unless=(("kernelName2", "run_1stage", "1"),),
         remaps=(("q_type", "QuantType.per_128x128", "QuantType.per_1x128"),),
+        # fused_moe.py:2437-2449: run_1stage = cfg.get("run_1stage") (NaN is true), then int(cfg["xbf16"]) and
+        # int(cfg["flat"]) of a 1-stage row (where the columns exist); block_m sizes the sort (:2430)
+        read_cells=(ReadCell("block_m", "int", "fused_moe.py:2430"),
+                    ReadCell("run_1stage", "int", "fused_moe.py:2437"),
+                    ReadCell("xbf16", "int", "fused_moe.py:2445", when=(("run_1stage", "nonzero", ""),)),
+                    ReadCell("flat", "int", "fused_moe.py:2449", when=(("run_1stage", "nonzero", ""),))),
         aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_file_attr="AITER_CONFIG_FMOE_FILE", err_max=0.1,
         tuned_variants=(
             (_FMOE_HEAD + ",tflops,bw", _FMOE_OLD_KEYS),
@@ -613,7 +669,10 @@ RELEASE_0_1_7 = AiterRelease(
     lookup_unused=("a8w8_bpreshuffle_gemm", "a8w8_blockscale_gemm", "a8w8_blockscale_bpreshuffle_gemm"),
     overrides=(
         # no FlyDSL check in its lookup, no bpreshuffle (nor its no-solution assert)
-        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"), ("miss_raises", ()))),
+        # its solMap is a list of four (tuned_gemm.py:42, .index(libtype) :173 raises ValueError on any other)
+        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"), ("miss_raises", ()),
+                       ("read_cells", (ReadCell("libtype", "enum", "tuned_gemm.py:173",
+                                                ("torch", "hipblaslt", "skinny", "asm")),)))),
         # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}; Python
         # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242)
         # its gemm_a8w8_CK (ops/gemm_op_a8w8.py:353-376) passes no dtype to the lookup: no remap

@@ -182,6 +182,10 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
         except ValueError as e:
             raise Invalid(f"body: {e}", "body") from None
         warnings = ov.schema.header_problems(table.header)
+        for i, row in enumerate(table.rows):  # a row AITER could not run is refused, not predicted
+            bad = ov.family.unreadable(row)
+            if bad is not None:
+                raise Invalid(f"body.rows.{i}.{bad[0]} (CSV line {i + 2}): {bad[1]}", f"body.rows.{i}.{bad[0]}")
         used = "supplied"
     else:
         arts = ov.artifacts()

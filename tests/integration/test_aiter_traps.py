@@ -12,7 +12,7 @@ from app.domain.engagement import check
 from app.domain.families import FAMILIES
 from app.domain.tables import Table
 from tests.conftest import CONFIGS, DIGEST, capture
-from tests.integration.test_leasing_api import tune_all
+from tests.integration.test_leasing_api import lease, ok_row, plausible_us, tune_all
 
 FMOE = FAMILIES["fmoe"]
 
@@ -131,3 +131,53 @@ def test_bf16_bpreshuffle_without_a_row_raises_where_aiter_has_no_default(client
     page = client.get(f"/campaigns/{cid}").text
     assert (f"AITER raises on {n} of them" in page) == bool(n)
     assert page.count('<td class="verdict state-failed">raises</td>') == n
+
+
+FMOE_SHAPE = {"token": 32, "model_dim": 7168, "inter_dim": 256, "expert": 256, "topk": 8,
+              "act_type": "ActivationType.Silu", "dtype": "torch.bfloat16", "q_dtype_a": "torch.float8_e4m3fnuz",
+              "q_dtype_w": "torch.float8_e4m3fnuz", "q_type": "QuantType.per_1x128", "use_g1u1": 1,
+              "doweight_stage1": 0}
+FMOE_CELLS = dict(block_m="32", ksplit="0", us1="1", kernelName1="svc1", err1="0.0%", us2="0", kernelName2="",
+                  err2="0.0%", run_1stage="1", xbf16="0", flat="0", tflops="1", bw="1")
+
+
+def test_a_row_aiter_could_not_parse_is_refused_naming_the_cell(client):
+    """fused_moe.py:2437-2449 int()s xbf16 and flat of a 1-stage row (an empty cell is NaN: ValueError); a 2-stage
+    row's are never read. A worker's result and a CSV posted for checking are refused (422, the cell named),
+    nothing predicted on them."""
+    shapes = [dict(FMOE_SHAPE, token=t) for t in (32, 64, 128)]
+    cid = capture(client, shapes, family="fmoe", gfx="gfx942", cu_num=304).json()["campaign_id"]
+    body = lease(client, budget_s=80_000, gfx="gfx942", cu_num=304).json()
+    for item, (cell, val) in zip(body["shapes"], (("xbf16", ""), ("flat", ""), ("block_m", "big"))):
+        res = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(
+            body, item, plausible_us(body, item, 5.0), **dict(FMOE_CELLS, **{cell: val})))
+        assert res.status_code == 422 and res.json()["field"] == f"row.{cell}", res.text
+        assert "fused_moe.py:24" in res.json()["detail"]
+    assert client.get(f"/v1/overlays/{DIGEST}/fmoe.csv").text.count("\n") <= 1  # nothing stored as a row
+    # a 2-stage row's xbf16 and flat are never read: taken
+    body = lease(client, budget_s=80_000, gfx="gfx942", cu_num=304).json()
+    for item in body["shapes"]:
+        ok = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(
+            body, item, plausible_us(body, item, 5.0),
+            **dict(FMOE_CELLS, run_1stage="0", kernelName2="svc2", xbf16="", flat="")))
+        assert ok.status_code == 200, ok.text
+    header = list(FMOE_CELLS) + ["gfx", "cu_num"] + list(FMOE_SHAPE)
+    row = {**{k: str(v) for k, v in FMOE_SHAPE.items()}, **FMOE_CELLS, "gfx": "gfx942", "cu_num": "304",
+           "xbf16": ""}
+    text = ",".join(header) + "\n" + ",".join(row[c] for c in header) + "\n"
+    res = client.post(f"/v1/campaigns/{cid}/engagement", content=text, headers={"content-type": "text/csv"})
+    assert res.status_code == 422 and res.json()["field"] == "body.rows.0.xbf16", res.text
+    row["xbf16"] = "1"
+    text = ",".join(header) + "\n" + ",".join(row[c] for c in header) + "\n"
+    res = client.post(f"/v1/campaigns/{cid}/engagement", content=text, headers={"content-type": "text/csv"})
+    assert res.status_code == 200 and res.json()["hits"] == 1, res.text
+
+
+def test_a_shipped_one_stage_row_without_xbf16_is_predicted_to_raise():
+    fam = FAMILIES["fmoe"]
+    shape = {k: str(v) for k, v in FMOE_SHAPE.items()}
+    row = {**shape, **FMOE_CELLS, "gfx": "gfx942", "cu_num": "304", "xbf16": ""}
+    (res,) = check(fam, fam.key_columns, "gfx942", 304, [shape], Table(tuple(row), [row]))
+    assert res.verdict == "raises" and "xbf16" in res.reason
+    (res,) = check(fam, fam.key_columns, "gfx942", 304, [shape], Table(tuple(row), [dict(row, xbf16="0")]))
+    assert res.verdict == "hit"
