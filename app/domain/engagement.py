@@ -27,6 +27,31 @@ class ShapeEngagement:
         return "hit" if self.hit else "raises" if self.fails else "miss"
 
 
+# the cells that tell one row of a table from another when the key is the same (what a proof compares)
+ROW_IDENTITY = ("kernelName", "kernelName1", "kernelName2", "kernelId", "splitK", "libtype", "us", "BV")
+
+
+def _norm(v: object) -> object:
+    if v is None or v != v or v == "":  # pandas reads an empty cell as NaN
+        return ""
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def same_row(theirs: dict, ours: dict) -> bool:
+    """The row AITER picked (as its loader read it: numbers parsed) is ours: equal in the ROW_IDENTITY cells
+    both have."""
+    return all(_norm(theirs.get(c)) == _norm(ours.get(c)) for c in ROW_IDENTITY if c in theirs and c in ours)
+
+
+def row_identity(row: dict | None) -> dict | None:
+    """What a proof posts of the row AITER picked: its ROW_IDENTITY cells, as text."""
+    return None if row is None else {c: "" if _norm(row[c]) == "" else str(row[c]) for c in ROW_IDENTITY
+                                     if c in row}
+
+
 class LookupRaises(Exception):
     """AITER's loader raises on this table (a repeated key where the lookup needs a unique index)."""
 

@@ -68,15 +68,38 @@ def shapes_version(counts: dict[str, campaigns.StateCounts]) -> tuple:
             f"{sum(c.placed for c in by):.12g}")  # in the last bits between two reads of the same rows
 
 
+def proved_verdict(r: dict) -> str:
+    """hit, raises or miss, of one shape of a proof."""
+    return "raises" if r.get("raised") else "hit" if r["hit"] else "miss"
+
+
+def disagrees(c: eng.ShapeEngagement, r: dict | None, proof: EngagementProof, refused: str | None) -> bool:
+    """Whether the proof disagrees with the prediction c on a shape (r: the proof's result for it, None: not
+    probed). AITER raising at start agrees only with a refused form; a shape the proof did not probe disagrees;
+    else the verdicts must be the same, and the row AITER's lookup returned must be the row predicted (a hit's
+    kernel included). A row found that the probe does not run (its kernel would raise) is not told apart."""
+    if proof.error:
+        return refused is None
+    if r is None or refused is not None:
+        return True
+    theirs = proved_verdict(r)
+    if theirs != c.verdict and not (theirs == "miss" and c.verdict == "raises" and c.row is not None
+                                    and r.get("row") is not None):
+        return True
+    if theirs == "hit" and r.get("kernel") is not None and r["kernel"] != (_kernel(c.row) or ""):
+        return True
+    return r.get("row") is not None and not (c.row is not None and eng.same_row(r["row"], c.row))
+
+
 def _totals(v: Verdicts, proof: EngagementProof | None) -> dict:
     """The totals over every shape of v (checked without `only`)."""
-    proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
+    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
     total = sum(x.priority for x in v.shapes) or 1.0
     return {"hits": sum(c.hit for c in v.checks), "misses": sum(c.verdict == "miss" for c in v.checks),
             "raises": sum(c.verdict == "raises" for c in v.checks),
             "served_time_covered": sum(x.priority for x, c in zip(v.shapes, v.checks) if c.hit) / total,
             "disagreements": None if proof is None else sum(
-                1 for x, c in zip(v.shapes, v.checks) if x.id in proved and proved[x.id] != c.hit)}
+                disagrees(c, proved.get(x.id), proof, v.refused) for x, c in zip(v.shapes, v.checks))}
 
 
 def _version(v: Verdicts, shapes: tuple, proof: EngagementProof | None) -> tuple:
@@ -157,8 +180,11 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
                     "tried_m": c.tried_m,
                     "matched_m": c.matched_m, "reason": c.reason, "kernel": _kernel(c.row),
                     "proved_hit": proved[x.id]["hit"] if x.id in proved else None,
+                    "proved_verdict": proved_verdict(proved[x.id]) if x.id in proved else None,
                     "proved_kernel": proved[x.id].get("kernel") if x.id in proved else None,
-                    "disagrees": x.id in proved and proved[x.id]["hit"] != c.hit}
+                    "proved_raised": proved[x.id].get("raised") if x.id in proved else None,
+                    "proved_row": proved[x.id].get("row") if x.id in proved else None,
+                    "disagrees": proof is not None and disagrees(c, proved.get(x.id), proof, v.refused)}
                    for x in rows for c in (checked[x.id],)],
         "next": nxt,  # the report is paged (limit, after); the totals above cover every shape
     }, shown.start
@@ -235,15 +261,20 @@ def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database 
     starts a due count (run it after the page is sent)."""
     rows = [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
     v, proof, shown, n = _every_or_page(s, db, campaign_id, rows, counts=counts)
-    proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
-    by_shape = {x.id: (c.hit, proved.get(x.id), c.verdict) for x, c in zip(v.shapes, v.checks)}
+    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
+    # (predicted hit, proved verdict or None, predicted verdict, the proof disagrees)
+    by_shape = {x.id: (c.hit, proved_verdict(proved[x.id]) if x.id in proved else None, c.verdict,
+                       proof is not None and disagrees(c, proved.get(x.id), proof, v.refused))
+                for x, c in zip(v.shapes, v.checks)}
     t = shown.totals or {"hits": None, "disagreements": None}
     return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
             "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s, "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
                 "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,
-                "hits": sum(1 for h in proved.values() if h), "disagreements": t["disagreements"]}}, shown.start
+                "hits": sum(1 for r in proved.values() if r["hit"]),
+                "raises": sum(1 for r in proved.values() if r.get("raised")), "probed": len(proved),
+                "disagreements": t["disagreements"]}}, shown.start
 
 
 class PageVersion(NamedTuple):
@@ -295,7 +326,7 @@ def record_proof(s: Session, campaign_id: int, body: EngagementProofIn) -> dict:
     s.add(p)
     s.flush()
     return {"id": p.id, "campaign_id": camp.id, "form": p.form, "shapes": len(p.results),
-            "hits": sum(r.hit for r in body.results)}
+            "hits": sum(r.hit for r in body.results), "raises": sum(bool(r.raised) for r in body.results)}
 
 
 def runtime_identity(s: Session, camp: Campaign) -> dict:

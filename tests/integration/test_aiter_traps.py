@@ -181,3 +181,35 @@ def test_a_shipped_one_stage_row_without_xbf16_is_predicted_to_raise():
     assert res.verdict == "raises" and "xbf16" in res.reason
     (res,) = check(fam, fam.key_columns, "gfx942", 304, [shape], Table(tuple(row), [dict(row, xbf16="0")]))
     assert res.verdict == "hit"
+
+
+def test_a_proof_agrees_only_on_every_shape_probed_with_the_row_predicted(client):
+    """A proof that stopped (AITER raised resolving the table) or left shapes out is not agreement: a raise or
+    an unprobed shape is a disagreement, and a hit on another row or kernel than predicted is one."""
+    shapes = [{"M": m, "N": 1280, "K": 8192} for m in (16, 32, 64)]
+    cid = capture(client, shapes, family="bf16_gemm", gfx="gfx942", cu_num=304).json()["campaign_id"]
+    tune_all(client, "gfx942", 304)
+    rep = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    assert rep["hits"] == 3
+    form = rep["form"]
+
+    def prove(results, error=None):
+        r = client.post(f"/v1/campaigns/{cid}/engagement/proofs", json={
+            "form": form, "worker_id": "w", "error": error, "results": results})
+        assert r.status_code == 201, r.text
+        return client.get(f"/v1/campaigns/{cid}/engagement").json()
+
+    good = [{"shape_id": r["shape_id"], "hit": True, "kernel": r["kernel"]} for r in rep["report"]]
+    assert prove(good)["proof"]["disagreements"] == 0
+    assert "agrees with the prediction on every shape" in client.get(f"/campaigns/{cid}").text
+    got = prove([], error="ValueError: DataFrame index must be unique")
+    assert got["proof"]["disagreements"] == 3 and all(r["disagrees"] for r in got["report"])
+    assert "agrees with the prediction" not in client.get(f"/campaigns/{cid}").text
+    assert prove(good[:1])["proof"]["disagreements"] == 2  # two shapes never probed
+    raised = [dict(good[0], hit=False, kernel=None, raised="AssertionError: no solution")] + good[1:]
+    got = prove(raised)
+    assert got["proof"]["disagreements"] == 1 and got["report"][0]["proved_verdict"] == "raises"
+    other = [dict(good[0], kernel="not_ours")] + good[1:]
+    assert prove(other)["proof"]["disagreements"] == 1
+    row = [dict(g, row={"kernelName": g["kernel"], "us": "0.5"}) for g in good]  # not our row's us
+    assert prove(row)["proof"]["disagreements"] == 3
