@@ -276,6 +276,9 @@ class TableFamily:
     # (keys.cpp_m_candidates), the last row of a key winning (chip_info.py build_tune_dict); None: Python only
     cpp_key: tuple[str, ...] | None = None
     deploy_notes: tuple[str, ...] = ()
+    # what AITER's op runs for a row of this libtype, where that is not the kernel the row names: a race's gain on
+    # another kernel does not carry into the served path (deploy.plan says so for the rows it concerns)
+    served_as: tuple[tuple[str, str], ...] = ()
     # AITER's own lookup ("file:function") and the AITER_CONFIGS property naming the table it reads: what
     # workers.verify --engagement calls in the image (None: not probed yet)
     aiter_lookup: str | None = None
@@ -394,6 +397,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
+        served_as=(("torch", "plain F.linear(inp, weights, bias) (tuned_gemm.py:415-451, solMap['torch'])"),
+                   ("triton", "AITER's own gemm_a16w16 Triton kernel with AITER's own configs (tuned_gemm.py:584-602)")),
         # gemm_a16w16 runs solMap[config["libtype"]] (tuned_gemm.py:327, :605-613): any other libtype is a KeyError
         read_cells=(ReadCell("libtype", "enum", "tuned_gemm.py:327",
                              ("torch", "hipblaslt", "skinny", "asm", "triton", "flydsl", "opus")),),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,7 @@ class Overlay:
     live_gfx: str
     tables: Hashable = None  # (release, the image's tables by id, path, kind, sha256) shipped was read at: the
                              # next build of the slot keeps shipped (and its memo) while they are the same
+    raced: tuple[tuple[str, str, int], ...] = ()  # (backend, libtype, rows): who raced the overlay's rows
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -91,25 +93,27 @@ class Overlay:
         return int(ROW_KB * (1 + len(deploy.FORMS)) * (shipped + len(self.table.rows))) + 1
 
 
-def best_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
-    """The lowest-us verified row per key, keyed as the op looks it up on the GPU it was tuned on (a weight dtype
+def best_rows(s: Session, digest: str, family: str, schema: Schema
+              ) -> tuple[list[dict[str, str]], tuple[tuple[str, str, int], ...]]:
+    """The lowest-us verified row per key (and how many of them each backend raced, by libtype), keyed as the op looks it up on the GPU it was tuned on (a weight dtype
     the op remaps before its lookup: TableFamily.op_remaps), so a served call finds it."""
     q = (select(Result, Campaign.gfx).join(CampaignShape, CampaignShape.id == Result.shape_id)
          .join(Campaign, Campaign.id == CampaignShape.campaign_id)
          .where(Campaign.image_digest == digest, Campaign.family == family, Result.verified.is_(True))
          .order_by(Result.id))
     fam = family_or_422(family)
-    best: dict[tuple, tuple[float, dict[str, str]]] = {}
+    best: dict[tuple, tuple[float, dict[str, str], str]] = {}
     for r, gfx in s.execute(q):
         if r.row is None or r.us is None:
             continue
         row = fam.looked_up(r.row, gfx) if fam.op_remaps else r.row
         k = row_key(schema.key_columns, row)
         if k not in best or r.us < best[k][0]:
-            best[k] = (r.us, row)
-    rows = [row for _, row in best.values()]
+            best[k] = (r.us, row, r.backend)
+    rows = [row for _, row, _ in best.values()]
     rows.sort(key=lambda row: tuple(str(x) for x in row_key(schema.key_columns, row)))
-    return rows
+    raced = Counter((backend, str(row.get("libtype", ""))) for _, row, backend in best.values())
+    return rows, tuple((b, lt, n) for (b, lt), n in sorted(raced.items()))
 
 
 def live_gfx(s: Session, digest: str, family: str) -> str:
@@ -156,13 +160,14 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
     slot = (Plain.of(s).key, digest, fam.name, gfx)
 
     def make() -> Overlay:
-        table = Table(schema.header, best_rows(s, digest, fam.name, schema), overlay_filename(fam, digest))
+        rows, raced = best_rows(s, digest, fam.name, schema)
+        table = Table(schema.header, rows, overlay_filename(fam, digest))
         # a new result leaves what shipped_for reads as it was: the slot's last build keeps it, with what is
         # made of it (Shipped.memo)
         tables, old = (release.name, inputs[0]), _BUILT.kept(slot)
         shipped = (old.shipped if old is not None and old.tables == tables
                    else shipped_for(s, digest, fam.name, release))
-        return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables)
+        return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables, raced)
     return _BUILT.get(slot, version, make)
 
 
@@ -192,7 +197,7 @@ def deploy_plan(s: Session, digest: str, family: str) -> dict:
     from app.db.models import Image
     ov = build(s, digest, family)
     img = s.get(Image, digest)
-    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name)
+    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name, raced=ov.raced)
     out["release"] = ov.release.name
     out["shipped_tables_known"] = ov.shipped.known
     if not ov.shipped.known:

@@ -213,3 +213,14 @@ def test_a_proof_agrees_only_on_every_shape_probed_with_the_row_predicted(client
     assert prove(other)["proof"]["disagreements"] == 1
     row = [dict(g, row={"kernelName": g["kernel"], "us": "0.5"}) for g in good]  # not our row's us
     assert prove(row)["proof"]["disagreements"] == 3
+
+
+def test_the_deploy_plan_says_a_torch_backend_row_is_served_by_aiters_own_kernel(client):
+    """tuned_gemm.py:415-451 runs a libtype=torch row as plain F.linear, :584-602 a libtype=triton row with AITER's
+    own Triton kernel: the torch backend's race of a pre-transposed matmul or of this project's Triton configs
+    does not carry into the served path, and the plan says so for those rows."""
+    capture(client, [{"M": m, "N": 1280, "K": 8192} for m in (16, 32)], gfx="gfx942", cu_num=304)
+    tune_all(client, "gfx942", 304, kernelName="torch_mm_bt_contig")  # ok_row's backend: torch, libtype torch
+    notes = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()["notes"]
+    (note,) = [n for n in notes if "torch backend" in n]
+    assert "2 row(s)" in note and "F.linear" in note and "does not carry" in note
