@@ -5,8 +5,8 @@ through ctypes) and ActivationType/QuantType (aiter_enum.h + the bindings in roc
 Only these are stubbed: the hardware (rocminfo's output: the GPU's gfx and CU count; chip_info.py's own code then
 reads GPU_ARCHS, CU_NUM and the build targets), FlyDSL importable, the FlyDSL kernel catalog, kernel launchers and
 everything that builds or loads GPU code. A module's top-level statements run one by one, verbatim;
-one that needs something stubbed away (a JIT decorator, a kernel module) is skipped, and every name a lookup needs
-is checked to exist. The sources are the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
+one that raises fails the run (StatementFailed: never skipped), except aiter/jit/core.py's, where a raise is AITER's
+own (resolving a table at import), and every name a lookup needs is checked to exist. The sources are the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ class Dummy:
 
     def __mro_entries__(self, bases):
         return (object,)
+
+
+class StatementFailed(RuntimeError):
+    """One of AITER's module statements raised in the harness: the harness no longer runs AITER's code as it is
+    (a new import, a new hardware query), so every verdict after it would be a guess. Never skipped."""
 
 
 class StubModule(types.ModuleType):
@@ -194,6 +199,7 @@ class AiterProcess:
             "aiter.ops.flydsl.gemm_kernels", reg,
             get_flydsl_splitk_hgemm_kernel_params=lambda name: {"name": name} if str(name).startswith("flydsl")
             else None)
+        reg["flydsl.runtime.device"] = StubModule("flydsl.runtime.device", reg, get_rocm_arch=lambda: ident.gfx)
         reg["aiter.ops.gemm_op_common"] = StubModule(
             "aiter.ops.gemm_op_common", reg, get_padded_m=lambda M, N, K, gl: lib.getPaddedM(M, N, K, gl))
         # kernel support checks of opus stage-2 kernels are a property of the built kernels: supported
@@ -231,7 +237,9 @@ class AiterProcess:
             base = ".".join(parts[: len(parts) - level + 1])
             name = f"{base}.{name}" if name else base
         reg = self.registry
-        if name in reg or name.split(".")[0] in ("aiter",) or name in ("cpp_extension", "torch_guard"):
+        # GPU-only packages are part of the hardware stubbed away: triton, and FlyDSL (its arch query answers the GPU)
+        if name in reg or name.split(".")[0] in ("aiter", "triton", "flydsl") or name in ("cpp_extension",
+                                                                                         "torch_guard"):
             if name not in reg:
                 reg[name] = StubModule(name, reg)
             if fromlist:
@@ -258,13 +266,23 @@ class AiterProcess:
                     stop = i
                     break
         self.registry[name] = mod
-        for lineno, code in _statements(str(path)):
-            if stop is not None and lineno > stop:
-                break
-            try:
-                exec(code, mod.__dict__)
-            except Exception as e:  # noqa: BLE001  a statement needing what is stubbed away
-                self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
+        prev = sys.modules.get(name)
+        sys.modules[name] = mod  # where @dataclass looks its module up
+        try:
+            for lineno, code in _statements(str(path)):
+                if stop is not None and lineno > stop:
+                    break
+                try:
+                    exec(code, mod.__dict__)
+                except Exception as e:  # noqa: BLE001
+                    if name != "aiter.jit.core":  # core's statements resolve the tables: a raise is AITER's finding
+                        raise StatementFailed(f"{path}:{lineno}: {type(e).__name__}: {e}") from e
+                    self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
+        finally:
+            if prev is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = prev
         return mod
 
     def module(self, path: str) -> types.ModuleType:

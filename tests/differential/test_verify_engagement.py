@@ -19,9 +19,12 @@ from tests.integration.test_leasing_api import tune_all
 from workers import image_tables, verify
 
 SRC = aiter_src()
-if SRC is None:
-    pytest.skip("VERIFY --engagement TESTS SKIPPED: no AITER sources (TUNER_AITER_SRC or ../shared/aiter-src)",
-                allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _aiter_sources():
+    if SRC is None:  # never a silent pass: these tests are the proof's own check
+        pytest.fail("AITER's sources not found (TUNER_AITER_SRC or ../shared/aiter-src): the proof is not checked")
 
 CELLS = {
     "bf16_gemm": dict(libtype="asm", solidx="0", splitK="1", kernelName="_ZN5aiter_svcE", err_ratio="0.0"),
