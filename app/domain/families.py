@@ -694,7 +694,10 @@ RELEASE_0_1_7 = AiterRelease(
                                    ("cpp_key", None))),
         # fused_moe.py:505-580: str(activation) in the key, no dedup (set_index().to_dict raises on a repeat),
         # no gfx, tokens padded 16 / nextPow2 / 1024 (get_padded_M :484-492)
-        ("fmoe", (("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),
+        # no xbf16 nor flat read (fused_moe.py:632-636)
+        ("fmoe", (("read_cells", (ReadCell("block_m", "int", "fused_moe.py:632"),
+                                  ReadCell("run_1stage", "int", "fused_moe.py:636"))),
+                  ("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),
                   ("dropped_rows", ()), ("padding", "moe_0_1_7"), ("overlay_first", False))),
     ),
 )

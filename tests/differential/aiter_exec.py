@@ -54,6 +54,10 @@ class StatementFailed(RuntimeError):
     (a new import, a new hardware query), so every verdict after it would be a guess. Never skipped."""
 
 
+class AiterRaised(Exception):
+    """What one of AITER's statements raised, as "<Error>: <message>"."""
+
+
 class StubModule(types.ModuleType):
     def __init__(self, name: str, registry: dict, **attrs):
         super().__init__(name)
@@ -369,10 +373,12 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
         p = AiterProcess(src, root, ident, release, csrc)
         try:
             core = p.core()
-            if release != "current":  # the old release resolves every table at import
+            if release != "current":  # the old release resolves every table at import: a statement that raised
+                # there is AITER's own error ("<line>: <Error>: ..."), reported as AITER raised it
                 err = [x for x in p.skipped.get("aiter.jit.core", []) if family.aiter_file_attr in x]
+                err = err or p.skipped.get("aiter.jit.core", [])
                 if err:
-                    raise RuntimeError(err[0])
+                    raise AiterRaised(err[0].split(": ", 1)[1])
                 p.need(core, family.aiter_file_attr)
             # resolve as the server's import does (a module-level AITER_CONFIGS read raises at start), unless the
             # lookup's own module reads the env var itself (grouped_moe_gfx1250.py _load_grouped_config_rows)
@@ -380,6 +386,8 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
             reads_env = re.search(rf"os\.(?:environ\.get|getenv)\(\s*[\"']{family.env_var}[\"']", lookup_src)
             if not (env_value and reads_env):
                 out.resolved = probe.resolved_file(core, family.aiter_file_attr)
+        except AiterRaised as e:
+            out.error = str(e).splitlines()[0]
         except Exception as e:  # noqa: BLE001  AITER raised: the deploy fails at start
             out.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out.rewritten = [k for k, v in _hashes(root).items() if before.get(k) != v]
