@@ -106,8 +106,8 @@ class ReadCell:
 @dataclass(frozen=True)
 class MissRaises:
     """A shape the lookup finds no row for takes a default path that raises, where every `when` condition holds
-    and not every `unless` one does. A condition is (column, op, value) on the shape's cells and "gfx" (the gfx
-    the lookup keys on): "==", "!=", "in" (value '|'-separated), "%" (the cell is a multiple of value)."""
+    and not every `unless` one does: conditions (holds) on the shape's cells and "gfx" (the gfx the lookup keys
+    on)."""
     where: str  # AITER's file:line at ROCm/aiter e4048607a5
     reason: str
     when: tuple[tuple[str, str, str], ...] = ()
@@ -398,13 +398,13 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
         served_as=(("torch", "plain F.linear(inp, weights, bias) (tuned_gemm.py:415-451, solMap['torch'])"),
-                   ("triton", "AITER's own gemm_a16w16 Triton kernel with AITER's own configs (tuned_gemm.py:584-602)")),
+                   ("triton", "AITER's own gemm_a16w16 Triton kernel with AITER's own configs "
+                              "(tuned_gemm.py:584-602)")),
         # gemm_a16w16 runs solMap[config["libtype"]] (tuned_gemm.py:327, :605-613): any other libtype is a KeyError
         read_cells=(ReadCell("libtype", "enum", "tuned_gemm.py:327",
                              ("torch", "hipblaslt", "skinny", "asm", "triton", "flydsl", "opus")),),
         gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
-        # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
         # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16 input,
         # N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`
         miss_raises=(MissRaises(
@@ -412,6 +412,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             "for this dtype/N/K/otype)", when=(("bpreshuffle", "==", "True"), ("gfx", "!=", "gfx942")),
             unless=(("dtype", "==", "torch.bfloat16"), ("N", "%", "64"), ("K", "%", "64"),
                     ("outdtype", "in", "torch.bfloat16|torch.float32"))),),
+        # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
         shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),
                         ("dtype", "torch.bfloat16"), ("outdtype", "dtype")),
         tuned_variants=(("M,N,K,bias,dtype,outdtype,scaleAB,cu_num,libtype,solidx,splitK,us,kernelName,err_ratio,"
@@ -445,7 +446,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # libtype, or flydsl without FlyDSL, falls through to the default ck kernel, no next-M retry. int8 rows
         # are gemm_a8w8_ASM's (:621-640), which runs any row it finds.
         aiter_op="gemm_a8w8_bpreshuffle",
-        read_cells=(ReadCell("splitK", "int", "ops/gemm_op_a8w8.py:738", when=(("q_dtype_w", "!=", "torch.int8"),)),),
+        read_cells=(ReadCell("splitK", "int", "ops/gemm_op_a8w8.py:738",
+                             when=(("q_dtype_w", "!=", "torch.int8"),)),),
         libtype_use=(("ck", "hit"), ("cktile", "hit"), ("flydsl", "hit")), libtype_other="default",
         libtype_use_unless=(("q_dtype_w", "torch.int8"),), flydsl_miss="default",
         # ck rows also pick the kernel in the compiled (gfx,cu_num,M,N,K) table, padded as Python pads
@@ -673,14 +675,13 @@ RELEASE_0_1_7 = AiterRelease(
     default_files=(("bf16_gemm", "tuned_gemm.csv"),),
     lookup_unused=("a8w8_bpreshuffle_gemm", "a8w8_blockscale_gemm", "a8w8_blockscale_bpreshuffle_gemm"),
     overrides=(
-        # no FlyDSL check in its lookup, no bpreshuffle (nor its no-solution assert)
-        # its solMap is a list of four (tuned_gemm.py:42, .index(libtype) :173 raises ValueError on any other)
+        # no FlyDSL check in its lookup, no bpreshuffle (nor its no-solution assert); its solMap is a list of four
+        # (tuned_gemm.py:42: .index(libtype) at :173 raises ValueError on any other)
         ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"), ("miss_raises", ()),
                        ("read_cells", (ReadCell("libtype", "enum", "tuned_gemm.py:173",
                                                 ("torch", "hipblaslt", "skinny", "asm")),)))),
         # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}; Python
-        # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242)
-        # its gemm_a8w8_CK (ops/gemm_op_a8w8.py:353-376) passes no dtype to the lookup: no remap
+        # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242), its gemm_a8w8_CK (:353-376) remaps no dtype
         ("a8w8_gemm", (("cpp_key", ("M", "N", "K")), ("aiter_lookup", "aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config"),
                        ("op_remaps", ()),
                        ("aiter_args", _MNK_FILE))),

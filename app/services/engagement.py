@@ -268,7 +268,8 @@ def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database 
                 for x, c in zip(v.shapes, v.checks)}
     t = shown.totals or {"hits": None, "disagreements": None}
     return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
-            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s, "by_shape": by_shape,
+            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s,
+            "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
                 "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,

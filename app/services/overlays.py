@@ -95,8 +95,9 @@ class Overlay:
 
 def best_rows(s: Session, digest: str, family: str, schema: Schema
               ) -> tuple[list[dict[str, str]], tuple[tuple[str, str, int], ...]]:
-    """The lowest-us verified row per key (and how many of them each backend raced, by libtype), keyed as the op looks it up on the GPU it was tuned on (a weight dtype
-    the op remaps before its lookup: TableFamily.op_remaps), so a served call finds it."""
+    """The lowest-us verified row per key, keyed as the op looks it up on the GPU it was tuned on (a weight dtype
+    the op remaps before its lookup: TableFamily.op_remaps), so a served call finds it; and how many of them each
+    backend raced, by libtype."""
     q = (select(Result, Campaign.gfx).join(CampaignShape, CampaignShape.id == Result.shape_id)
          .join(Campaign, Campaign.id == CampaignShape.campaign_id)
          .where(Campaign.image_digest == digest, Campaign.family == family, Result.verified.is_(True))

@@ -4,9 +4,10 @@ through ctypes) and ActivationType/QuantType (aiter_enum.h + the bindings in roc
 
 Only these are stubbed: the hardware (rocminfo's output: the GPU's gfx and CU count; chip_info.py's own code then
 reads GPU_ARCHS, CU_NUM and the build targets), FlyDSL importable, the FlyDSL kernel catalog, kernel launchers and
-everything that builds or loads GPU code. A module's top-level statements run one by one, verbatim;
-one that raises fails the run (StatementFailed: never skipped), except aiter/jit/core.py's, where a raise is AITER's
-own (resolving a table at import), and every name a lookup needs is checked to exist. The sources are the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
+everything that builds or loads GPU code (triton, FlyDSL). A module's top-level statements run one by one,
+verbatim; one that raises fails the run (StatementFailed: never skipped), except aiter/jit/core.py's, where a raise
+is AITER's own (resolving a table at import), and every name a lookup needs is checked to exist. The sources are
+the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
 """
 
 from __future__ import annotations
