@@ -362,8 +362,8 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
                      "rows are only valid in the image they were measured in")
     return {"gpu_gfx": camp.gfx, "gpu_cu_num": camp.cu_num, "lookup_gfx": gfx, "lookup_cu_num": cu,
             "build_targets": [list(t) for t in li.build_targets], "miss_error": li.miss_error,
-            "lookup_error": li.error or (
-                li.build_error if fam.compiled else None),
+            # both, where both raise: which one the server meets first depends on what it calls first
+            "lookup_error": "; ".join(e for e in (li.error, li.build_error if fam.compiled else None) if e) or None,
             "flydsl": flydsl, "env": env, "mismatches": notes}
 
 

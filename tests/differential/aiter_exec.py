@@ -399,9 +399,11 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
                 got = [probe.outcome(look, s) for s in shapes]
                 out.verdicts, out.raised = [(h, c) for h, c, _ in got], [r for _, _, r in got]
                 if shapes and len(set(out.raised)) == 1 and out.raised[0] is not None:
-                    raise RuntimeError(out.raised[0])  # the table's loader: the same error whatever the shape
+                    raise AiterRaised(out.raised[0])  # the table's loader: the same error whatever the shape
             except probe.ProbeBroken:
                 raise
+            except AiterRaised as e:
+                out.lookup_error = str(e)
             except Exception as e:  # noqa: BLE001  the lookup raised (e.g. a non-unique index)
                 out.lookup_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out.log = p.log.lines

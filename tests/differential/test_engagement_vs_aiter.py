@@ -288,7 +288,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         shapes, overlay = case(family, header, shapes, result_pool(configs, family))
     ident_x = ax.Identity(gfx, cu, flydsl, env)
     li = lookup_identity(family, gfx, cu, env)  # how the service reads the serving environment
-    env_error = li.error or (li.build_error if family.compiled else None)
+    env_error = "; ".join(e for e in (li.error, li.build_error if family.compiled else None) if e) or None
     where = f"{gfx}/{cu}" + "".join(f" {k}={v!r}" for k, v in env.items())
     forms = {}
     root = sandbox(tmp_path, configs, family, release)
@@ -321,7 +321,13 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         mine = None if art.table is None or art.refused else eng.check(
             family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
             build_targets=li.build_targets)
-        refused = art.refused or env_error or (li.miss_error if mine and not all(m.hit for m in mine) else None)
+        refused = art.refused or env_error
+        if mine and li.miss_error:  # a shape without a row takes a default path that raises (as verdicts() has it)
+            for m in mine:
+                if not m.hit:
+                    m.fails = True
+            if all(not m.hit for m in mine):  # every shape raises the same: the harness reads it as the loader's
+                refused = refused or li.miss_error
         if refused is not None or aiter_fails:
             RESULTS.append((label or family_name, form, where, flydsl, rel_name, len(shapes),
                             "refused" if refused else "offered", "raises" if aiter_fails else "loads"))
