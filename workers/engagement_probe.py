@@ -22,6 +22,23 @@ from typing import Any, Callable
 Probe = Callable[[dict[str, str]], tuple[bool, dict | None]]
 
 
+class ProbeBroken(RuntimeError):
+    """The probe itself went wrong (the op did not get to a kernel, the lookup's log line never came): never
+    taken for AITER raising on the shape."""
+
+
+def outcome(look: Probe, shape: dict[str, str]) -> tuple[bool, dict | None, str | None]:
+    """(hit, row, what AITER raised on this shape or None): a raise is a verdict of its own (the server would
+    crash on this call), never a miss."""
+    try:
+        hit, cfg = look(shape)
+    except ProbeBroken:
+        raise
+    except Exception as e:  # noqa: BLE001  AITER's own code raised on this shape
+        return False, None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return hit, cfg, None
+
+
 class Found(Exception):
     """Raised from fused_moe's '[fused_moe] using ... for {keys}' log line: the lookup is done, kernel set-up
     (which needs a GPU) follows."""
@@ -93,8 +110,57 @@ def libtype_dispatch(op_source: str, op: str) -> tuple[dict[str, bool], str]:
     return runs, other
 
 
+class Launched(Exception):
+    """Raised from a stubbed kernel launcher: the op got past its lookup and chose this kernel."""
+
+    def __init__(self, kernel: str):
+        self.kernel = kernel
+
+
+def op_call(mod: Any, family: Any, lookup: str) -> Callable[[dict], Any]:
+    """Call the op's own entry point (family.aiter_entry) for a shape, with meta tensors (nothing allocated) and
+    its kernel launchers (family.aiter_kernels) stubbed: the op builds the lookup's arguments itself (its dtype
+    remaps, gemm_op_a8w8.py:663) and calls the lookup; returns what the lookup returned to it."""
+    import torch
+    ns = vars(mod)
+    op, real = ns[family.aiter_entry], ns[lookup]
+
+    def call(s: dict) -> Any:
+        got: list = []
+
+        def spy(*a, **k):
+            got.append(real(*a, **k))
+            return got[-1]
+
+        def launcher(name: str) -> Callable:
+            def launch(*a, **k):
+                raise Launched(name)
+            return launch
+        w = _torch_dtype(s["q_dtype_w"])
+        M, N, K = int(s["M"]), int(s["N"]), int(s["K"])
+        args = (torch.empty((M, K), dtype=w, device="meta"), torch.empty((N, K), dtype=w, device="meta"),
+                torch.empty((M, 1), dtype=torch.float32, device="meta"),
+                torch.empty((N, 1), dtype=torch.float32, device="meta"))
+        saved = {n: ns[n] for n in (lookup, *family.aiter_kernels)}
+        ns[lookup] = spy
+        ns.update({n: launcher(n) for n in family.aiter_kernels})
+        try:
+            op(*args)
+        except Launched:
+            pass
+        else:
+            raise ProbeBroken(f"{family.aiter_entry} returned without launching any of {family.aiter_kernels}")
+        finally:
+            ns.update(saved)
+        if not got:
+            raise ProbeBroken(f"{family.aiter_entry} launched a kernel without calling {lookup}")
+        return got[-1]
+    return call
+
+
 def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
-                 cpp_kernel: Callable[[dict], Any] | None = None, op_source: str | None = None) -> Probe:
+                 cpp_kernel: Callable[[dict], Any] | None = None, op_source: str | None = None,
+                 through_op: Callable[[dict], Any] | None = None) -> Probe:
     """Any lookup whose arguments family.aiter_args names (the GEMM families). Where the op dispatches on the
     row's libtype (family.aiter_op), a hit needs the op to run that libtype (libtype_dispatch, from the op's
     source); where the compiled table's kernel can be told (cpp_kernel), it must be the row's (Python supplies
@@ -108,7 +174,7 @@ def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
         return _torch_dtype(s[a]) if a == "q_dtype_w" else int(s[a])
 
     def probe(s):
-        cfg = fn(*(arg(s, a) for a in family.aiter_args))
+        cfg = through_op(s) if through_op is not None else fn(*(arg(s, a) for a in family.aiter_args))
         hit = cfg is not None
         # another op reads these rows without a libtype switch (int8 bpreshuffle rows: gemm_a8w8_ASM)
         other_op = any(s.get(c) == v for c, v in family.libtype_use_unless)
@@ -147,12 +213,8 @@ def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool
             fn(**args)
         except Found as f:
             cfg = f.cfg
-        except NotImplementedError:
-            if config_file is None:
-                raise
-            return False, None  # the dedicated FHMoE path has no row for this shape and raises (this shape fails)
-        else:
-            raise RuntimeError("fused_moe lookup ended without its 'using' log line")
+        else:  # a raise (the dedicated FHMoE path without a row: NotImplementedError) is the shape's outcome
+            raise ProbeBroken("fused_moe lookup ended without its 'using' log line")
         hit = cfg is not None
         if hit and not flydsl and any(str(cfg.get(c, "")).startswith("flydsl_") for c in ("kernelName1", "kernelName2")):
             hit = False  # the stage launcher has no FlyDSL to run it: AITER raises ('not find kernel')
@@ -309,7 +371,8 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     op_source = None
     if family.aiter_op:  # the file AITER's lookup was compiled from holds the op
         op_source = Path(inspect.unwrap(vars(mod)[fn]).__code__.co_filename).read_text()
-    return lookup_probe(vars(mod)[fn], family, tuned_file, flydsl, cpp, op_source)
+    through_op = op_call(mod, family, fn) if family.aiter_entry else None  # the op builds the lookup's arguments
+    return lookup_probe(vars(mod)[fn], family, tuned_file, flydsl, cpp, op_source, through_op)
 
 
 def compiled_libtype(csrc: Path, family: Any) -> str | None:

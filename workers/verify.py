@@ -28,7 +28,8 @@ from app.domain.tables import read_table, render_csv
 from workers.backends.aiter_tuner import default_aiter_root, run_config_command
 from workers import image_tables
 from workers.client import ServiceClient
-from workers.engagement_probe import make_probe, needs_file, resolved_file
+from app.domain.engagement import row_identity
+from workers.engagement_probe import ProbeBroken, make_probe, needs_file, outcome, resolved_file
 
 
 def verify(client: ServiceClient, digest: str, family: str, root: Path, worker_id: str, timeout_s: float,
@@ -126,12 +127,16 @@ def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: st
                 # a lookup that resolves its table itself does so inside the probe, as in the server
                 tuned_file = resolved_file(at.core, fam.aiter_file_attr) if needs_file(fam) else None
                 look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file)
-                for r in rows:
-                    hit, cfg = look(r["shape"])
-                    results.append({"shape_id": r["shape_id"], "hit": bool(hit),
+                for r in rows:  # a shape AITER raises on is its verdict; the next shapes are still probed
+                    hit, cfg, raised = outcome(look, r["shape"])
+                    found = cfg is not None and any(c in cfg for c in ("us", "kernelName1", "BV"))
+                    results.append({"shape_id": r["shape_id"], "hit": bool(hit), "raised": raised,
+                                    "row": row_identity(cfg) if found else None,
                                     "kernel": None if cfg is None or not hit else
                                     str(cfg.get("kernelName") or cfg.get("kernelName1") or "")})
-            except Exception as e:  # noqa: BLE001  AITER raised on this deploy: that is the finding
+            except ProbeBroken:
+                raise  # the probe itself, not AITER: no proof is posted
+            except Exception as e:  # noqa: BLE001  AITER raised on this deploy (resolving it): that is the finding
                 error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
             if old is None:

@@ -69,7 +69,10 @@ class EngagementReport(Open):
     # request (app/services/page_totals.py): until then they are null, never 0; once shapes, results or the
     # proof moved on, the last count is shown with its age. Either way totals_pending is true.
     hits: int | None = Field(description="shapes whose key AITER finds (null: not counted yet)")
-    misses: int | None = Field(description="shapes AITER finds no row for (null: not counted yet)")
+    misses: int | None = Field(description="shapes AITER runs its default kernel for (null: not counted yet)")
+    raises: int | None = Field(None, description=(
+        "shapes on which AITER raises (a row whose kernel it cannot run, a default path that asserts): the "
+        "server would crash on those calls; each report row's `verdict` is hit, miss or raises"))
     served_time_covered: float | None = Field(
         description="share of the campaign's served time on hitting shapes (null: not counted yet)")
     totals_pending: bool = Field(

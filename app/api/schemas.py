@@ -93,6 +93,10 @@ class ProvedShape(Wire):
     shape_id: int
     hit: bool
     kernel: str | None = Field(None, max_length=500)
+    raised: str | None = Field(None, max_length=2000)  # what AITER raised on this shape (a verdict: raises)
+    # the row AITER's lookup returned (engagement.ROW_IDENTITY cells), used or not
+    row: dict[Annotated[str, Field(max_length=32)], Annotated[str, Field(max_length=500)]] | None = Field(
+        None, max_length=16)
 
 
 class EngagementProofIn(Wire):

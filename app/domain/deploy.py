@@ -145,7 +145,8 @@ def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, over
 
 
 def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
-         mount: str = "/overlays") -> dict:
+         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = ()) -> dict:
+    """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted)."""
     base = configs_dir or "<aiter package>/aiter/configs"
 
     def path(name: str) -> str:
@@ -160,6 +161,14 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         "to count hits and misses per shape.",
         *family.deploy_notes,
     ]
+    served = dict(family.served_as)
+    for backend, libtype, n in raced:
+        if backend == "torch" and libtype in served:  # workers/backends/torch_race.py races other kernels
+            notes.append(
+                f"{n} row(s) raced by the torch backend as libtype={libtype}: AITER serves such a row as "
+                f"{served[libtype]}, not the kernel the race timed (a pre-transposed matmul, this project's Triton "
+                "configs), so the race's gain does not carry into the served path: its us is the race's kernel's, "
+                "and the served call runs at about the default's speed until the row is re-tuned by AITER's tuner.")
     if family.compiled:
         notes.append(f"{family.name} kernels come from a table compiled into AITER's CK JIT module: deploy with "
                      f"AITER_REBUILD=1 in this image, with {family.env_var} already set so the overlay is visible at "

@@ -19,7 +19,37 @@ class ShapeEngagement:
     matched_m: int | None = None
     row: dict[str, str] | None = None
     reason: str = ""
-    fails: bool = False  # AITER finds (and logs) the row, then raises running its kernel
+    fails: bool = False  # AITER raises on this shape: running the row's kernel, or on its default path
+
+    @property
+    def verdict(self) -> str:
+        """hit (a row AITER runs), raises (the call raises: the server would crash on it) or miss (a default)."""
+        return "hit" if self.hit else "raises" if self.fails else "miss"
+
+
+# the cells that tell one row of a table from another when the key is the same (what a proof compares)
+ROW_IDENTITY = ("kernelName", "kernelName1", "kernelName2", "kernelId", "splitK", "libtype", "us", "BV")
+
+
+def _norm(v: object) -> object:
+    if v is None or v != v or v == "":  # pandas reads an empty cell as NaN
+        return ""
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def same_row(theirs: dict, ours: dict) -> bool:
+    """The row AITER picked (as its loader read it: numbers parsed) is ours: equal in the ROW_IDENTITY cells
+    both have."""
+    return all(_norm(theirs.get(c)) == _norm(ours.get(c)) for c in ROW_IDENTITY if c in theirs and c in ours)
+
+
+def row_identity(row: dict | None) -> dict | None:
+    """What a proof posts of the row AITER picked: its ROW_IDENTITY cells, as text."""
+    return None if row is None else {c: "" if _norm(row[c]) == "" else str(row[c]) for c in ROW_IDENTITY
+                                     if c in row}
 
 
 class LookupRaises(Exception):
@@ -197,7 +227,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     out: list[ShapeEngagement] = []
     closest: dict[tuple, str] = {}
     for raw in shapes:
-        shape = family.remap(raw)
+        shape = family.looked_up(raw, cpp_at[0])  # the op's own remaps run on the device's gfx
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
         tried = [m for m, _ in cands]
         res = None
@@ -219,6 +249,11 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                     "FlyDSL row, but flydsl is not importable in the serving image: AITER has no fallback and "
                     "raises in the MoE stage"), fails=True)
                 break
+            bad = family.unreadable(row)
+            if bad is not None:  # a shipped row the op cannot parse (posted ones are refused)
+                res = ShapeEngagement(raw, False, tried, m, row, reason=f"AITER raises reading the row's {bad[0]}: "
+                                                                        f"{bad[1]}", fails=True)
+                break
             use = row_use(family, shape, row)
             if use != "hit":
                 res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=(
@@ -235,8 +270,10 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 reason = (f"FlyDSL rows at {family.m_column}={skipped} are skipped (flydsl is not importable in the "
                           f"serving image); " + reason)
             res = ShapeEngagement(raw, False, tried, reason=reason)
-            if family.miss_raises:
-                res.fails, res.reason = True, "AITER raises on a shape without a row (no default): " + reason
+            raising = next((r for r in family.miss_raises if r.raises(dict(shape, gfx=gfx))), None)
+            if raising is not None:
+                res.fails, res.reason = True, (f"AITER raises on a shape without a row ({raising.where}: "
+                                               f"{raising.reason}): " + reason)
         out.append(res)
     return out
 

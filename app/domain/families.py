@@ -38,6 +38,86 @@ ENUM_VALUES = {
 }
 
 
+# The GPU's own fp8 (aiter/utility/dtypes.py:11-21 defaultDtypes, read by get_gfx_runtime(): the device, never
+# GPU_ARCHS); any other gfx gets torch.uint8 (:24 _8bit_fallback)
+FP8_OF_GFX = {"gfx942": "torch.float8_e4m3fnuz", **{g: "torch.float8_e4m3fn" for g in (
+    "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1151", "gfx1200", "gfx1201", "gfx1250")}}
+GPU_FP8 = "@fp8"  # in an OpRemap: the running GPU's own fp8
+
+
+def gpu_fp8(gfx: str) -> str:
+    return FP8_OF_GFX.get(gfx, "torch.uint8")
+
+
+@dataclass(frozen=True)
+class OpRemap:
+    """An argument the op rewrites before it calls its lookup, on the GPU it runs on: the column's value is kept
+    where it is one of `keep` (GPU_FP8: the GPU's own fp8), else looked up as `to`."""
+    where: str  # AITER's line, file:line at ROCm/aiter e4048607a5
+    column: str
+    keep: tuple[str, ...]
+    to: str
+
+    def value(self, cell: str, gfx: str) -> str:
+        kept = {gpu_fp8(gfx) if k == GPU_FP8 else k for k in self.keep}
+        return cell if cell in kept else self.to
+
+
+def holds(cells: dict[str, str], cond: tuple[str, str, str]) -> bool:
+    """(column, op, value) on a row's or shape's cells: "==", "!=", "in" (value '|'-separated), "%" (the cell is a
+    multiple of value), "nonzero" (pandas' truth of the cell: an empty cell is NaN, which is true)."""
+    col, op, val = cond
+    cell = str(cells.get(col, "")).strip()
+    if op == "%":
+        return cell.isdigit() and int(cell) % int(val) == 0
+    if op == "nonzero":
+        try:
+            return float(cell) != 0 if cell else True
+        except ValueError:
+            return True
+    return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|")}[op]
+
+
+@dataclass(frozen=True)
+class ReadCell:
+    """A cell of the row the op found, as AITER parses it when it runs the row: "int" (int() of what pandas read: an
+    empty cell is NaN and int(NaN) raises, as does a word), "enum" (one of values: any other is a KeyError).
+    Checked where every `when` condition (holds) is true of the row."""
+    column: str
+    parse: str
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    values: tuple[str, ...] = ()
+    when: tuple[tuple[str, str, str], ...] = ()
+
+    def problem(self, row: dict[str, str]) -> str | None:
+        if self.column not in row or not all(holds(row, c) for c in self.when):
+            return None
+        cell = str(row[self.column] if row[self.column] is not None else "").strip()
+        if self.parse == "enum":
+            return None if cell in self.values else (
+                f"{cell!r} is not one AITER runs ({self.where}: one of {', '.join(self.values)})")
+        try:
+            ok = float(cell).is_integer()
+        except ValueError:
+            ok = False
+        return None if ok else f"{cell!r} is not an integer, as AITER reads it ({self.where})"
+
+
+@dataclass(frozen=True)
+class MissRaises:
+    """A shape the lookup finds no row for takes a default path that raises, where every `when` condition holds
+    and not every `unless` one does: conditions (holds) on the shape's cells and "gfx" (the gfx the lookup keys
+    on)."""
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    reason: str
+    when: tuple[tuple[str, str, str], ...] = ()
+    unless: tuple[tuple[str, str, str], ...] = ()
+
+    def raises(self, cells: dict[str, str]) -> bool:
+        return (all(holds(cells, c) for c in self.when)
+                and not (self.unless and all(holds(cells, c) for c in self.unless)))
+
+
 # Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
 # EP-agnostic rows AITER ships (grouped_moe_gfx1250.py:1032-1033); every other integer cell is non-negative.
 _MINUS_ONE_COLS = {"topk"}
@@ -160,7 +240,8 @@ class TableFamily:
     # --- how the run-time lookup treats the table (aiter-tuning.md 1.4, 2.x, 6)
     gfx_source: str = "runtime"  # "get_gfx": honours GPU_ARCHS, last entry (tuned_gemm.py:28)
     gfx_on_miss: bool = False  # an untuned shape's default path calls get_gfx() (GPU_ARCHS), which may raise
-    miss_raises: bool = False  # a shape without a row raises instead of running a default kernel
+    # a shape without a row takes a default path that raises instead of running a default kernel
+    miss_raises: tuple[MissRaises, ...] = ()
     lookup_ignores: tuple[str, ...] = ()  # key columns the lookup effectively wildcards
     # a repeated lookup key: "raise" (drop_duplicates(), then set_index().to_dict), "raise_any" (identical rows
     # too) or "first" (first row)
@@ -179,6 +260,9 @@ class TableFamily:
     filled_unless: tuple[tuple[str, str, str], ...] = ()  # (column, exempt if this column, equals this)
     # captured values AITER rewrites before the lookup (and its tuner writes): (column, captured, looked up)
     remaps: tuple[tuple[str, str, str], ...] = ()
+    # what the op does to its arguments before the lookup, per GPU (the captured value is what the server's op
+    # was called with; the row must be keyed on what it looks up)
+    op_remaps: tuple[OpRemap, ...] = ()
     # cells a capture may leave out, in order: (column, default value or the column it copies)
     shape_defaults: tuple[tuple[str, str], ...] = ()
     overlay_first: bool = False  # in a merged file the overlay's rows go first (first-match lookups)
@@ -192,6 +276,9 @@ class TableFamily:
     # (keys.cpp_m_candidates), the last row of a key winning (chip_info.py build_tune_dict); None: Python only
     cpp_key: tuple[str, ...] | None = None
     deploy_notes: tuple[str, ...] = ()
+    # what AITER's op runs for a row of this libtype, where that is not the kernel the row names: a race's gain on
+    # another kernel does not carry into the served path (deploy.plan says so for the rows it concerns)
+    served_as: tuple[tuple[str, str], ...] = ()
     # AITER's own lookup ("file:function") and the AITER_CONFIGS property naming the table it reads: what
     # workers.verify --engagement calls in the image (None: not probed yet)
     aiter_lookup: str | None = None
@@ -204,6 +291,11 @@ class TableFamily:
     # what the generic probe passes AITER's lookup, in order: a column (as int), "q_dtype_w" (a torch dtype),
     # "@file" (the table AITER resolved); empty for the lookups with a probe of their own (bf16, fmoe)
     aiter_args: tuple[str, ...] = ()
+    # the op's own entry point (in the lookup's file) that the probe calls with meta tensors of the shape (XQ [M,K],
+    # WQ [N,K] of q_dtype_w, fp32 scales), its kernel launchers (aiter_kernels) stubbed, so the op's own argument
+    # path (op_remaps) builds the lookup's arguments; None: the probe calls the lookup itself
+    aiter_entry: str | None = None
+    aiter_kernels: tuple[str, ...] = ()
     # the op (in the lookup's file) that dispatches on the row's libtype; what it does is libtype_use below
     aiter_op: str | None = None
     # what the op does with the row its lookup returned, by the row's libtype (the op's dispatch after the
@@ -229,6 +321,8 @@ class TableFamily:
     # one int() rejects (a pandas merge writes an integer column holding a blank as 128.0) empties the table
     comment_prefix: str | None = None
     loader_ints: tuple[tuple[str, bool], ...] = ()
+    # the cells the op parses in a row it runs (a posted row that AITER could not parse is refused)
+    read_cells: tuple[ReadCell, ...] = ()
     # the lines AITER logs when this family's lookup finds a row or not (log_lines.parse_log reads them back)
     log_lines: tuple[LogLine, ...] = ()
     # the cells naming the kernel a row runs (joined by '+'): what an image upgrade's triage looks for in the new
@@ -243,9 +337,25 @@ class TableFamily:
                 out[col] = used
         return out
 
+    def looked_up(self, shape: dict[str, str], gfx: str) -> dict[str, str]:
+        """A captured shape as the op on this GPU (get_gfx_runtime) hands it to the lookup: remap, then op_remaps."""
+        out = self.remap(shape)
+        for r in self.op_remaps:
+            if r.column in out:
+                out[r.column] = r.value(out[r.column], gfx)
+        return out
+
     def other_op(self, shape: dict[str, str]) -> bool:
         """The shape is served by another op that reads this table without a libtype switch."""
         return any(shape.get(c) == v for c, v in self.libtype_use_unless)
+
+    def unreadable(self, row: dict[str, str]) -> tuple[str, str] | None:
+        """The first cell AITER could not parse when it runs this row, and why (read_cells)."""
+        for rc in self.read_cells:
+            why = rc.problem(row)
+            if why is not None:
+                return rc.column, why
+        return None
 
     def unfilled(self, row: dict[str, str]) -> list[str]:
         exempt = {c for c, when, val in self.filled_unless if str(row.get(when, "")).strip() == val}
@@ -293,8 +403,21 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         key_columns=_h("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         shape_columns=_h("M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle"),
         err_columns=("err_ratio",), tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
+        served_as=(("torch", "plain F.linear(inp, weights, bias) (tuned_gemm.py:415-451, solMap['torch'])"),
+                   ("triton", "AITER's own gemm_a16w16 Triton kernel with AITER's own configs "
+                              "(tuned_gemm.py:584-602)")),
+        # gemm_a16w16 runs solMap[config["libtype"]] (tuned_gemm.py:327, :605-613): any other libtype is a KeyError
+        read_cells=(ReadCell("libtype", "enum", "tuned_gemm.py:327",
+                             ("torch", "hipblaslt", "skinny", "asm", "triton", "flydsl", "opus")),),
         gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
+        # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16 input,
+        # N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`
+        miss_raises=(MissRaises(
+            "tuned_gemm.py:208", "AssertionError: no solution (bpreshuffle without a row, and no default asm kernel "
+            "for this dtype/N/K/otype)", when=(("bpreshuffle", "==", "True"), ("gfx", "!=", "gfx942")),
+            unless=(("dtype", "==", "torch.bfloat16"), ("N", "%", "64"), ("K", "%", "64"),
+                    ("outdtype", "in", "torch.bfloat16|torch.float32"))),),
         # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
         shape_defaults=(("bias", "False"), ("scaleAB", "False"), ("bpreshuffle", "False"),
                         ("dtype", "torch.bfloat16"), ("outdtype", "dtype")),
@@ -308,6 +431,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,cu_num,M,N,K,q_dtype_w," + _CK_RESULT),
         untuned_header=_h("M,N,K,q_dtype_w"), key_columns=_GEMM_KEY + ("q_dtype_w",),
         shape_columns=_h("M,N,K,q_dtype_w"), compiled=True, filled=("kernelName",),
+        # gemm_a8w8_CK looks up any weight dtype but the GPU's own fp8 and int8 as torch.int8
+        # (gemm_op_a8w8.py:663): a float8_e4m3fn weight on gfx942, a fnuz one on gfx950
+        op_remaps=(OpRemap("ops/gemm_op_a8w8.py:663", "q_dtype_w", (GPU_FP8, "torch.int8"), "torch.int8"),),
+        aiter_entry="gemm_a8w8_CK", aiter_kernels=("gemm_a8w8_ck",),
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
         cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
@@ -325,6 +452,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # libtype, or flydsl without FlyDSL, falls through to the default ck kernel, no next-M retry. int8 rows
         # are gemm_a8w8_ASM's (:621-640), which runs any row it finds.
         aiter_op="gemm_a8w8_bpreshuffle",
+        read_cells=(ReadCell("splitK", "int", "ops/gemm_op_a8w8.py:738",
+                             when=(("q_dtype_w", "!=", "torch.int8"),)),),
         libtype_use=(("ck", "hit"), ("cktile", "hit"), ("flydsl", "hit")), libtype_other="default",
         libtype_use_unless=(("q_dtype_w", "torch.int8"),), flydsl_miss="default",
         # ck rows also pick the kernel in the compiled (gfx,cu_num,M,N,K) table, padded as Python pads
@@ -420,6 +549,12 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         dropped_rows=(("_tag", "flydsl_fallback"),), flydsl_miss="fails", overlay_first=True,
         filled=("kernelName1", "kernelName2"), filled_unless=(("kernelName2", "run_1stage", "1"),),
         remaps=(("q_type", "QuantType.per_128x128", "QuantType.per_1x128"),),
+        # fused_moe.py:2437-2449: run_1stage = cfg.get("run_1stage") (NaN is true), then int(cfg["xbf16"]) and
+        # int(cfg["flat"]) of a 1-stage row (where the columns exist); block_m sizes the sort (:2430)
+        read_cells=(ReadCell("block_m", "int", "fused_moe.py:2430"),
+                    ReadCell("run_1stage", "int", "fused_moe.py:2437"),
+                    ReadCell("xbf16", "int", "fused_moe.py:2445", when=(("run_1stage", "nonzero", ""),)),
+                    ReadCell("flat", "int", "fused_moe.py:2449", when=(("run_1stage", "nonzero", ""),))),
         aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_file_attr="AITER_CONFIG_FMOE_FILE", err_max=0.1,
         tuned_variants=(
             (_FMOE_HEAD + ",tflops,bw", _FMOE_OLD_KEYS),
@@ -448,7 +583,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         duplicate_keys="raise_any", backfill_gfx=True, filled=("kernelName1", "kernelName2"), err_max=0.1,
         lookup_derived=(("shared_expert_id", "expert", -1),), dropped_rows=(("_tag", "flydsl_fallback"),),
         flydsl_miss="fails", aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_args=("@file",),
-        aiter_file_attr="AITER_CONFIG_FHMOE_FILE", miss_raises=True,  # fused_moe.py:2369-2374 NotImplementedError
+        aiter_file_attr="AITER_CONFIG_FHMOE_FILE",
+        miss_raises=(MissRaises("fused_moe.py:2369-2374", "NotImplementedError: the dedicated FHMoE path requires an "
+                                "exact tuned config row"),),
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
         name="grouped_fmoe", kernel_columns=("kernelName1", "kernelName2"),
@@ -548,10 +685,15 @@ RELEASE_0_1_7 = AiterRelease(
     default_files=(("bf16_gemm", "tuned_gemm.csv"),),
     lookup_unused=("a8w8_bpreshuffle_gemm", "a8w8_blockscale_gemm", "a8w8_blockscale_bpreshuffle_gemm"),
     overrides=(
-        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"))),  # no FlyDSL check in its lookup
+        # no FlyDSL check in its lookup, no bpreshuffle (nor its no-solution assert); its solMap is a list of four
+        # (tuned_gemm.py:42: .index(libtype) at :173 raises ValueError on any other)
+        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"), ("miss_raises", ()),
+                       ("read_cells", (ReadCell("libtype", "enum", "tuned_gemm.py:173",
+                                                ("torch", "hipblaslt", "skinny", "asm")),)))),
         # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}; Python
-        # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242)
+        # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242), its gemm_a8w8_CK (:353-376) remaps no dtype
         ("a8w8_gemm", (("cpp_key", ("M", "N", "K")), ("aiter_lookup", "aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config"),
+                       ("op_remaps", ()),
                        ("aiter_args", _MNK_FILE))),
         # batched: tables without gfx; the compiled table is taken to key {B, M, N, K} over the device's cu_num rows
         # as a8w8's does (its .cu is not in what the tests unpack from the wheel: modelled, not executed)
@@ -563,7 +705,10 @@ RELEASE_0_1_7 = AiterRelease(
                                    ("cpp_key", None))),
         # fused_moe.py:505-580: str(activation) in the key, no dedup (set_index().to_dict raises on a repeat),
         # no gfx, tokens padded 16 / nextPow2 / 1024 (get_padded_M :484-492)
-        ("fmoe", (("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),
+        # no xbf16 nor flat read (fused_moe.py:632-636)
+        ("fmoe", (("read_cells", (ReadCell("block_m", "int", "fused_moe.py:632"),
+                                  ReadCell("run_1stage", "int", "fused_moe.py:636"))),
+                  ("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),
                   ("dropped_rows", ()), ("padding", "moe_0_1_7"), ("overlay_first", False))),
     ),
 )

@@ -68,14 +68,38 @@ def shapes_version(counts: dict[str, campaigns.StateCounts]) -> tuple:
             f"{sum(c.placed for c in by):.12g}")  # in the last bits between two reads of the same rows
 
 
+def proved_verdict(r: dict) -> str:
+    """hit, raises or miss, of one shape of a proof."""
+    return "raises" if r.get("raised") else "hit" if r["hit"] else "miss"
+
+
+def disagrees(c: eng.ShapeEngagement, r: dict | None, proof: EngagementProof, refused: str | None) -> bool:
+    """Whether the proof disagrees with the prediction c on a shape (r: the proof's result for it, None: not
+    probed). AITER raising at start agrees only with a refused form; a shape the proof did not probe disagrees;
+    else the verdicts must be the same, and the row AITER's lookup returned must be the row predicted (a hit's
+    kernel included). A row found that the probe does not run (its kernel would raise) is not told apart."""
+    if proof.error:
+        return refused is None
+    if r is None or refused is not None:
+        return True
+    theirs = proved_verdict(r)
+    if theirs != c.verdict and not (theirs == "miss" and c.verdict == "raises" and c.row is not None
+                                    and r.get("row") is not None):
+        return True
+    if theirs == "hit" and r.get("kernel") is not None and r["kernel"] != (_kernel(c.row) or ""):
+        return True
+    return r.get("row") is not None and not (c.row is not None and eng.same_row(r["row"], c.row))
+
+
 def _totals(v: Verdicts, proof: EngagementProof | None) -> dict:
     """The totals over every shape of v (checked without `only`)."""
-    proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
+    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
     total = sum(x.priority for x in v.shapes) or 1.0
-    return {"hits": sum(c.hit for c in v.checks), "misses": sum(not c.hit for c in v.checks),
+    return {"hits": sum(c.hit for c in v.checks), "misses": sum(c.verdict == "miss" for c in v.checks),
+            "raises": sum(c.verdict == "raises" for c in v.checks),
             "served_time_covered": sum(x.priority for x, c in zip(v.shapes, v.checks) if c.hit) / total,
             "disagreements": None if proof is None else sum(
-                1 for x, c in zip(v.shapes, v.checks) if x.id in proved and proved[x.id] != c.hit)}
+                disagrees(c, proved.get(x.id), proof, v.refused) for x, c in zip(v.shapes, v.checks))}
 
 
 def _version(v: Verdicts, shapes: tuple, proof: EngagementProof | None) -> tuple:
@@ -137,7 +161,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
     v, proof, shown, n = _every_or_page(s, db, camp.id, rows, merged=merged, table_csv=table_csv, form=form)
     checked = {x.id: c for x, c in zip(v.shapes, v.checks)}
     proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
-    t = shown.totals or dict.fromkeys(("hits", "misses", "served_time_covered", "disagreements"))
+    t = shown.totals or dict.fromkeys(("hits", "misses", "raises", "served_time_covered", "disagreements"))
     ov, ident = v.ov, v.ident
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
@@ -145,17 +169,22 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         "table": v.used, "form": v.used, "refused": v.refused,
         "warnings": v.warnings + ident["mismatches"], "identity": ident,
         "header": list(ov.schema.header), "shapes": n,
-        "hits": t["hits"], "misses": t["misses"], "served_time_covered": t["served_time_covered"],
+        "hits": t["hits"], "misses": t["misses"], "raises": t.get("raises"),
+        "served_time_covered": t["served_time_covered"],
         "totals_pending": shown.pending, "totals_stale_s": shown.stale_s,
         "proof": None if proof is None else {
             "id": proof.id, "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version,
             "worker_id": proof.worker_id, "flydsl": proof.flydsl, "error": proof.error,
             "created_at": proof.created_at.isoformat(), "disagreements": t["disagreements"]},
-        "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "tried_m": c.tried_m,
+        "report": [{"shape_id": x.id, "shape": x.shape, "state": x.state, "hit": c.hit, "verdict": c.verdict,
+                    "tried_m": c.tried_m,
                     "matched_m": c.matched_m, "reason": c.reason, "kernel": _kernel(c.row),
                     "proved_hit": proved[x.id]["hit"] if x.id in proved else None,
+                    "proved_verdict": proved_verdict(proved[x.id]) if x.id in proved else None,
                     "proved_kernel": proved[x.id].get("kernel") if x.id in proved else None,
-                    "disagrees": x.id in proved and proved[x.id]["hit"] != c.hit}
+                    "proved_raised": proved[x.id].get("raised") if x.id in proved else None,
+                    "proved_row": proved[x.id].get("row") if x.id in proved else None,
+                    "disagrees": proof is not None and disagrees(c, proved.get(x.id), proof, v.refused)}
                    for x in rows for c in (checked[x.id],)],
         "next": nxt,  # the report is paged (limit, after); the totals above cover every shape
     }, shown.start
@@ -179,6 +208,10 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
         except ValueError as e:
             raise Invalid(f"body: {e}", "body") from None
         warnings = ov.schema.header_problems(table.header)
+        for i, row in enumerate(table.rows):  # a row AITER could not run is refused, not predicted
+            bad = ov.family.unreadable(row)
+            if bad is not None:
+                raise Invalid(f"body.rows.{i}.{bad[0]} (CSV line {i + 2}): {bad[1]}", f"body.rows.{i}.{bad[0]}")
         used = "supplied"
     else:
         arts = ov.artifacts()
@@ -228,15 +261,21 @@ def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database 
     starts a due count (run it after the page is sent)."""
     rows = [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
     v, proof, shown, n = _every_or_page(s, db, campaign_id, rows, counts=counts)
-    proved = {r["shape_id"]: r["hit"] for r in proof.results} if proof is not None else {}
-    by_shape = {x.id: (c.hit, proved.get(x.id)) for x, c in zip(v.shapes, v.checks)}
+    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
+    # (predicted hit, proved verdict or None, predicted verdict, the proof disagrees)
+    by_shape = {x.id: (c.hit, proved_verdict(proved[x.id]) if x.id in proved else None, c.verdict,
+                       proof is not None and disagrees(c, proved.get(x.id), proof, v.refused))
+                for x, c in zip(v.shapes, v.checks)}
     t = shown.totals or {"hits": None, "disagreements": None}
     return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
-            "predicted_hits": t["hits"], "stale_s": shown.stale_s, "by_shape": by_shape,
+            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s,
+            "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
                 "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,
-                "hits": sum(1 for h in proved.values() if h), "disagreements": t["disagreements"]}}, shown.start
+                "hits": sum(1 for r in proved.values() if r["hit"]),
+                "raises": sum(1 for r in proved.values() if r.get("raised")), "probed": len(proved),
+                "disagreements": t["disagreements"]}}, shown.start
 
 
 class PageVersion(NamedTuple):
@@ -288,7 +327,7 @@ def record_proof(s: Session, campaign_id: int, body: EngagementProofIn) -> dict:
     s.add(p)
     s.flush()
     return {"id": p.id, "campaign_id": camp.id, "form": p.form, "shapes": len(p.results),
-            "hits": sum(r.hit for r in body.results)}
+            "hits": sum(r.hit for r in body.results), "raises": sum(bool(r.raised) for r in body.results)}
 
 
 def runtime_identity(s: Session, camp: Campaign) -> dict:
@@ -323,8 +362,8 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
                      "rows are only valid in the image they were measured in")
     return {"gpu_gfx": camp.gfx, "gpu_cu_num": camp.cu_num, "lookup_gfx": gfx, "lookup_cu_num": cu,
             "build_targets": [list(t) for t in li.build_targets], "miss_error": li.miss_error,
-            "lookup_error": li.error or (
-                li.build_error if fam.compiled else None),
+            # both, where both raise: which one the server meets first depends on what it calls first
+            "lookup_error": "; ".join(e for e in (li.error, li.build_error if fam.compiled else None) if e) or None,
             "flydsl": flydsl, "env": env, "mismatches": notes}
 
 
@@ -354,10 +393,10 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
         v = verdicts(s, camp.id, form=deploy_form)
         form = v.used
         for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
-            predicted.setdefault(_as_logged(v.ov.family, x.shape), (x, c.hit, c.fails))
+            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails))
     report = []
     for k, c in counts.items():
-        x, hit, fails = predicted.get(_as_logged(fam, c["shape"]), (None, None, False))
+        x, hit, fails = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False))
         observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
         logged = hit or fails  # a row AITER finds is logged as used even where its kernel then raises
         report.append({"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
@@ -372,10 +411,11 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
                     f"is the service's verdict on the {form or 'layer'} form; a disagreement is a defect of the model"}
 
 
-def _as_logged(family: TableFamily, shape: dict[str, str]) -> tuple:
-    """A shape as AITER's log lines print it: raw M for GEMMs, the looked-up (padded) token for MoE."""
+def _as_logged(family: TableFamily, shape: dict[str, str], gfx: str) -> tuple:
+    """A shape as AITER's log lines print it: raw M for GEMMs, the looked-up (padded) token for MoE, the
+    arguments as the op on gfx hands them to the lookup (TableFamily.op_remaps)."""
     m = family.m_column
-    cells = dict(shape)
+    cells = family.looked_up(shape, gfx)
     if m is not None and m in cells and family.padding.startswith("moe"):
         cells[m] = str(m_candidates(family, cells)[0])
     return tuple(sorted(cells.items()))

@@ -299,6 +299,9 @@ def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> di
         if col in want and runtime_value(col, cells[col]) != runtime_value(col, want[col]):
             raise Invalid(f"row.{col}: {cells[col]!r} does not match the leased shape's {want[col]!r}",
                           f"row.{col}")
+    bad = fam.unreadable(cells)  # a cell AITER's op could not parse when it runs the row
+    if bad is not None:
+        raise Invalid(f"row.{bad[0]}: {bad[1]}", f"row.{bad[0]}")
     return {c: cells[c] for c in schema.header}
 
 

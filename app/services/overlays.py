@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ class Overlay:
                              # next build of the slot keeps shipped (and its memo) while they are the same
     provisional: int = 0  # rows carried from the parent image, served until their confirmation races decide
     carried_from: str | None = None  # that parent
+    raced: tuple[tuple[str, str, int], ...] = ()  # (backend, libtype, rows): who raced the overlay's rows
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -95,42 +97,50 @@ class Overlay:
         return int(ROW_KB * (1 + len(deploy.FORMS)) * (shipped + len(self.table.rows))) + 1
 
 
-def best_rows(s: Session, digest: str, family: str, schema: Schema) -> tuple[list[dict[str, str]], int]:
-    """The fastest verified row per key measured in this image, then the rows carried from its parent image
-    (app/domain/upgrade.py) for keys it has none of yet, while their confirmation races run; and how many of
-    those there are."""
+def best_rows(s: Session, digest: str, family: str, schema: Schema
+              ) -> tuple[list[dict[str, str]], tuple[tuple[str, str, int], ...], int]:
+    """The lowest-us verified row per key measured in this image, keyed as the op looks it up on the GPU it was
+    tuned on (a weight dtype the op remaps before its lookup: TableFamily.op_remaps), so a served call finds it;
+    then the rows carried from its parent image (app/domain/upgrade.py) for keys it has none of yet, while their
+    confirmation races run. Also how many measured rows each backend raced, by libtype, and how many carried."""
     best = _measured(s, digest, family, schema)
+    raced = Counter((backend, str(row.get("libtype", ""))) for _, row, backend in best.values())
     measured = len(best)
     for row in carried_rows(s, digest, family, schema):
-        best.setdefault(row_key(schema.key_columns, row), (float("inf"), row))
-    rows = [row for _, row in best.values()]
+        best.setdefault(row_key(schema.key_columns, row), (float("inf"), row, "carried"))
+    rows = [row for _, row, _ in best.values()]
     rows.sort(key=lambda row: tuple(str(x) for x in row_key(schema.key_columns, row)))
-    return rows, len(best) - measured
+    return rows, tuple((b, lt, n) for (b, lt), n in sorted(raced.items())), len(best) - measured
 
 
 def carried_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
     """The parent image's rows this image serves provisionally, in this image's header."""
-    q = (select(Result.row).join(CampaignShape, CampaignShape.carried_result_id == Result.id)
+    fam = family_or_422(family)
+    q = (select(Result.row, Campaign.gfx).join(CampaignShape, CampaignShape.carried_result_id == Result.id)
          .join(Campaign, Campaign.id == CampaignShape.campaign_id)
          .where(Campaign.image_digest == digest, Campaign.family == family,
                 CampaignShape.triage == upgrade.Triage.CARRIED.value, CampaignShape.outcome.is_(None))
          .order_by(CampaignShape.id))
-    return [{c: str(row[c]) for c in schema.header} for row, in s.execute(q)
+    return [{c: str(row[c]) for c in schema.header}
+            for row in ((fam.looked_up(r, gfx) if fam.op_remaps and r else r) for r, gfx in s.execute(q))
             if row and all(c in row for c in schema.header)]
 
 
-def _measured(s: Session, digest: str, family: str, schema: Schema) -> dict[tuple, tuple[float, dict[str, str]]]:
-    q = (select(Result).join(CampaignShape, CampaignShape.id == Result.shape_id)
+def _measured(s: Session, digest: str, family: str, schema: Schema
+              ) -> dict[tuple, tuple[float, dict[str, str], str]]:
+    q = (select(Result, Campaign.gfx).join(CampaignShape, CampaignShape.id == Result.shape_id)
          .join(Campaign, Campaign.id == CampaignShape.campaign_id)
          .where(Campaign.image_digest == digest, Campaign.family == family, Result.verified.is_(True))
          .order_by(Result.id))
-    best: dict[tuple, tuple[float, dict[str, str]]] = {}
-    for r in s.scalars(q):
+    fam = family_or_422(family)
+    best: dict[tuple, tuple[float, dict[str, str], str]] = {}
+    for r, gfx in s.execute(q):
         if r.row is None or r.us is None:
             continue
-        k = row_key(schema.key_columns, r.row)
+        row = fam.looked_up(r.row, gfx) if fam.op_remaps else r.row
+        k = row_key(schema.key_columns, row)
         if k not in best or r.us < best[k][0]:
-            best[k] = (r.us, r.row)
+            best[k] = (r.us, row, r.backend)
     return best
 
 
@@ -182,14 +192,15 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
     slot = (Plain.of(s).key, digest, fam.name, gfx)
 
     def make() -> Overlay:
-        rows, carried = best_rows(s, digest, fam.name, schema)
+        rows, raced, carried = best_rows(s, digest, fam.name, schema)
         table = Table(schema.header, rows, overlay_filename(fam, digest))
         # a new result leaves what shipped_for reads as it was: the slot's last build keeps it, with what is
         # made of it (Shipped.memo)
         tables, old = (release.name, inputs[0]), _BUILT.kept(slot)
         shipped = (old.shipped if old is not None and old.tables == tables
                    else shipped_for(s, digest, fam.name, release))
-        return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables, carried, inputs[2])
+        return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables, carried, inputs[2],
+                       raced)
     return _BUILT.get(slot, version, make)
 
 
@@ -219,7 +230,7 @@ def deploy_plan(s: Session, digest: str, family: str) -> dict:
     from app.db.models import Image
     ov = build(s, digest, family)
     img = s.get(Image, digest)
-    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name)
+    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name, raced=ov.raced)
     out["release"] = ov.release.name
     out["shipped_tables_known"] = ov.shipped.known
     if not ov.shipped.known:  # the layer value would list the overlay alone: not a form to offer

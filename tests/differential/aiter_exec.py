@@ -4,9 +4,10 @@ through ctypes) and ActivationType/QuantType (aiter_enum.h + the bindings in roc
 
 Only these are stubbed: the hardware (rocminfo's output: the GPU's gfx and CU count; chip_info.py's own code then
 reads GPU_ARCHS, CU_NUM and the build targets), FlyDSL importable, the FlyDSL kernel catalog, kernel launchers and
-everything that builds or loads GPU code. A module's top-level statements run one by one, verbatim;
-one that needs something stubbed away (a JIT decorator, a kernel module) is skipped, and every name a lookup needs
-is checked to exist. The sources are the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
+everything that builds or loads GPU code (triton, FlyDSL). A module's top-level statements run one by one,
+verbatim; one that raises fails the run (StatementFailed: never skipped), except aiter/jit/core.py's, where a raise
+is AITER's own (resolving a table at import), and every name a lookup needs is checked to exist. The sources are
+the pinned ROCm/aiter tree (current release) or the amd-aiter 0.1.7 wheel.
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ class Dummy:
 
     def __mro_entries__(self, bases):
         return (object,)
+
+
+class StatementFailed(RuntimeError):
+    """One of AITER's module statements raised in the harness: the harness no longer runs AITER's code as it is
+    (a new import, a new hardware query), so every verdict after it would be a guess. Never skipped."""
+
+
+class AiterRaised(Exception):
+    """What one of AITER's statements raised, as "<Error>: <message>"."""
 
 
 class StubModule(types.ModuleType):
@@ -194,6 +204,7 @@ class AiterProcess:
             "aiter.ops.flydsl.gemm_kernels", reg,
             get_flydsl_splitk_hgemm_kernel_params=lambda name: {"name": name} if str(name).startswith("flydsl")
             else None)
+        reg["flydsl.runtime.device"] = StubModule("flydsl.runtime.device", reg, get_rocm_arch=lambda: ident.gfx)
         reg["aiter.ops.gemm_op_common"] = StubModule(
             "aiter.ops.gemm_op_common", reg, get_padded_m=lambda M, N, K, gl: lib.getPaddedM(M, N, K, gl))
         # kernel support checks of opus stage-2 kernels are a property of the built kernels: supported
@@ -231,7 +242,9 @@ class AiterProcess:
             base = ".".join(parts[: len(parts) - level + 1])
             name = f"{base}.{name}" if name else base
         reg = self.registry
-        if name in reg or name.split(".")[0] in ("aiter",) or name in ("cpp_extension", "torch_guard"):
+        # GPU-only packages are part of the hardware stubbed away: triton, and FlyDSL (its arch query answers the GPU)
+        if name in reg or name.split(".")[0] in ("aiter", "triton", "flydsl") or name in ("cpp_extension",
+                                                                                         "torch_guard"):
             if name not in reg:
                 reg[name] = StubModule(name, reg)
             if fromlist:
@@ -258,13 +271,23 @@ class AiterProcess:
                     stop = i
                     break
         self.registry[name] = mod
-        for lineno, code in _statements(str(path)):
-            if stop is not None and lineno > stop:
-                break
-            try:
-                exec(code, mod.__dict__)
-            except Exception as e:  # noqa: BLE001  a statement needing what is stubbed away
-                self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
+        prev = sys.modules.get(name)
+        sys.modules[name] = mod  # where @dataclass looks its module up
+        try:
+            for lineno, code in _statements(str(path)):
+                if stop is not None and lineno > stop:
+                    break
+                try:
+                    exec(code, mod.__dict__)
+                except Exception as e:  # noqa: BLE001
+                    if name != "aiter.jit.core":  # core's statements resolve the tables: a raise is AITER's finding
+                        raise StatementFailed(f"{path}:{lineno}: {type(e).__name__}: {e}") from e
+                    self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
+        finally:
+            if prev is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = prev
         return mod
 
     def module(self, path: str) -> types.ModuleType:
@@ -295,7 +318,8 @@ class Outcome:
     rewritten: list[str] = field(default_factory=list)  # shipped or overlay files AITER rewrote in place
     resolved: str | None = None
     verdicts: list[tuple[bool, dict | None]] = field(default_factory=list)
-    lookup_error: str | None = None
+    raised: list[str | None] = field(default_factory=list)  # per shape: what AITER raised on it
+    lookup_error: str | None = None  # the loader raised (every shape the same error)
     log: list[str] = field(default_factory=list)
 
 
@@ -350,10 +374,12 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
         p = AiterProcess(src, root, ident, release, csrc)
         try:
             core = p.core()
-            if release != "current":  # the old release resolves every table at import
+            if release != "current":  # the old release resolves every table at import: a statement that raised
+                # there is AITER's own error ("<line>: <Error>: ..."), reported as AITER raised it
                 err = [x for x in p.skipped.get("aiter.jit.core", []) if family.aiter_file_attr in x]
+                err = err or p.skipped.get("aiter.jit.core", [])
                 if err:
-                    raise RuntimeError(err[0])
+                    raise AiterRaised(err[0].split(": ", 1)[1])
                 p.need(core, family.aiter_file_attr)
             # resolve as the server's import does (a module-level AITER_CONFIGS read raises at start), unless the
             # lookup's own module reads the env var itself (grouped_moe_gfx1250.py _load_grouped_config_rows)
@@ -361,6 +387,8 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
             reads_env = re.search(rf"os\.(?:environ\.get|getenv)\(\s*[\"']{family.env_var}[\"']", lookup_src)
             if not (env_value and reads_env):
                 out.resolved = probe.resolved_file(core, family.aiter_file_attr)
+        except AiterRaised as e:
+            out.error = str(e).splitlines()[0]
         except Exception as e:  # noqa: BLE001  AITER raised: the deploy fails at start
             out.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out.rewritten = [k for k, v in _hashes(root).items() if before.get(k) != v]
@@ -368,7 +396,14 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
             try:
                 look = probe.make_probe(family, p.module, p, ident.flydsl, ident.gfx, ident.cu_num, csrc,
                                         out.resolved)
-                out.verdicts = [look(s) for s in shapes]
+                got = [probe.outcome(look, s) for s in shapes]
+                out.verdicts, out.raised = [(h, c) for h, c, _ in got], [r for _, _, r in got]
+                if shapes and len(set(out.raised)) == 1 and out.raised[0] is not None:
+                    raise AiterRaised(out.raised[0])  # the table's loader: the same error whatever the shape
+            except probe.ProbeBroken:
+                raise
+            except AiterRaised as e:
+                out.lookup_error = str(e)
             except Exception as e:  # noqa: BLE001  the lookup raised (e.g. a non-unique index)
                 out.lookup_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out.log = p.log.lines

@@ -19,9 +19,12 @@ from tests.integration.test_leasing_api import tune_all
 from workers import image_tables, verify
 
 SRC = aiter_src()
-if SRC is None:
-    pytest.skip("VERIFY --engagement TESTS SKIPPED: no AITER sources (TUNER_AITER_SRC or ../shared/aiter-src)",
-                allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _aiter_sources():
+    if SRC is None:  # never a silent pass: these tests are the proof's own check
+        pytest.fail("AITER's sources not found (TUNER_AITER_SRC or ../shared/aiter-src): the proof is not checked")
 
 CELLS = {
     "bf16_gemm": dict(libtype="asm", solidx="0", splitK="1", kernelName="_ZN5aiter_svcE", err_ratio="0.0"),
@@ -85,8 +88,9 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
     page = client.get(f"/campaigns/{cid}").text  # predicted beside proved, with the image's AITER commit
     assert "Proved in the image" in page and AITER_COMMIT in page and "agrees with the prediction" in page
     # a proof that disagrees on one shape is shown as a defect of the model, on the page and the report
-    eng = client.get(f"/v1/campaigns/{cid}/engagement").json()
-    flipped = [{"shape_id": r["shape_id"], "hit": r["hit"] != (i == 0)} for i, r in enumerate(eng["report"])]
+    eng = client.get(f"/v1/campaigns/{cid}/engagement", params={"limit": 200}).json()
+    flipped = [{"shape_id": r["shape_id"], "hit": r["proved_hit"] != (i == 0), "raised": r["proved_raised"],
+                "row": r["proved_row"]} for i, r in enumerate(eng["report"])]
     client.post(f"/v1/campaigns/{cid}/engagement/proofs", json={"form": eng["form"], "worker_id": "w",
                                                                 "aiter_commit": "f" * 40, "results": flipped})
     assert client.get(f"/v1/campaigns/{cid}/engagement").json()["proof"]["disagreements"] == 1
@@ -95,3 +99,30 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
     bad = client.post(f"/v1/campaigns/{cid}/engagement/proofs", json={
         "form": "layer", "worker_id": "w", "results": [{"shape_id": 10**9, "hit": True}]})
     assert bad.status_code == 422 and bad.json()["field"] == "results.0.shape_id"
+
+
+def test_a_shape_aiter_raises_on_is_proved_to_raise_and_probing_goes_on(client, tmp_path):
+    """bf16 with bpreshuffle and no row on gfx950 asserts "no solution" where the asm default does not fit
+    (tuned_gemm.py:191-210): the proof records that shape's raise and probes the rest; it agrees with a
+    prediction of "raises" there, shape by shape."""
+    gfx, cu = "gfx950", 256
+    tree = tmp_path / "image"
+    shutil.copytree(CONFIGS, tree / "aiter" / "configs")
+    image_tables.report(Direct(client), DIGEST, tree / "aiter", commit=AITER_COMMIT, flydsl=False)
+    base = {"N": 1288, "K": 8192, "bias": False, "dtype": "torch.bfloat16", "outdtype": "torch.bfloat16",
+            "scaleAB": False, "bpreshuffle": True}
+    shapes = [dict(base, M=7), dict(base, M=9, N=1280), dict(base, M=11, bpreshuffle=False), dict(base, M=13)]
+    cid = capture(client, shapes, family="bf16_gemm", gfx=gfx, cu_num=cu).json()["campaign_id"]
+
+    def image_aiter():
+        p = ax.AiterProcess(SRC, tree, ax.Identity(gfx, cu, False), "current", SRC / "csrc")
+        return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None)
+    with ax._merge_lock():
+        posted = verify.engagement(Direct(client), cid, "verify-test", "layer", aiter=image_aiter)
+    assert posted["shapes"] == 4 and posted["raises"] == 2
+    eng = client.get(f"/v1/campaigns/{cid}/engagement", params={"form": "layer"}).json()
+    assert eng["proof"]["error"] is None and eng["proof"]["disagreements"] == 0
+    by_m = {r["shape"]["M"]: (r["verdict"], r["proved_verdict"]) for r in eng["report"]}
+    assert by_m == {"7": ("raises", "raises"), "9": ("miss", "miss"), "11": ("miss", "miss"),
+                    "13": ("raises", "raises")}
+    assert "AssertionError: no solution" in next(r["proved_raised"] for r in eng["report"] if r["shape"]["M"] == "7")

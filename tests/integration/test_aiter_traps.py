@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import io
 
+import pytest
+
 from app.domain.engagement import check
 from app.domain.families import FAMILIES
 from app.domain.tables import Table
 from tests.conftest import CONFIGS, DIGEST, capture
-from tests.integration.test_leasing_api import tune_all
+from tests.integration.test_leasing_api import lease, ok_row, plausible_us, tune_all
 
 FMOE = FAMILIES["fmoe"]
 
@@ -71,3 +73,154 @@ def test_a8w8_python_and_compiled_lookups_must_agree():
                                    dict(base, M="128", q_dtype_w="torch.float8_e4m3fn", kernelId="2")])
     (clash,) = check(fam, fam.key_columns, "gfx950", 256, [dict(shape, M="128")], fp8)
     assert not clash.hit and "q_dtype_w" in clash.reason
+
+
+A8W8_ROW = {"cu_num": "0", "M": "128", "N": "1280", "K": "8192", "kernelId": "1", "splitK": "0", "us": "5",
+            "kernelName": "k", "tflops": "1", "bw": "1", "errRatio": "0"}
+
+
+@pytest.mark.parametrize("gfx,cu,weight", [("gfx942", 304, "torch.float8_e4m3fn"),
+                                           ("gfx950", 256, "torch.float8_e4m3fnuz")])
+def test_a8w8_ck_looks_up_a_weight_not_the_gpus_own_fp8_as_int8(gfx, cu, weight):
+    """gemm_a8w8_CK (gemm_op_a8w8.py:663) looks up any weight dtype but the GPU's own fp8 and int8 as torch.int8:
+    a row keyed on the captured dtype is never found, the int8 row is."""
+    fam = FAMILIES["a8w8_gemm"]
+    base = dict(A8W8_ROW, gfx=gfx, cu_num=str(cu))
+    shape = {"M": "128", "N": "1280", "K": "8192", "q_dtype_w": weight}
+    (res,) = check(fam, fam.key_columns, gfx, cu, [shape], Table(fam.tuned_header, [dict(base, q_dtype_w=weight)]))
+    assert not res.hit and "torch.int8" in res.reason
+    int8 = Table(fam.tuned_header, [dict(base, q_dtype_w="torch.int8", kernelName="int8_row")])
+    (res,) = check(fam, fam.key_columns, gfx, cu, [shape], int8)
+    assert res.hit and res.row["kernelName"] == "int8_row"
+    # the GPU's own fp8 is looked up as it is
+    own = "torch.float8_e4m3fnuz" if gfx == "gfx942" else "torch.float8_e4m3fn"
+    (res,) = check(fam, fam.key_columns, gfx, cu, [dict(shape, q_dtype_w=own)], int8)
+    assert not res.hit
+
+
+def test_an_a8w8_row_tuned_on_a_foreign_fp8_weight_is_keyed_as_the_op_looks_it_up(client):
+    """A float8_e4m3fn weight captured on gfx942: the tuner writes the row on fn, the op looks up int8; the
+    overlay carries it keyed int8, and the engagement report predicts the hit AITER makes."""
+    shape = {"M": 128, "N": 1280, "K": 8192, "q_dtype_w": "torch.float8_e4m3fn"}
+    cid = capture(client, [shape], family="a8w8_gemm", gfx="gfx942", cu_num=304).json()["campaign_id"]
+    tune_all(client, "gfx942", 304, kernelId="1", splitK="0", kernelName="mine", tflops="1", bw="1", errRatio="0")
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{DIGEST}/a8w8_gemm.csv").text)))
+    assert [(r["q_dtype_w"], r["kernelName"]) for r in rows] == [("torch.int8", "mine")]
+    rep = client.get(f"/v1/campaigns/{cid}/engagement", params={"form": "merged"}).json()
+    assert rep["hits"] == 1 and rep["report"][0]["kernel"] == "mine", rep["report"]
+
+
+@pytest.mark.parametrize("gfx,cu", [("gfx950", 256), ("gfx942", 304)])
+def test_bf16_bpreshuffle_without_a_row_raises_where_aiter_has_no_default(client, gfx, cu):
+    """tuned_gemm.py:191-210: a bpreshuffle call without a row asserts "no solution" off gfx942 unless the asm
+    default fits (bf16 in, N and K multiples of 64, bf16/fp32 out): a third verdict, counted and shown."""
+    base = {"N": 1280, "K": 8192, "bias": False, "dtype": "torch.bfloat16", "outdtype": "torch.bfloat16",
+            "scaleAB": False, "bpreshuffle": True}
+    shapes = [dict(base, M=7), dict(base, M=9, N=1288), dict(base, M=11, outdtype="torch.float16"),
+              dict(base, M=13, bpreshuffle=False, N=1288)]
+    cid = capture(client, shapes, family="bf16_gemm", gfx=gfx, cu_num=cu).json()["campaign_id"]
+    rep = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    by_m = {r["shape"]["M"]: r for r in rep["report"]}
+    want = {"7": "miss", "9": "raises", "11": "raises", "13": "miss"} if gfx == "gfx950" else dict.fromkeys(
+        ("7", "9", "11", "13"), "miss")  # gfx942's default is hipBLASLt (tuned_gemm.py:194-197)
+    assert {m: r["verdict"] for m, r in by_m.items()} == want
+    n = sum(v == "raises" for v in want.values())
+    assert (rep["hits"], rep["misses"], rep["raises"]) == (0, 4 - n, n)
+    if n:
+        assert "tuned_gemm.py:208" in by_m["9"]["reason"] and not by_m["9"]["hit"]
+    page = client.get(f"/campaigns/{cid}").text
+    assert (f"AITER raises on {n} of them" in page) == bool(n)
+    assert page.count('<td class="verdict state-failed">raises</td>') == n
+
+
+FMOE_SHAPE = {"token": 32, "model_dim": 7168, "inter_dim": 256, "expert": 256, "topk": 8,
+              "act_type": "ActivationType.Silu", "dtype": "torch.bfloat16", "q_dtype_a": "torch.float8_e4m3fnuz",
+              "q_dtype_w": "torch.float8_e4m3fnuz", "q_type": "QuantType.per_1x128", "use_g1u1": 1,
+              "doweight_stage1": 0}
+FMOE_CELLS = dict(block_m="32", ksplit="0", us1="1", kernelName1="svc1", err1="0.0%", us2="0", kernelName2="",
+                  err2="0.0%", run_1stage="1", xbf16="0", flat="0", tflops="1", bw="1")
+
+
+def test_a_row_aiter_could_not_parse_is_refused_naming_the_cell(client):
+    """fused_moe.py:2437-2449 int()s xbf16 and flat of a 1-stage row (an empty cell is NaN: ValueError); a 2-stage
+    row's are never read. A worker's result and a CSV posted for checking are refused (422, the cell named),
+    nothing predicted on them."""
+    shapes = [dict(FMOE_SHAPE, token=t) for t in (32, 64, 128)]
+    cid = capture(client, shapes, family="fmoe", gfx="gfx942", cu_num=304).json()["campaign_id"]
+    body = lease(client, budget_s=80_000, gfx="gfx942", cu_num=304).json()
+    for item, (cell, val) in zip(body["shapes"], (("xbf16", ""), ("flat", ""), ("block_m", "big"))):
+        res = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(
+            body, item, plausible_us(body, item, 5.0), **dict(FMOE_CELLS, **{cell: val})))
+        assert res.status_code == 422 and res.json()["field"] == f"row.{cell}", res.text
+        assert "fused_moe.py:24" in res.json()["detail"]
+    assert client.get(f"/v1/overlays/{DIGEST}/fmoe.csv").text.count("\n") <= 1  # nothing stored as a row
+    # a 2-stage row's xbf16 and flat are never read: taken
+    body = lease(client, budget_s=80_000, gfx="gfx942", cu_num=304).json()
+    for item in body["shapes"]:
+        ok = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(
+            body, item, plausible_us(body, item, 5.0),
+            **dict(FMOE_CELLS, run_1stage="0", kernelName2="svc2", xbf16="", flat="")))
+        assert ok.status_code == 200, ok.text
+    header = list(FMOE_CELLS) + ["gfx", "cu_num"] + list(FMOE_SHAPE)
+    row = {**{k: str(v) for k, v in FMOE_SHAPE.items()}, **FMOE_CELLS, "gfx": "gfx942", "cu_num": "304",
+           "xbf16": ""}
+    text = ",".join(header) + "\n" + ",".join(row[c] for c in header) + "\n"
+    res = client.post(f"/v1/campaigns/{cid}/engagement", content=text, headers={"content-type": "text/csv"})
+    assert res.status_code == 422 and res.json()["field"] == "body.rows.0.xbf16", res.text
+    row["xbf16"] = "1"
+    text = ",".join(header) + "\n" + ",".join(row[c] for c in header) + "\n"
+    res = client.post(f"/v1/campaigns/{cid}/engagement", content=text, headers={"content-type": "text/csv"})
+    assert res.status_code == 200 and res.json()["hits"] == 1, res.text
+
+
+def test_a_shipped_one_stage_row_without_xbf16_is_predicted_to_raise():
+    fam = FAMILIES["fmoe"]
+    shape = {k: str(v) for k, v in FMOE_SHAPE.items()}
+    row = {**shape, **FMOE_CELLS, "gfx": "gfx942", "cu_num": "304", "xbf16": ""}
+    (res,) = check(fam, fam.key_columns, "gfx942", 304, [shape], Table(tuple(row), [row]))
+    assert res.verdict == "raises" and "xbf16" in res.reason
+    (res,) = check(fam, fam.key_columns, "gfx942", 304, [shape], Table(tuple(row), [dict(row, xbf16="0")]))
+    assert res.verdict == "hit"
+
+
+def test_a_proof_agrees_only_on_every_shape_probed_with_the_row_predicted(client):
+    """A proof that stopped (AITER raised resolving the table) or left shapes out is not agreement: a raise or
+    an unprobed shape is a disagreement, and a hit on another row or kernel than predicted is one."""
+    shapes = [{"M": m, "N": 1280, "K": 8192} for m in (16, 32, 64)]
+    cid = capture(client, shapes, family="bf16_gemm", gfx="gfx942", cu_num=304).json()["campaign_id"]
+    tune_all(client, "gfx942", 304)
+    rep = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    assert rep["hits"] == 3
+    form = rep["form"]
+
+    def prove(results, error=None):
+        r = client.post(f"/v1/campaigns/{cid}/engagement/proofs", json={
+            "form": form, "worker_id": "w", "error": error, "results": results})
+        assert r.status_code == 201, r.text
+        return client.get(f"/v1/campaigns/{cid}/engagement").json()
+
+    good = [{"shape_id": r["shape_id"], "hit": True, "kernel": r["kernel"]} for r in rep["report"]]
+    assert prove(good)["proof"]["disagreements"] == 0
+    assert "agrees with the prediction on every shape" in client.get(f"/campaigns/{cid}").text
+    got = prove([], error="ValueError: DataFrame index must be unique")
+    assert got["proof"]["disagreements"] == 3 and all(r["disagrees"] for r in got["report"])
+    assert "agrees with the prediction" not in client.get(f"/campaigns/{cid}").text
+    assert prove(good[:1])["proof"]["disagreements"] == 2  # two shapes never probed
+    raised = [dict(good[0], hit=False, kernel=None, raised="AssertionError: no solution")] + good[1:]
+    got = prove(raised)
+    assert got["proof"]["disagreements"] == 1 and got["report"][0]["proved_verdict"] == "raises"
+    other = [dict(good[0], kernel="not_ours")] + good[1:]
+    assert prove(other)["proof"]["disagreements"] == 1
+    row = [dict(g, row={"kernelName": g["kernel"], "us": "0.5"}) for g in good]  # not our row's us
+    assert prove(row)["proof"]["disagreements"] == 3
+
+
+def test_the_deploy_plan_says_a_torch_backend_row_is_served_by_aiters_own_kernel(client):
+    """tuned_gemm.py:415-451 runs a libtype=torch row as plain F.linear, :584-602 a libtype=triton row with AITER's
+    own Triton kernel: the torch backend's race of a pre-transposed matmul or of this project's Triton configs
+    does not carry into the served path, and the plan says so for those rows."""
+    capture(client, [{"M": m, "N": 1280, "K": 8192} for m in (16, 32)], gfx="gfx942", cu_num=304)
+    tune_all(client, "gfx942", 304, kernelName="torch_mm_bt_contig")  # ok_row's backend: torch, libtype torch
+    notes = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()["notes"]
+    (note,) = [n for n in notes if "torch backend" in n]
+    assert "2 row(s)" in note and "F.linear" in note and "does not carry" in note
