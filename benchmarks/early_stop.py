@@ -186,11 +186,12 @@ def upgrade(backend: TorchBackend, batch: Batch, items: list[dict], rows: list[d
         backend.exclude = set()
     lost = [g for g in got if g["lost"]]
     full = [g for g in got if g["kind"] != "confirm"]
+    exact = [g["lost"] for g in got] == [g["kind"] != "confirm" for g in got]
     print(f"upgrade: dropped {len(dropped)} Triton configs {dropped}; {len(lost)} shapes lost their kernel; "
-          f"re-raced in full {len(full)}, exactly those: {[g['lost'] for g in got] == [g['kind'] != 'confirm' for g in got]}; "
-          f"confirmed {len(got) - len(full)}; finalists skipped as gone {sum(len(g['skipped']) for g in got)}; "
-          f"a dropped config won anywhere: {any(g['winner'] in dropped for g in got)}", flush=True)
-    return {"dropped": dropped, "shapes": got}
+          f"re-raced in full {len(full)}, exactly those: {exact}; confirmed {len(got) - len(full)}; finalists "
+          f"skipped as gone {sum(len(g['skipped']) for g in got)}; a dropped config won anywhere: "
+          f"{any(g['winner'] in dropped for g in got)}", flush=True)
+    return {"dropped": dropped, "shapes": got, "exact": exact}
 
 
 def main() -> None:
@@ -338,7 +339,8 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
           f"halving winner {sp_hv:.3f}")
     print(f"rows that help (>= 3% over the default): exhaustive {rows_ex}/{n}, halving {rows_hv}/{n}; "
           f"the rest 'default is best'")
-    print(f"median per-sample sigma (robust) {statistics.median(r['sigma'] for r in rows if r['sigma'] is not None):.4f}")
+    sigmas = [r["sigma"] for r in rows if r["sigma"] is not None]
+    print(f"median per-sample sigma (robust) {statistics.median(sigmas):.4f}")
     print(f"cross-race (the halving pick as the exhaustive race timed it): within 1% of the exhaustive winner "
           f"(tie rule applied) {within}/{n}; of the exhaustive fastest (no tie rule) {within_fastest}/{n}")
     if a.repeat_exhaustive:
@@ -377,12 +379,11 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
         print(per_shape("sampled GPU confirmation/halving", cf_each, cf_gpu))
         print(per_shape("wall confirmation/halving", cf_wall, sum(c["wall_s"] for c in cfs) /
                         sum(r["hv_wall_s"] for r in rows)))
-        exact = [g["lost"] for g in up["shapes"]] == [g["kind"] != "confirm" for g in up["shapes"]]
         summary.update(confirm_gpu_ratio=cf_gpu, confirm_gpu_median=q(cf_each, 0.5), confirm_within_1pct=cf_within,
-                       upgrade_lost=sum(g["lost"] for g in up["shapes"]), upgrade_exact=exact)
+                       upgrade_lost=sum(g["lost"] for g in up["shapes"]), upgrade_exact=up["exact"])
         print(f"confirm: sampled GPU ratio {cf_gpu:.3f} (per shape median {q(cf_each, 0.5):.3f}); within 1% "
               f"{cf_within}/{n}; upgrade re-raced exactly the {summary['upgrade_lost']} shapes that lost their "
-              f"kernel: {exact}")
+              f"kernel: {up['exact']}")
     print(f"early-stop: sampled GPU ratio {gpu:.3f}; wall ratio {wall:.3f} (per shape median {q(wall_each, 0.5):.3f},"
           f" p90 {q(wall_each, 0.9):.3f}); within 1% {h2h}/{n} shapes; worst pick {worst:.3f}")
     return summary

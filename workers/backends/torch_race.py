@@ -152,8 +152,9 @@ class Entry:
 
     def record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {"name": self.name, "us": self.median * 1e6 if self.times else None,
-                               "err_ratio": self.err, "error": self.error, "rounds": self.rounds, "final": bool(self.final),
-                               "samples": len(self.screen) + len(self.samples) + len(self.final)}
+                               "err_ratio": self.err, "error": self.error, "rounds": self.rounds,
+                               "final": bool(self.final), "samples": len(self.screen) + len(self.samples) +
+                               len(self.final)}
         return rec
 
 
