@@ -10,7 +10,14 @@ compiles the other already paid. Two ways to judge the halving pick against the 
   two separate races, which is no error of the screening: `--repeat-exhaustive` runs a second exhaustive race
   and prints the same figure for it (the ceiling of that measure) and how far kernel/default ratios move
   between the two.
-Run on a GPU: python benchmarks/early_stop.py --device cuda:0 [--repeat-exhaustive] [--out f.json]
+Shapes: `--shapes builtin` (the 54 below, the default) and/or `--shapes FILE` (an AITER untuned CSV), repeatable.
+Figures per shape (median, p90 of halving/exhaustive wall and sampled GPU) beside the ratios of sums.
+`--confirm` (issue 24) also runs, per shape, a confirmation race (the default, the incumbent = the halving
+winner, and the halving race's top 3 finalists) and judges it against the halving race (cost, head to head);
+then an "upgrade": the winning Triton configs of every other shape won by one are dropped from the candidates,
+every shape is leased again with its incumbent and finalists, and exactly the shapes whose incumbent is gone
+must be raced in full (the rest confirmed).
+Run on a GPU: python benchmarks/early_stop.py --device cuda:0 [--shapes FILE] [--confirm] [--out f.json]
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.domain.families import FAMILIES  # noqa: E402
 from app.domain.shapes import make_shape  # noqa: E402
+from app.domain.tables import read_table  # noqa: E402
 from workers.backends.base import Batch  # noqa: E402
 from workers.backends.torch_race import _DTYPES, DEFAULT, Entry, Schedule, TorchBackend, candidates  # noqa: E402
 from workers.identity import detect  # noqa: E402
@@ -44,18 +52,33 @@ NK = [
 ]
 MS = [1, 8, 32, 128, 512, 2048]
 # other halving schedules, raced on the same shapes alongside the default one (figures apart, never in the line)
-VARIANTS = {"wide": ((3, 1 / 3), (9, 1 / 3)), "narrow": ((1, 0.05),)}
+VARIANTS = {"wide": ((3, 1 / 3, 20), (9, 1 / 3, 6)), "narrow": ((1, 0.05, 3),)}
 
 
-def shapes() -> list[dict]:
+def builtin_shapes() -> list[dict]:
     fam = FAMILIES["bf16_gemm"]
-    items = []
+    out = []
     for i, (n, k, bias) in enumerate(NK):
         for j in range(3):  # three M per (N, K), every M value nine times over the list
             m = MS[(i + 2 * j) % len(MS)]
-            s = make_shape(fam, {"M": m, "N": n, "K": k, "bias": bias}).as_dict()
-            items.append({"shape_id": len(items) + 1, "shape": s})
-    return items
+            out.append(make_shape(fam, {"M": m, "N": n, "K": k, "bias": bias}).as_dict())
+    return out
+
+
+def file_shapes(path: str) -> list[dict]:
+    """An AITER untuned CSV (aiter/configs/*untuned*.csv: M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle)."""
+    fam = FAMILIES["bf16_gemm"]
+    table = read_table(Path(path).read_text(), path)
+    return [make_shape(fam, {c: r[c] for c in fam.shape_columns if c in r}, f"{path}:{i + 2}").as_dict()
+            for i, r in enumerate(table.rows)]
+
+
+def shapes(sources: list[str]) -> list[dict]:
+    got: dict[tuple, dict] = {}
+    for src in sources:
+        for s in (builtin_shapes() if src == "builtin" else file_shapes(src)):
+            got.setdefault(tuple(sorted(s.items())), s)  # a shape twice is raced once
+    return [{"shape_id": i + 1, "shape": s} for i, s in enumerate(got.values())]
 
 
 def head_to_head(backend: TorchBackend, item: dict, inputs: tuple, mine: str, theirs: str, n: int,
@@ -113,20 +136,81 @@ def ok_us(res) -> dict[str, float]:
             and c["err_ratio"] <= 0.05}
 
 
+def q(xs: list[float], f: float) -> float:
+    """The f-quantile (nearest rank) of xs."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else math.nan
+
+
+def per_shape(name: str, xs: list[float], sums: float) -> str:
+    return (f"{name}: ratio of sums {sums:.3f}; per shape median {q(xs, 0.5):.3f}, p10 {q(xs, 0.1):.3f}, "
+            f"p90 {q(xs, 0.9):.3f}, max {max(xs):.3f}")
+
+
+def top_finalists(res, n: int = 3) -> list[str]:
+    """The race's fastest finalists by its own final timings (what an image upgrade carries as `finalists`)."""
+    fin = [c for c in res.candidates if c.get("final") and c["us"] is not None and not c["error"]
+           and c["err_ratio"] is not None and c["err_ratio"] <= 0.05]
+    return [c["name"] for c in sorted(fin, key=lambda c: c["us"])[:n]]
+
+
+def confirmation(backend: TorchBackend, batch: Batch, item: dict, hv, inputs: tuple, repeats: int) -> dict:
+    """Issue 24: the default + incumbent (the halving winner) + the halving race's top 3, against the halving."""
+    carried = dict(item, incumbent=hv.kernel_name, finalists=top_finalists(hv))
+    t = time.perf_counter()
+    cf = backend.tune(batch, carried, inputs=inputs)
+    wall = time.perf_counter() - t
+    return {"incumbent": carried["incumbent"], "finalists": carried["finalists"], "winner": cf.kernel_name,
+            "kind": cf.race["kind"], "raced": [c["name"] for c in cf.candidates],
+            "sampled_s": cf.race["sampled_s"], "wall_s": wall, "resampled": cf.race["resampled"],
+            "h2h": head_to_head(backend, item, inputs, cf.kernel_name, hv.kernel_name, repeats)}
+
+
+def upgrade(backend: TorchBackend, batch: Batch, items: list[dict], rows: list[dict]) -> dict:
+    """Drop the winning Triton configs of every other shape a Triton config won, lease every shape again with
+    its incumbent and finalists: the shapes whose incumbent is gone must get a full race, the rest a
+    confirmation."""
+    triton_wins = [r["hv_winner"] for r in rows if r["hv_winner"].startswith("triton_")]
+    dropped = sorted(set(triton_wins[::2]))
+    backend.exclude = set(dropped)
+    got = []
+    try:
+        for item, r in zip(items, rows):
+            carried = dict(item, incumbent=r["hv_winner"], finalists=r["confirm"]["finalists"])
+            res = backend.tune(batch, carried)
+            got.append({"M": r["M"], "N": r["N"], "K": r["K"], "lost": r["hv_winner"] in dropped,
+                        "kind": res.race["kind"], "winner": res.kernel_name, "sampled_s": res.race["sampled_s"],
+                        "raced": len(res.candidates), "skipped": res.race.get("skipped", []),
+                        "why": res.race.get("full_race_why")})
+    finally:
+        backend.exclude = set()
+    lost = [g for g in got if g["lost"]]
+    full = [g for g in got if g["kind"] != "confirm"]
+    exact = [g["lost"] for g in got] == [g["kind"] != "confirm" for g in got]
+    print(f"upgrade: dropped {len(dropped)} Triton configs {dropped}; {len(lost)} shapes lost their kernel; "
+          f"re-raced in full {len(full)}, exactly those: {exact}; confirmed {len(got) - len(full)}; finalists "
+          f"skipped as gone {sum(len(g['skipped']) for g in got)}; a dropped config won anywhere: "
+          f"{any(g['winner'] in dropped for g in got)}", flush=True)
+    return {"dropped": dropped, "shapes": got, "exact": exact}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--shapes", action="append", help="builtin (the 54 below) or an AITER untuned CSV; repeatable")
     p.add_argument("--limit", type=int, default=0, help="only the first N shapes by size (smoke tests)")
     p.add_argument("--variants", default="", help="comma-separated extra schedules from VARIANTS")
     p.add_argument("--repeat-exhaustive", action="store_true", help="a second exhaustive race per shape")
+    p.add_argument("--confirm", action="store_true", help="confirmation races and an upgrade (issue 24)")
+    p.add_argument("--kernels", action="store_true", help="print the CUDA kernels each library entry launches")
     p.add_argument("--budget-s", type=float, default=1e9, help="take no new shape after this many seconds")
     p.add_argument("--out")
     a = p.parse_args()
     import torch
     ident = detect(int(a.device.split(":")[1]) if a.device.startswith("cuda") else None)
     fam = FAMILIES["bf16_gemm"]
-    items = shapes()
+    items = shapes(a.shapes or ["builtin"])
     if a.limit:
         items = sorted(items, key=lambda x: int(x["shape"]["M"]) * int(x["shape"]["N"]) * int(x["shape"]["K"]))
         items = items[:a.limit]
@@ -139,21 +223,17 @@ def main() -> None:
     except ImportError:
         tv = "absent"
     print(f"torch {torch.__version__}, triton {tv}, device={a.device} "
-          f"{torch.cuda.get_device_name() if a.device.startswith('cuda') else 'cpu'} gfx={ident.gfx}", flush=True)
+          f"{torch.cuda.get_device_name() if a.device.startswith('cuda') else 'cpu'} gfx={ident.gfx}; "
+          f"{len(items)} shapes from {a.shapes or ['builtin']}", flush=True)
 
     build = backend.warm(lease, 1800.0)  # the worker's compile lane: every config once, with and without bias
     compile_s = build["seconds"]
     print(f"compile lane: {compile_s:.1f} s, ok={build['ok']}: {build['output_tail'][:2000]}", flush=True)
-    if backend.device.type == "cuda":
+    if a.kernels and backend.device.type == "cuda":
         for bias in ("False", "True"):
             s0 = next((x["shape"] for x in items if x["shape"]["bias"] == bias), None)
-            if s0 is None:
-                continue
-            try:
-                for name, ks in library_kernels(backend, s0).items():
-                    print(f"kernels M={s0['M']} N={s0['N']} K={s0['K']} bias={bias} {name}: {ks}", flush=True)
-            except Exception as e:  # noqa: BLE001  (a diagnostic; the races do not need it)
-                print(f"kernels: profiler failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            for name, ks in (library_kernels(backend, s0).items() if s0 else ()):
+                print(f"kernels M={s0['M']} N={s0['N']} K={s0['K']} bias={bias} {name}: {ks}", flush=True)
 
     rows = []
     default_schedule = backend.schedule
@@ -184,7 +264,7 @@ def main() -> None:
              "candidates": len(ex.candidates), "ex_fastest": ex.race["fastest"], "ex_winner": ex.kernel_name,
              "ex_us": best, "ex_win_us": win_us, "default_us": ex_us.get(DEFAULT), "hv_winner": hv.kernel_name,
              "hv_vs_win": hv_vs_win, "hv_vs_fastest": hv_vs_fastest, "hv_us": hv.us, "hv_default_us": hv.default_us,
-             "ex_status": ex.status, "hv_status": hv.status,
+             "ex_status": ex.status, "hv_status": hv.status, "hv_resampled": hv.race["resampled"],
              "ex_sampled_s": ex.race["sampled_s"], "hv_sampled_s": hv.race["sampled_s"],
              "ex_samples": ex.race["samples"], "hv_samples": hv.race["samples"],
              "hv_finalists": hv.race["finalists"], "ex_wall_s": ex_wall, "hv_wall_s": hv_wall,
@@ -204,13 +284,24 @@ def main() -> None:
             # how far each contender's time relative to the default moves between the two races
             r["ratio_moves"] = [abs((ex_us[c] / d1) / (us2[c] / d2) - 1) for c in ex_us
                                 if c in us2 and c != DEFAULT and d1 and d2 and ex_us[c] <= 1.05 * best]
+        if a.confirm:
+            r["confirm"] = confirmation(backend, batch, item, hv, inputs, a.repeats)
         rows.append(r)
+        cf = r.get("confirm")
         print(f"{r['M']:>5} {r['N']:>6} {r['K']:>6} c={r['candidates']:>2} ex={ex.kernel_name:<34} {win_us:9.2f}us "
               f"hv={hv.kernel_name:<34} x-race {hv_vs_win:6.3f} h2h {referee:6.3f} fin={r['hv_finalists']:>2} "
               f"gpu {r['hv_sampled_s'] / r['ex_sampled_s']:.3f} wall {hv_wall:5.2f}/{ex_wall:5.2f}s "
-              f"{hv.status}" + (f" ex2={r['ex2_winner']} {r['ex2_vs_win']:.3f}" if a.repeat_exhaustive else ""),
-              flush=True)
+              f"{hv.status}" + (f" ex2={r['ex2_winner']} {r['ex2_vs_win']:.3f}" if a.repeat_exhaustive else "")
+              + (f" | confirm {cf['winner']} h2h {cf['h2h']:.3f} gpu {cf['sampled_s'] / r['hv_sampled_s']:.3f} "
+                 f"({len(cf['raced'])} raced)" if cf else ""), flush=True)
+    up = upgrade(backend, batch, items[:len(rows)], rows) if a.confirm else None
+    summary = report(rows, compile_s, default_schedule, schedules, a, backend, up)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"compile_s": compile_s, "summary": summary, "rows": rows,
+                                           "upgrade": up}, indent=1))
 
+
+def report(rows: list[dict], compile_s: float, default_schedule: Schedule, schedules: dict, a, backend, up) -> dict:
     n = len(rows)
     same = sum(r["hv_winner"] == r["ex_winner"] for r in rows)
     same_fastest = sum(r["hv_winner"] == r["ex_fastest"] for r in rows)
@@ -219,6 +310,8 @@ def main() -> None:
     h2h = sum(r["referee"] <= 1.01 for r in rows)
     gpu = sum(r["hv_sampled_s"] for r in rows) / sum(r["ex_sampled_s"] for r in rows)
     wall = sum(r["hv_wall_s"] for r in rows) / sum(r["ex_wall_s"] for r in rows)
+    gpu_each = [r["hv_sampled_s"] / r["ex_sampled_s"] for r in rows]
+    wall_each = [r["hv_wall_s"] / r["ex_wall_s"] for r in rows]
     sp_ex = statistics.geometric_mean([r["default_us"] / r["ex_us"] for r in rows if r["default_us"]])
     sp_hv = statistics.geometric_mean([r["default_us"] / (r["hv_vs_fastest"] * r["ex_us"]) for r in rows
                                        if r["default_us"]])
@@ -226,31 +319,37 @@ def main() -> None:
     rows_hv = sum(r["hv_status"] == "ok" for r in rows)
     cands = [r["candidates"] for r in rows]
     triton_n = [sum(c["name"].startswith("triton_") for c in r["ex_candidates"]) for r in rows]
+    worst = max(r["referee"] for r in rows)
     print()
     print(f"shapes {n}; candidates per shape {min(cands)}..{max(cands)} (Triton configs {min(triton_n)}.."
           f"{max(triton_n)}); compile lane {compile_s:.1f} s")
     print(f"exhaustive: wall {sum(r['ex_wall_s'] for r in rows):.1f} s ({sum(r['ex_wall_s'] for r in rows) / n:.2f} "
           f"s/shape), sampled GPU {sum(r['ex_sampled_s'] for r in rows):.2f} s, samples {sum(r['ex_samples'] for r in rows)}")
+    fins = [r["hv_finalists"] for r in rows]
     print(f"halving:    wall {sum(r['hv_wall_s'] for r in rows):.1f} s ({sum(r['hv_wall_s'] for r in rows) / n:.2f} "
           f"s/shape), sampled GPU {sum(r['hv_sampled_s'] for r in rows):.2f} s, samples {sum(r['hv_samples'] for r in rows)}, "
-          f"finalists per shape {statistics.mean(r['hv_finalists'] for r in rows):.1f}")
+          f"finalists per shape {statistics.mean(fins):.1f} (max {max(fins)}); contested ties re-sampled on "
+          f"{sum(r['hv_resampled'] for r in rows)} shapes; eager screen batches timed again because the GPU idled "
+          f"(launch gaps) {backend.timer.outran}/{backend.timer.eager_batches}, their {backend.timer.discarded_s:.3f} "
+          f"GPU s counted in halving's")
+    print(per_shape("sampled GPU halving/exhaustive", gpu_each, gpu))
+    print(per_shape("wall halving/exhaustive", wall_each, wall))
     print(f"same winner (after the tie rule) {same}/{n}; halving picked the exhaustive fastest {same_fastest}/{n}")
     print(f"winner vs default ({DEFAULT}) geomean, by the exhaustive timings: exhaustive fastest {sp_ex:.3f}, "
           f"halving winner {sp_hv:.3f}")
     print(f"rows that help (>= 3% over the default): exhaustive {rows_ex}/{n}, halving {rows_hv}/{n}; "
           f"the rest 'default is best'")
-    print(f"median per-sample sigma {statistics.median(r['sigma'] for r in rows if r['sigma'] is not None):.4f}")
+    sigmas = [r["sigma"] for r in rows if r["sigma"] is not None]
+    print(f"median per-sample sigma (robust) {statistics.median(sigmas):.4f}")
     print(f"cross-race (the halving pick as the exhaustive race timed it): within 1% of the exhaustive winner "
           f"(tie rule applied) {within}/{n}; of the exhaustive fastest (no tie rule) {within_fastest}/{n}")
     if a.repeat_exhaustive:
         moves = sorted(m for r in rows for m in r["ratio_moves"])
-        q = (lambda f: moves[min(len(moves) - 1, int(f * len(moves)))]) if moves else (lambda f: math.nan)
         print(f"cross-race ceiling (a second exhaustive race's pick as the first timed it): within 1% "
               f"{sum(r['ex2_vs_win'] <= 1.01 for r in rows)}/{n}; same winner "
               f"{sum(r['ex2_winner'] == r['ex_winner'] for r in rows)}/{n}")
         print(f"between the two exhaustive races, contenders' (within 5% of the fastest) time / default time moved "
-              f"by median {q(0.5):.4f}, p90 {q(0.9):.4f}, p99 {q(0.99):.4f}, max {moves[-1] if moves else math.nan:.4f} "
-              f"({len(moves)} pairs)")
+              f"by median {q(moves, 0.5):.4f}, p90 {q(moves, 0.9):.4f}, p99 {q(moves, 0.99):.4f} ({len(moves)} pairs)")
     for v in (v for v in schedules if v != "halving"):
         xs = [r["variants"][v] for r in rows]
         print(f"schedule {v} {VARIANTS[v]}: sampled GPU ratio "
@@ -261,13 +360,33 @@ def main() -> None:
     differ = [r for r in rows if r["hv_winner"] != r["ex_winner"]]
     print(f"head to head (where the picks differ, both re-timed together: 2 captures each, shuffled interleave, "
           f"L2 flushed): halving pick within 1% of the exhaustive pick on {h2h}/{n} shapes ({len(differ)} differing "
-          f"picks; worst {max([r['referee'] for r in differ] or [1.0]):.3f})")
+          f"picks; worst {worst:.3f}; more than 3% slower: {sum(r['referee'] > 1.03 for r in rows)})")
     print(f"halving schedule {default_schedule}")
-    print("the line's 'within 1%' is the head-to-head figure: it compares the two picks in one measurement; the "
-          "cross-race figure also counts the noise between two separate races (see its ceiling above)")
-    print(f"early-stop: sampled GPU ratio {gpu:.3f}; wall ratio {wall:.3f}; within 1% {h2h}/{n} shapes")
-    if a.out:
-        Path(a.out).write_text(json.dumps({"compile_s": compile_s, "rows": rows}, indent=1))
+    summary = {"shapes": n, "gpu_ratio": gpu, "wall_ratio": wall, "gpu_median": q(gpu_each, 0.5),
+               "gpu_p90": q(gpu_each, 0.9), "wall_median": q(wall_each, 0.5), "wall_p90": q(wall_each, 0.9),
+               "within_1pct": h2h, "worst_h2h": worst, "finalists_mean": statistics.mean(fins)}
+    if a.confirm:
+        cfs = [r["confirm"] for r in rows]
+        cf_gpu = sum(c["sampled_s"] for c in cfs) / sum(r["hv_sampled_s"] for r in rows)
+        cf_each = [c["sampled_s"] / r["hv_sampled_s"] for c, r in zip(cfs, rows)]
+        cf_wall = [c["wall_s"] / r["hv_wall_s"] for c, r in zip(cfs, rows)]
+        cf_within = sum(c["h2h"] <= 1.01 for c in cfs)
+        print(f"confirmation race (default + incumbent = the halving winner + the halving top 3; "
+              f"{statistics.mean(len(c['raced']) for c in cfs):.1f} raced per shape, all confirm: "
+              f"{all(c['kind'] == 'confirm' for c in cfs)}): same winner as the halving race "
+              f"{sum(c['winner'] == r['hv_winner'] for c, r in zip(cfs, rows))}/{n}; head to head within 1% of "
+              f"the halving winner {cf_within}/{n} (worst {max(c['h2h'] for c in cfs):.3f})")
+        print(per_shape("sampled GPU confirmation/halving", cf_each, cf_gpu))
+        print(per_shape("wall confirmation/halving", cf_wall, sum(c["wall_s"] for c in cfs) /
+                        sum(r["hv_wall_s"] for r in rows)))
+        summary.update(confirm_gpu_ratio=cf_gpu, confirm_gpu_median=q(cf_each, 0.5), confirm_within_1pct=cf_within,
+                       upgrade_lost=sum(g["lost"] for g in up["shapes"]), upgrade_exact=up["exact"])
+        print(f"confirm: sampled GPU ratio {cf_gpu:.3f} (per shape median {q(cf_each, 0.5):.3f}); within 1% "
+              f"{cf_within}/{n}; upgrade re-raced exactly the {summary['upgrade_lost']} shapes that lost their "
+              f"kernel: {up['exact']}")
+    print(f"early-stop: sampled GPU ratio {gpu:.3f}; wall ratio {wall:.3f} (per shape median {q(wall_each, 0.5):.3f},"
+          f" p90 {q(wall_each, 0.9):.3f}); within 1% {h2h}/{n} shapes; worst pick {worst:.3f}")
+    return summary
 
 
 if __name__ == "__main__":

@@ -95,3 +95,19 @@ def test_the_compile_lane_runs_the_tuner_once_on_one_shape(standin):
     report = backend.warm(lease(1, 32), 120.0)
     assert report["ok"] and 0 < report["seconds"] < 120 and "Tuning Finished" in report["output_tail"]
     assert AiterBackend(root=standin, python=sys.executable, poll_s=0.05).warm(lease(1), 0.01)["ok"] is False
+
+
+def test_a_carried_shape_confirms_its_incumbent_through_run_config(standin, monkeypatch):
+    """Issue 24: the incumbent and the old finalists are confirmed through --run_config with their rows from
+    this image's screen, even where the screen alone would not have kept them (kernel 6); a name the image
+    lacks is not. The incumbent keeps a gain inside `incumbent_tie` (widened here to 6%: the stand-in's
+    kernels are 4-9% apart end to end). Guards with_carried and the incumbent tie in AiterBackend._two_phase."""
+    monkeypatch.setenv("STANDIN_DEFAULT_US", "1000")
+    lease_ = lease(1, 32)
+    lease_["shapes"][0].update(incumbent="standin_kernel_6", finalists=["standin_kernel_6", "gone_kernel"])
+    lease_["shapes"][1].update(incumbent="standin_kernel_1", finalists=["standin_kernel_1"])
+    seen, _ = race(standin, lease_, incumbent_tie=0.06)
+    carried, tie = seen
+    assert "standin_kernel_6" in carried.race["confirmed"] and "gone_kernel" not in carried.race["confirmed"]
+    assert carried.kernel_name == "standin_kernel_0"  # 9% faster than the incumbent end to end: overturned
+    assert tie.kernel_name == "standin_kernel_1" and tie.status == "ok"  # kernel 0 is 4% faster: a tie here

@@ -14,6 +14,9 @@ key, base_tuner.py:1372), plus one bare --run_config for the default path the im
 the fastest confirmed finalist by AITER's end-to-end time; a row is posted only when it beats the default by
 --min_improvement_pct (3%), the rule of --compare --update_improved; otherwise the shape is "default is best".
 Both phases stay inside the lease budget: the screen gets `screen_share` of it, each --run_config the rest.
+A shape carried over an image upgrade (lease `incumbent`/`finalists`, issue 24) also confirms those kernels
+through --run_config, and its incumbent keeps a gain under `incumbent_tie`; the screen still runs, since the
+lease names kernels, not the tuned rows --run_config replays (`with_carried`).
 """
 
 from __future__ import annotations
@@ -165,6 +168,21 @@ def finalists(rows: list[dict[str, str]], top_k: int, band: float, cap: int) -> 
     return [r for i, r in enumerate(rows) if i < top_k or (_us(r) or math.inf) <= lead * (1 + band)][:cap]
 
 
+def _kernel(row: dict[str, str]) -> str | None:
+    return row.get("kernelName") or row.get("kernelId")
+
+
+def with_carried(fin: list[dict[str, str]], rows: list[dict[str, str]], names: list[str] | None
+                 ) -> list[dict[str, str]]:
+    """A shape carried over an image upgrade (issue 24) also confirms its incumbent and the old race's
+    finalists through --run_config, using their rows from this image's screen (the lease names kernels, not
+    rows: --run_config needs the tuned row's kernelId/splitK, so the screen cannot be skipped). A name the
+    screen did not pass (gone from the image, or wrong) has no row and is not confirmed."""
+    have = {_kernel(r) for r in fin}
+    extra = [r for r in rows if _kernel(r) in set(names or ()) - have]
+    return fin + list({_kernel(r): r for r in extra}.values())
+
+
 class AiterBackend:
     name = "aiter"
     families = TUNABLE
@@ -173,12 +191,13 @@ class AiterBackend:
                  margin_s: float = 5.0, extra: tuple[str, ...] = (), two_phase: bool = True,
                  screen_warmup: int = 2, screen_iters: int = 10, screen_share: float = 0.6, top_k: int = 2,
                  band: float = 0.05, max_finalists: int = 4, err_max: float = 0.05,
-                 min_improvement_pct: float = 3.0):
+                 min_improvement_pct: float = 3.0, incumbent_tie: float = 0.01):
         self.root = root or default_aiter_root()
         self.mp, self.python, self.poll_s, self.margin_s, self.extra = mp, python, poll_s, margin_s, extra
         self.two_phase, self.screen_warmup, self.screen_iters = two_phase, screen_warmup, screen_iters
         self.screen_share, self.top_k, self.band, self.max_finalists = screen_share, top_k, band, max_finalists
         self.err_max, self.min_improvement_pct = err_max, min_improvement_pct
+        self.incumbent_tie = incumbent_tie  # a confirmed incumbent keeps a gain under this (the torch tie floor)
 
     def run(self, batch: Batch, emit: Emit) -> None:
         if self.root is None:
@@ -231,7 +250,10 @@ class AiterBackend:
             return  # abandoned: the agent releases the rest
         tail = lines[-40:]
         ranked = self._screened(family, lease, profile)
-        fin = {sid: finalists(rows, self.top_k, self.band, self.max_finalists) for sid, rows in ranked.items()}
+        carried = {item["shape_id"]: [n for n in (item.get("incumbent"), *(item.get("finalists") or [])) if n]
+                   for item in lease["shapes"]}
+        fin = {sid: with_carried(finalists(rows, self.top_k, self.band, self.max_finalists), rows, carried.get(sid))
+               for sid, rows in ranked.items()}
         scratch = tmp / "scratch_tuned.csv"  # -o for --run_config: nothing skipped, nothing of the image touched
         default: dict[int, dict[str, Any]] = {}
         confirmed: dict[int, list[tuple[dict[str, str], dict[str, Any]]]] = {}
@@ -263,6 +285,9 @@ class AiterBackend:
             elapsed = time.monotonic() - t0
             if confirmed.get(sid):
                 row, bench = min(confirmed[sid], key=lambda x: x[1]["e2e_us"])
+                inc = next((x for x in confirmed[sid] if _kernel(x[0]) == item.get("incumbent")), None)
+                if inc is not None and bench["e2e_us"] >= inc[1]["e2e_us"] * (1 - self.incumbent_tie):
+                    row, bench = inc  # a gain inside the tie floor does not overturn a carried row
                 d = default.get(sid) or {}
                 res = result_from_row(family, lease, sid, row, elapsed, started)
                 res.us, res.default_us = bench["e2e_us"], d.get("e2e_us")  # AITER's --compare compares e2e
@@ -277,6 +302,7 @@ class AiterBackend:
                 res = ShapeResult(sid, "failed", error=why[-4000:], elapsed_s=elapsed, started_at=started,
                                   finished_at=now_iso())
             res.candidates = cands[:10_000]
+            res.race = {"confirmed": [_kernel(r) for r, _ in confirmed.get(sid, [])]}
             emit(res)
 
     def _screened(self, family: TableFamily, lease: dict[str, Any], profile: Path) -> dict[int, list[dict[str, str]]]:
