@@ -20,7 +20,8 @@ from workers import image_tables, verify
 
 SRC = aiter_src()
 if SRC is None:
-    pytest.skip("VERIFY --engagement TESTS SKIPPED: no AITER sources (TUNER_AITER_SRC or ../shared/aiter-src)",
+    pytest.skip("VERIFY --engagement TESTS SKIPPED: no AITER sources (TUNER_AITER_SRC, ../shared/aiter-src, "
+                "tests/fixtures/aiter/src)",
                 allow_module_level=True)
 
 CELLS = {
