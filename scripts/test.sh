@@ -49,4 +49,7 @@ if [ -z "${TUNER_TEST_PG_URL:-}" ]; then
     exit 1
   fi
 fi
+# Types first ([tool.mypy] in pyproject.toml): a type error fails the run before any test starts.
+echo "mypy app workers"
+.venv/bin/python -m mypy app workers
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

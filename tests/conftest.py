@@ -60,34 +60,44 @@ def _downloaded(what: str) -> Path:
     return cached
 
 
-def aiter_src() -> Path:
-    """AITER's own sources for differential tests, from one setting: TUNER_AITER_SRC, else ../shared/aiter-src
-    beside the checkout, else a download of ROCm/aiter at AITER_COMMIT cached in .cache/. Skips the calling test
-    (and says so in the terminal summary) when none of these is there."""
+VENDORED_SRC = ROOT / "tests" / "fixtures" / "aiter" / "src"  # the files of AITER_COMMIT the tests read (SOURCES.csv)
+
+
+def _local_trees() -> list[Path]:
+    """AITER's sources at hand, in order: TUNER_AITER_SRC, ../shared/aiter-src beside the checkout, the vendored
+    copy in tests/fixtures/aiter/src (every file these tests read, so a fresh clone needs no network)."""
     if os.environ.get("TUNER_AITER_SRC"):
-        return Path(os.environ["TUNER_AITER_SRC"])
+        return [Path(os.environ["TUNER_AITER_SRC"])]
     shared = ROOT.parent / "shared" / "aiter-src"
-    if shared.is_dir():
-        return shared
+    return [t for t in (shared, VENDORED_SRC) if t.is_dir()]
+
+
+def aiter_src() -> Path:
+    """AITER's own sources for differential tests: the first of _local_trees(), else a download of ROCm/aiter at
+    AITER_COMMIT cached in .cache/ (a last resort: the vendored copy makes it unneeded). Skips the calling test
+    (and says so in the terminal summary) when none of these is there."""
+    if trees := _local_trees():
+        return trees[0]
     cached = _downloaded("")
     if not cached.is_dir():
-        pytest.skip(f"AITER's sources not found (TUNER_AITER_SRC, ../shared/aiter-src, download: "
+        pytest.skip(f"AITER's sources not found (TUNER_AITER_SRC, ../shared/aiter-src, {VENDORED_SRC}, download: "
                     f"{_AITER_SRC_MISSING[0]})")
     return cached
 
 
 def aiter_tree_with(*rels: str) -> Path:
-    """AITER's sources holding the files rels: aiter_src() where it has them (../shared/aiter-src carries only part
-    of the tree), else the download of the same pinned commit. Skips loudly, as aiter_src() does, when neither has
-    them."""
-    src = aiter_src()
-    if all((src / r).exists() for r in rels):
-        return src
+    """AITER's sources holding the files rels: the first of _local_trees() that has them all (../shared/aiter-src
+    carries only part of the tree), else the download of the same pinned commit. Skips loudly, as aiter_src()
+    does, when none has them."""
+    trees = _local_trees()
+    for src in trees:
+        if all((src / r).exists() for r in rels):
+            return src
     cached = _downloaded(f"{', '.join(rels)}: ")
     if all((cached / r).exists() for r in rels):
         return cached
     if not _AITER_SRC_MISSING:
-        _AITER_SRC_MISSING.append(f"{', '.join(rels)} not both in {src} and in {cached}")
+        _AITER_SRC_MISSING.append(f"{', '.join(rels)} not in {', '.join(map(str, trees))} nor in {cached}")
     pytest.skip(f"AITER's sources not found: {', '.join(rels)} ({_AITER_SRC_MISSING[0]})")
 
 
@@ -104,9 +114,9 @@ def pytest_terminal_summary(terminalreporter):
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if "AITER's sources not found" in str(r.longrepr)]
     terminalreporter.write_line(
         f"!!!!! AITER's sources not found ({_AITER_SRC_MISSING[0]}): {len(skipped)} tests SKIPPED, differential "
-        f"tests ran without the current release (or without the families whose lookup files are missing; "
-        f"../shared/aiter-src holds only part of the tree). Set TUNER_AITER_SRC=<a ROCm/aiter checkout at "
-        f"{AITER_COMMIT[:10]}> or put it at ../shared/aiter-src.", red=True, bold=True)
+        f"tests ran without the current release (or without the families whose lookup files are missing). "
+        f"Set TUNER_AITER_SRC=<a ROCm/aiter checkout at {AITER_COMMIT[:10]}>, or restore {VENDORED_SRC} "
+        f"(SOURCES.csv there).", red=True, bold=True)
 
 
 def engines() -> list[str]:

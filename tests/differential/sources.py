@@ -1,5 +1,5 @@
 """Where the differential tests find AITER: the current release through tests/conftest.py's one setting
-(TUNER_AITER_SRC, ../shared/aiter-src, pinned download), the older release from its wheel on the registry."""
+(TUNER_AITER_SRC, ../shared/aiter-src, tests/fixtures/aiter/src, pinned download), the older release from its wheel on the registry."""
 
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         pytest.skip(f"{rel_name}: the {family_name} op only logs its Python lookup; its compiled table decides")
     if not _tuned_files(configs, family):
         pytest.skip(f"{rel_name} ships no {family_name} table")
-    if src is None:  # the current release: ../shared/aiter-src or the pinned download, whichever has the lookup
+    if src is None:  # the current release: the first local tree with the lookup (conftest)
         cpp = [f"csrc/{family.tuner_script.split('/')[1]}"] if family.cpp_key and family.tuner_script else []
         src = tree_with(family.aiter_lookup.split(":")[0], *cpp)
         csrc = src / "csrc"

@@ -52,7 +52,7 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
     # the dead worker's lease expires (TTL 6 s without heartbeats); the rest is re-leased by worker B,
     # which takes budget-sized batches of the measured cost, so the campaign needs several
     # with no lease request coming, the server's own sweeper requeues them (dashboard and metrics see it)
-    back = wait_for(lambda: (s := campaign(c, cid))["leased"] == 0 and s, timeout=20, every=0.5)
+    back = wait_for(lambda: (s := campaign(c, cid))["leased"] == 0 and s, timeout=120, every=0.5)
     assert back["queued"] == len(SHAPES) - len(tuned_before)
     # B's budget is 2.5 times the cost A measured (as the service estimates it), so its first batch holds two
     # shapes on any machine; a fixed 1.5 s took all seven at once where a shape costs under 0.21 s (this

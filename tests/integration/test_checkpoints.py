@@ -4,12 +4,12 @@ the database file and waits on the disk while it holds the one write lock (app/d
 from __future__ import annotations
 
 import sqlite3
-import time
+import struct
 
 import httpx
 
 from app.db.session import Database
-from tests.conftest import ADMIN, DIGEST, start_server
+from tests.conftest import ADMIN, DIGEST, start_server, wait_for
 
 PAGE = 4096
 
@@ -28,6 +28,14 @@ def _wal_pages(path) -> int:  # type: ignore[no-untyped-def]
     """Pages in the WAL since it last restarted, as a separate connection sees them (and then copies them)."""
     with sqlite3.connect(path) as c:
         return c.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+
+
+def _all_copied(path) -> bool:  # type: ignore[no-untyped-def]
+    """Every WAL frame is copied into the database file (the wal-index header in the -shm file: mxFrame at byte
+    16, nBackfill at byte 96, native order; sqlite.org/walformat.html), read without checkpointing anything."""
+    head = (path.parent / (path.name + "-shm")).read_bytes()[:100]
+    frames, copied = struct.unpack("=I", head[16:20])[0], struct.unpack("=I", head[96:100])[0]
+    return frames > 0 and copied == frames
 
 
 def test_requests_leave_checkpoints_to_the_background(tmp_path):
@@ -59,7 +67,8 @@ def test_the_serving_process_checkpoints_every_second(tmp_path):
         r = httpx.post(srv.url + "/v1/captures", content=text, params=params, timeout=120,
                        headers={**auth, "content-type": "text/csv"})
         assert r.status_code == 201, r.text
-        time.sleep(2.5)  # the background checkpointer copies the capture's pages (over 1,000) meanwhile
+        # the background checkpointer copies the capture's pages (over 1,000); a hang guard only, no sleep
+        wait_for(lambda: _all_copied(path), timeout=120, every=0.1)
         r = httpx.post(srv.url + "/v1/captures", content=head + "1,64,8192,False,torch.bfloat16,torch.bfloat16,"
                        "False,False\n", params=params, headers={**auth, "content-type": "text/csv"})
         assert r.status_code == 201, r.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -203,19 +203,25 @@ def test_expired_lease_gives_its_shapes_back(client, settings):
     assert [(st, bool(v)) for st, v in kept] == [("superseded", False)] and "kept as a record" in late.text
 
 
+def _sleep_until(t: datetime) -> None:
+    time.sleep(max(0.0, (t - datetime.now(timezone.utc)).total_seconds()))
+
+
 def test_heartbeat_extends_but_never_past_budget_and_grace(client, settings):
-    settings.lease_ttl_s, settings.lease_grace_s = 1.0, 0.5
+    """Each step waits for a moment the lease's own times name, with seconds to spare either side, so a loaded
+    machine's slow request still lands in the window meant (a 1 s TTL left a request 0.2 s of slack)."""
+    settings.lease_ttl_s, settings.lease_grace_s = 3.0, 1.0
     capture(client, shapes(1))
-    body = lease(client, budget_s=1.0).json()  # hard deadline: lease + 1.5 s
+    body = lease(client, budget_s=3.0).json()  # hard deadline: lease + 4 s
     hard, first = datetime.fromisoformat(body["hard_deadline"]), datetime.fromisoformat(body["expires_at"])
     assert first < hard
     time.sleep(0.3)
     r = client.post(f"/v1/leases/{body['lease_id']}/heartbeat")
     assert r.status_code == 200 and datetime.fromisoformat(r.json()["expires_at"]) > first  # extended
-    time.sleep(0.5)  # now + ttl is past the hard deadline: the heartbeat is capped at it
+    _sleep_until(hard - timedelta(seconds=settings.lease_ttl_s - 0.1))  # now + ttl is past the hard deadline
     r = client.post(f"/v1/leases/{body['lease_id']}/heartbeat")
-    assert r.status_code == 200 and datetime.fromisoformat(r.json()["expires_at"]) == hard
-    time.sleep(max(0.0, (hard - datetime.now(timezone.utc)).total_seconds()) + 0.2)
+    assert r.status_code == 200 and datetime.fromisoformat(r.json()["expires_at"]) == hard  # capped at it
+    _sleep_until(hard + timedelta(seconds=0.2))
     assert client.post(f"/v1/leases/{body['lease_id']}/heartbeat").status_code == 409
 
 
