@@ -101,6 +101,7 @@ def _bearer_in_openapi(app: FastAPI) -> None:
                 "type": "http", "scheme": "bearer",
                 "description": "an API token (`aiter-tuner token create`, or the admin token at start)"}
             schema["security"] = [{"bearer": []}, {}]
+        assert app.openapi_schema is not None  # made() keeps the schema it builds there
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
