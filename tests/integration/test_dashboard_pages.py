@@ -80,7 +80,8 @@ def test_a_campaign_the_default_won_says_why_its_overlay_is_empty_and_plots_what
     for item in body["shapes"]:  # the default won each shape: tuned, no row (what a CPU quick start ends with)
         r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
             "shape_id": item["shape_id"], "backend": "torch", "status": "default_best", "us": 5000.0,
-            "default_us": 5000.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": 1.0})
+            "default_us": 5000.0, "err_ratio": 0.0, "kernel_name": "torch_linear", "elapsed_s": 1.0,
+            "candidates": [{"name": "torch_linear", "us": 5000.0}]})
         assert r.status_code == 200, r.text
     page = client.get(f"/campaigns/{cid}").text
     assert "Nothing to deploy yet" in page and "the\ndefault path AITER takes today won" in page

@@ -82,7 +82,8 @@ def test_a_confirmation_race_gets_the_incumbent_and_the_parents_top_kernels_and_
         if m in ("4", "8"):
             k = item["incumbent"]
         res = ok_row(body, item, us, kernelName=k)
-        res.update(kernel_name=k, default_us=us * 2)
+        res.update(kernel_name=k, default_us=us * 2, candidates=[{"name": k, "us": us},
+                                                                 {"name": "torch_linear", "us": us * 2}])
         r = client.post(f"/v1/leases/{body['lease_id']}/results", json=res)
         assert r.status_code == 200, r.text
         assert r.json()["shape_state"] == ("queued" if m == "2" else "tuned")
@@ -102,7 +103,7 @@ def test_a_default_that_beats_the_carried_row_overturns_it(client, parent):
     us = plausible_us(body, item, 2.0)
     r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
         "shape_id": item["shape_id"], "backend": "torch", "status": "default_best", "us": us, "err_ratio": 0.0,
-        "default_us": us, "elapsed_s": 1.0})
+        "default_us": us, "elapsed_s": 1.0, "candidates": [{"name": "torch_linear", "us": us}]})
     assert r.status_code == 200 and r.json()["shape_state"] == "queued"
     assert item["incumbent"] not in {r["kernelName"] for r in overlay_rows(client, NEW)}
 
@@ -131,7 +132,8 @@ def test_the_new_images_tables_and_kernels_triage_the_carried_rows_again(client,
     item = by_m["1"]
     us = plausible_us(body, item, 2.0)
     res = ok_row(body, item, us, kernelName="shipped_k")
-    res.update(kernel_name="shipped_k", default_us=us * 2)
+    res.update(kernel_name="shipped_k", default_us=us * 2, candidates=[{"name": "shipped_k", "us": us},
+                                                                       {"name": "torch_linear", "us": us * 2}])
     assert client.post(f"/v1/leases/{body['lease_id']}/results", json=res).json()["verified"] is False
     assert "1" not in {r["M"] for r in overlay_rows(client, NEW)}
     assert client.get(f"/v1/campaigns/{cid}").json()["upgrade"]["shipped_kept"] == 1
