@@ -1,5 +1,5 @@
 """Chaos during an image upgrade: a real server on a SQLite file, CPU workers (torch backend) tuning image A; once
-A is part way through (by progress), image B inherits from A while workers of both images are SIGKILLed and
+A's first workers stopped part way (after 3 leases of 2 shapes each), image B inherits from A while workers of both images are SIGKILLed and
 restarted at random. Afterwards every shape of both images is tuned, no finished result is lost, none is taken
 twice (an overturned carried row's shape has exactly its confirmation and its full race), and B's provisional
 overlay was downloadable before any capture for B. Select it with `-m chaos`; TUNER_CHAOS_SEED replays a run."""
@@ -42,14 +42,15 @@ class Fleet:
         self.kills = 0
         self.lock = threading.Lock()
 
-    def start(self, wid: str, digest: str) -> None:
+    def start(self, wid: str, digest: str, *extra: str) -> None:
         log = self.tmp / f"{wid}-{len(self.logs)}.log"
         self.logs.append(log)
         env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=self.token, OMP_NUM_THREADS="1")
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers", "--service", self.url, "--backend", "torch", "--image-digest", digest,
              "--worker-id", wid, "--budget-s", "2", "--repeats", "3", "--poll-s", "0.2", "--compile-budget-s", "0",
-             "--min-improvement-pct", "-100", "--spool-dir", str(self.tmp / "spool" / wid)],
+             "--min-improvement-pct", "-100", "--max-shapes", "2", "--spool-dir", str(self.tmp / "spool" / wid),
+             *extra],
             cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
         self.procs[wid] = (digest, proc)
 
@@ -70,11 +71,6 @@ class Fleet:
             proc.wait()
             self.kills += 1
             self.start(wid, digest)  # a restart keeps the id and its spool
-
-    def signal(self, sig: int) -> None:
-        with self.lock:
-            for _d, p in self.procs.values():
-                p.send_signal(sig)
 
     def stop(self) -> dict[str, int]:
         """SIGTERM each, once it handles SIGTERM (a worker just restarted may still be importing torch)."""
@@ -120,12 +116,12 @@ def test_an_upgrade_inherited_mid_campaign_under_kills_loses_and_doubles_nothing
             fleet.kill_one(rng)
     killer = threading.Thread(target=kills)
     try:
+        for i in range(2):  # A's first workers stop after 3 leases of 2 shapes: the inherit lands mid-campaign
+            fleet.start(f"a-{i}", DIGEST, "--max-batches", "3")
+        wait_for(lambda: all(p.poll() is not None for _d, p in fleet.procs.values()), timeout=300, every=0.3)
+        r = admin.post(f"/v1/images/{OTHER_DIGEST}/inherit", json={"from": DIGEST})
         for i in range(2):
             fleet.start(f"a-{i}", DIGEST)
-        wait_for(lambda: campaign(srv.url, DIGEST).get("tuned", 0) >= N_SHAPES // 4, timeout=300, every=0.3)
-        fleet.signal(signal.SIGSTOP)  # A's workers frozen mid-batch: the inherit lands mid-campaign on any machine
-        r = admin.post(f"/v1/images/{OTHER_DIGEST}/inherit", json={"from": DIGEST})
-        fleet.signal(signal.SIGCONT)
         killer.start()
         assert r.status_code == 201, r.text
         (inherited,) = r.json()["campaigns"]
@@ -175,4 +171,4 @@ def test_an_upgrade_inherited_mid_campaign_under_kills_loses_and_doubles_nothing
     assert not twice, twice[:10]
     assert up["confirmed"] + up["overturned"] == up["carried"] == tuned_at_inherit
     assert set(codes.values()) == {0}, codes
-    assert fleet.kills >= 2
+    assert fleet.kills >= 1
