@@ -38,10 +38,6 @@ class Outcome(StrEnum):
     OURS_KEPT = "ours_kept"  # ours beat the shipped row in the same race: kept where ours win (the merged form)
 
 
-# triage verdicts whose shape is raced in full (no incumbent, no provisional row)
-FULL_RACE = frozenset({Triage.KERNEL_GONE, Triage.HEADER_CHANGED})
-
-
 def kernel_gone(kernel: str | None, catalog: Collection[str] | None) -> bool:
     """A row's kernel (fmoe's are two, joined by '+') that the image's catalog lacks; None: no catalog reported
     for the family, so nothing is known gone."""
@@ -79,6 +75,11 @@ def finalists(incumbent: str | None, candidates: Iterable[dict], top: int = TOP,
     return out
 
 
+def incumbent(finalists: list[str] | None) -> str | None:
+    """The kernel a confirmation race confirms: the first of a shape's finalists (None: a full race)."""
+    return finalists[0] if finalists else None
+
+
 def settled(verdict: Triage, kernel: str | None, shipped_kernel: str | None) -> Outcome | None:
     """What triage alone decides: the new image ships the key with the very kernel ours runs (AITER upstreams
     tuned rows; 2,505 of 2,552 a8w8 bpreshuffle keys between v0.1.19 and v0.1.20), so there is nothing to race."""
@@ -105,11 +106,6 @@ def confirm(verdict: Triage, incumbent: str | None, kind: ResultKind, kernel: st
         shipped_won = won or kind is ResultKind.DEFAULT_BEST
         return Confirmation(Outcome.SHIPPED_KEPT if shipped_won else Outcome.OURS_KEPT)
     return Confirmation(Outcome.RE_RACED)
-
-
-def serves_provisionally(verdict: str | None, outcome: str | None) -> bool:
-    """A carried row is in the new image's overlay until its confirmation race decides."""
-    return verdict == Triage.CARRIED and outcome is None
 
 
 class LineageError(ValueError):

@@ -210,7 +210,7 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
         tuned_header=tuned, untuned_header=untuned,
         shapes=[LeasedShape.model_construct(shape_id=r.id, shape=r.shape, calls=r.calls,
                                             attempts=f.attempts - f.attempts_base + 1,
-                                            incumbent=(r.finalists or [None])[0], finalists=r.finalists or [])
+                                            incumbent=upgrade.incumbent(r.finalists), finalists=r.finalists or [])
                 for r, f in leased])
 
 
@@ -465,7 +465,8 @@ def _confirmation(shape, kind: ls.ResultKind, body: ResultIn) -> upgrade.Confirm
     """What this result decides for a shape inherited from the image's parent and not decided yet."""
     if not shape.triage or shape.outcome:
         return None
-    return upgrade.confirm(upgrade.Triage(shape.triage), (shape.finalists or [None])[0], kind, body.kernel_name)
+    return upgrade.confirm(upgrade.Triage(shape.triage), upgrade.incumbent(shape.finalists), kind,
+                           body.kernel_name)
 
 
 def take_result(db: Database, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE

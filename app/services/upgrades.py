@@ -164,7 +164,8 @@ def counts(s: Session, campaign_id: int) -> dict[str, Any] | None:
         .group_by(CampaignShape.triage, CampaignShape.outcome))})
 
     def n(triage: str | None = None, outcome: str | None = None) -> int:
-        return sum(v for (t, o), v in by.items() if (triage is None or t == triage) and (outcome is None or o == outcome))
+        return sum(v for (t, o), v in by.items()
+                   if (triage is None or t == triage) and (outcome is None or o == outcome))
 
     def spent(cid: int) -> float:
         return float(s.scalar(select(func.sum(Result.elapsed_s)).join(Lease, Lease.id == Result.lease_id)

@@ -61,6 +61,18 @@ class Worker:
         return FINISHED.search(self.log.read_text()) is not None
 
 
+def cpu_worker(url: str, token: str, digest: str, wid: str, spool: Path, log: Path, *extra: str
+               ) -> subprocess.Popen:
+    """A chaos worker: the torch backend on the CPU, 2 s turns of small races, every winner a row; a restart with
+    the same id and spool delivers what the killed one left."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=token, OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers", "--service", url, "--backend", "torch", "--image-digest", digest,
+         "--worker-id", wid, "--budget-s", "2", "--repeats", "3", "--poll-s", "0.2", "--compile-budget-s", "0",
+         "--min-improvement-pct", "-100", "--spool-dir", str(spool), *extra],
+        cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
 @dataclass
 class Fleet:
     """Worker processes by id; each (re)start logs to its own file, a restart keeps the id and its spool."""
@@ -79,12 +91,7 @@ class Fleet:
     def start(self, wid: str) -> None:
         log = self.tmp / f"{wid}-{len(self.logs)}.log"
         self.logs.append(log)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=self.token, OMP_NUM_THREADS="1")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers", "--service", self.url, "--backend", "torch", "--image-digest", DIGEST,
-             "--worker-id", wid, "--budget-s", "2", "--repeats", "3", "--poll-s", "0.2", "--compile-budget-s", "0",
-             "--min-improvement-pct", "-100", "--spool-dir", str(self.spool(wid))],
-            cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        proc = cpu_worker(self.url, self.token, DIGEST, wid, self.spool(wid), log)
         self.workers[wid] = Worker(wid, proc, log)
 
     def kill_and_restart(self, rng: random.Random) -> None:
