@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("aiter_tuner")
@@ -105,4 +106,11 @@ def install(app: FastAPI, retry_after_s: int,
         if not _is_busy(exc):
             log.warning("database unavailable: %s", str(exc.orig)[:300])
         return _problem(503, "database unavailable", "the database is busy or unavailable; retry", None,
+                        {"Retry-After": str(retry_after_s)})
+
+    @app.exception_handler(PoolTimeout)
+    async def _pool(_req: Request, exc: PoolTimeout) -> JSONResponse:
+        """Every pooled connection in use past the pool's timeout (QueuePool): busy, as a locked database is."""
+        log.warning("database pool exhausted: %s", str(exc)[:300])
+        return _problem(503, "database unavailable", "every database connection is in use; retry", None,
                         {"Retry-After": str(retry_after_s)})

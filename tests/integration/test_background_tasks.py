@@ -28,3 +28,26 @@ def test_a_failing_sweep_round_is_counted_and_the_next_one_runs(settings, monkey
         wait_for(lambda: len(rounds) >= 2, timeout=30)  # the round after the failed one ran
         metrics = c.get("/metrics").text
     assert f'aiter_tuner_background_failures_total{{task="sweep",why="{why}"}} 1.0' in metrics
+
+
+def test_every_pooled_connection_in_use_answers_503_with_retry_after(settings):
+    """The pool's own timeout (QueuePool: all pool_size + max_overflow connections checked out) is the database
+    being busy, as a lock is: 503 and Retry-After, never a 500 (the agent retries a 503)."""
+    from fastapi.testclient import TestClient
+
+    from app import main
+    with TestClient(main.create_app(settings)) as c:
+        db = c.app.state.db
+        held = []
+        try:
+            for engine in {id(e): e for e in (db.engine, db.read_engine)}.values():
+                pool = engine.pool
+                pool._timeout = 0.05  # the real pool, waiting a moment instead of 30 s
+                held += [pool.connect() for _ in range(pool.size() + pool._max_overflow)]
+            r = c.get("/v1/campaigns")
+        finally:
+            for conn in held:
+                conn.close()
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] and r.json()["title"] == "database unavailable"
+        assert c.get("/v1/campaigns").status_code == 200  # the connections back: served again
