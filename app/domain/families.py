@@ -483,9 +483,9 @@ _BF16_ARGS = (_t("M", "K", dtype="@dtype"), _t("N", "K", dtype="@dtype", attrs=(
               _t("N", dtype="@dtype", keyword="bias", if_true="bias"), OpArg(dtype="@outdtype", keyword="otype"),
               _t("1", keyword="scale_a", if_true="scaleAB"), _t("1", keyword="scale_b", if_true="scaleAB"))
 _BF16_LAUNCHERS = (("F.linear", "torch"), ("torch._scaled_mm", "torch"), ("hipb_create_extension", "hipblaslt"),
-                   ("hipb_mm", "hipblaslt"), ("aiter.wvSpltK", "skinny"), ("aiter.LLMM1", "skinny"),
-                   ("aiter.wv_splitk_small_fp16_bf16", "skinny"), ("gemm_a16w16_asm", "asm"),
-                   ("aiter.ops.flydsl.gemm_kernels.flydsl_hgemm", "flydsl"), ("_opus_tune", "opus"),
+                   ("hipb_mm", "hipblaslt"), ("aiter:wvSpltK", "skinny"), ("aiter:LLMM1", "skinny"),
+                   ("aiter:wv_splitk_small_fp16_bf16", "skinny"), ("gemm_a16w16_asm", "asm"),
+                   ("aiter.ops.flydsl.gemm_kernels:flydsl_hgemm", "flydsl"), ("_opus_tune", "opus"),
                    ("aiter.ops.triton.gemm.basic.gemm_a16w16:gemm_a16w16", "triton"))
 _BF16_OP = OpEntry("gemm_a16w16", "tuned_gemm.py:290-354", _BF16_ARGS, _BF16_LAUNCHERS)
 # int8/fp8 XQ [M,K] and WQ [N,K] of the captured weight dtype, fp32 per-token/per-channel scales

@@ -624,7 +624,7 @@ _BF16_LIBTYPES = ("torch", "skinny", "hipblaslt", "asm", "triton", "opus", "flyd
 # skinny_gemm has no branch for; a flydsl row the FlyDSL catalog does not know; a triton row with a FlyDSL name
 _BF16_CELLS = [{"libtype": lt, "solidx": "0", "splitK": "0", "kernelName": "flydsl_svc" if lt == "flydsl" else _ASM}
                for lt in _BF16_LIBTYPES for _ in range(4)]
-_BF16_CELLS += [{"libtype": "skinny", "solidx": "3", "kernelName": ""},
+_BF16_CELLS += [{"libtype": "skinny", "solidx": "3", "kernelName": _ASM},
                 {"libtype": "flydsl", "solidx": "0", "kernelName": "svc_kernel"},
                 {"libtype": "triton", "solidx": "0", "kernelName": "flydsl_svc"}, None, None]
 _BF16_SHAPES = [dict(s, bpreshuffle=("True", "False")[i % 2], scaleAB=("True", "False")[i // 2 % 2])
