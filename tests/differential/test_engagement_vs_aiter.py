@@ -623,11 +623,12 @@ _BF16_LIBTYPES = ("torch", "skinny", "hipblaslt", "asm", "triton", "opus", "flyd
 # every libtype's solfunc (tuned_gemm.py:357-602) with bpreshuffle and scaleAB on and off; a skinny row whose solidx
 # skinny_gemm has no branch for; a flydsl row the FlyDSL catalog does not know; a triton row with a FlyDSL name
 _BF16_CELLS = [{"libtype": lt, "solidx": "0", "splitK": "0", "kernelName": "flydsl_svc" if lt == "flydsl" else _ASM}
-               for lt in _BF16_LIBTYPES for _ in range(4)]
+               for lt in _BF16_LIBTYPES for _ in range(4)]  # the first 28: each bpreshuffle x scaleAB
 _BF16_CELLS += [{"libtype": "skinny", "solidx": "3", "kernelName": _ASM},
                 {"libtype": "flydsl", "solidx": "0", "kernelName": "svc_kernel"},
                 {"libtype": "triton", "solidx": "0", "kernelName": "flydsl_svc"}, None, None]
-_BF16_SHAPES = [dict(s, bpreshuffle=("True", "False")[i % 2], scaleAB=("True", "False")[i // 2 % 2])
+_BF16_SHAPES = [dict(s, bpreshuffle=("True", "False")[i % 2 if i < 28 else 1],
+                     scaleAB=("True", "False")[i // 2 % 2 if i < 28 else 1])
                 for i, s in enumerate(_distinct(len(_BF16_CELLS), M="64", K="8192", bias="False",
                                                 dtype="torch.bfloat16", outdtype="torch.bfloat16"))]
 # int8 weights (gemm_a8w8_ASM), the GPU's own fp8 and the other one (gemm_a8w8_bpreshuffle asserts), rows of every
