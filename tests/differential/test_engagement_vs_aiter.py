@@ -680,3 +680,28 @@ def test_every_gemm_family_is_probed_through_its_op():
         p.core()
         mod = p.module(family.aiter_lookup.split(":")[0])
         assert all(probe.op_function(mod, e) is not None for e in family.op_entries), family.name
+
+
+def test_an_op_that_is_a_torch_custom_op_is_probed_at_its_lookup():
+    """In a real AITER torch_compile_guard makes the op a torch custom op (called with meta tensors it runs its
+    fake): the in-image probe then calls the lookup as the op does, and says nothing of the op's own dispatch."""
+    from workers import engagement_probe as probe
+    family = get_family("a8w8_blockscale_gemm")
+    src = tree_with(family.aiter_lookup.split(":")[0])
+    p = ax.AiterProcess(src, src, ax.Identity("gfx950", 256, True), "current", src / "csrc")
+
+    def guard(*a, **k):
+        def deco(f):
+            def wrapper_custom(*a, **k):
+                raise AssertionError("a custom op called with meta tensors runs its fake, never the op")
+            return wrapper_custom
+        return deco
+    p.registry["aiter.jit.utils.torch_guard"].__dict__["torch_compile_guard"] = guard
+    mod = p.module(family.aiter_lookup.split(":")[0])
+    assert probe.op_function(mod, family.op_entries[0]) is None
+    look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None, None, p.import_module)
+    assert look.__qualname__.startswith("lookup_probe.")
+    p.registry["aiter.jit.utils.torch_guard"].__dict__["torch_compile_guard"] = lambda *a, **k: (lambda f: f)
+    p.registry.pop(mod.__name__)
+    look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None, None, p.import_module)
+    assert look.__qualname__.startswith("op_probe.")
