@@ -470,7 +470,6 @@ _FMOE_HEAD = _FMOE_OLD_KEYS + ",block_m,ksplit,us1,kernelName1,err1,us2,kernelNa
 _MNK_FILE = ("M", "N", "K", "@file")
 
 
-
 def _t(*dims: str, dtype: str = "torch.float32", keyword: str | None = None, if_true: str | None = None,
        attrs: tuple[tuple[str, str], ...] = ()) -> OpArg:
     return OpArg(dims, dtype, keyword, if_true, attrs)
@@ -529,11 +528,11 @@ _BF16_BATCHED_OP = OpEntry(
     "batched_gemm_bf16_CK", "ops/batched_gemm_op_bf16.py:107-130",
     (_t("B", "M", "K", dtype="torch.bfloat16"), _t("B", "N", "K", dtype="torch.bfloat16")),
     (("batched_gemm_bf16", "*"),))
+# a flydsl bpreshuffle kernel name the op runs: gemm_op_a8w8.py:148-151 (its spelling), or the 8-wave runner's (:178)
+_FLYDSL_A8W8_NAME = (r"(?:flydsl_bpreshuffle_8w_|flydsl_bpreshuflle_(\d+)x(\d+)x(\d+)_\w+_\w+_\w+_(\d+)x(\d+)"
+                     r"(?:x(\d+))?(?:x(\d+))?(?:_([A-Za-z][A-Za-z0-9]*))?$)")
 # x [M,G,K] fp8, wo_a [G,N,K] fp8, e8m0 scales (batched_gemm_op_a8w8.py:257-297: the unguarded impl of
 # batched_gemm_a8w8_mxscale; the table's b is G)
-# gemm_op_a8w8.py:148-151 (its spelling), or the 8-wave runner's prefix (:178)
-_FLYDSL_A8W8_NAME = (r"(?:flydsl_bpreshuffle_8w_|flydsl_bpreshuflle_(\d+)x(\d+)x(\d+)_\w+_\w+_\w+_(\d+)x(\d+)(?:x(\d+))?"
-                     r"(?:x(\d+))?(?:_([A-Za-z][A-Za-z0-9]*))?$)")
 _MXSCALE_OP = OpEntry(
     "_batched_gemm_a8w8_mxscale_impl", "ops/batched_gemm_op_a8w8.py:257-297",
     (_t("m", "b", "k", dtype="dtypes.fp8"), _t("b", "n", "k", dtype="dtypes.fp8"),
