@@ -218,6 +218,7 @@ def op_probe(mod: Any, family: Any, importer: Callable[[str], Any],
         def spy(*a, **k):
             got.append(real(*a, **k))
             return got[-1]
+        spy.__dict__ = real.__dict__  # the lookup keeps its table as an attribute of its global name (batched)
 
         def launcher(name: str, libtype: str) -> Callable:
             def launch(*a, **k):
