@@ -2,9 +2,11 @@
 the served image (AITER imported for real), and what tests/differential runs on CPU (AITER's same files with
 the hardware queries stubbed). A probe returns (hit, row) per shape; the row is the tuned row AITER uses.
 
-Which AITER function a family is looked up with is the family's data (TableFamily.aiter_lookup); the
-argument building here mirrors each op's caller (tuned_gemm.py:290-324, gemm_op_a8w8.py:646-679,
-fused_moe.py:733-904), nothing more.
+Which AITER function a family is looked up with is the family's data (TableFamily.aiter_lookup). A family with
+op_entries (the GEMMs) is probed through the op itself (op_probe: meta tensors of the shape, only its kernel
+launchers stubbed, so its own remaps, asserts and libtype branches decide); where the op is a torch custom op (a real
+AITER's torch_compile_guard) its lookup is called as the op calls it. The MoE argument building mirrors the op's
+caller (fused_moe.py:733-904), nothing more.
 """
 
 from __future__ import annotations
