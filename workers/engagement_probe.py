@@ -2,15 +2,18 @@
 the served image (AITER imported for real), and what tests/differential runs on CPU (AITER's same files with
 the hardware queries stubbed). A probe returns (hit, row) per shape; the row is the tuned row AITER uses.
 
-Which AITER function a family is looked up with is the family's data (TableFamily.aiter_lookup); the
-argument building here mirrors each op's caller (tuned_gemm.py:290-324, gemm_op_a8w8.py:646-679,
-fused_moe.py:733-904), nothing more.
+Which AITER function a family is looked up with is the family's data (TableFamily.aiter_lookup). A family with
+op_entries (the GEMMs) is probed through the op itself (op_probe: meta tensors of the shape, only its kernel
+launchers stubbed, so its own remaps, asserts and libtype branches decide); where the op is a torch custom op (a real
+AITER's torch_compile_guard) its lookup is called as the op calls it. The MoE argument building mirrors the op's
+caller (fused_moe.py:733-904), nothing more.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib
 import inspect
 import os
 import re
@@ -111,57 +114,150 @@ def libtype_dispatch(op_source: str, op: str) -> tuple[dict[str, bool], str]:
 
 
 class Launched(Exception):
-    """Raised from a stubbed kernel launcher: the op got past its lookup and chose this kernel."""
+    """Raised from a stubbed kernel launcher: the op got past its lookup and chose this kernel, which runs rows of
+    this libtype ("*": any row)."""
 
-    def __init__(self, kernel: str):
-        self.kernel = kernel
+    def __init__(self, kernel: str, libtype: str = "*"):
+        self.kernel, self.libtype = kernel, libtype
 
 
-def op_call(mod: Any, family: Any, lookup: str) -> Callable[[dict], Any]:
-    """Call the op's own entry point (family.aiter_entry) for a shape, with meta tensors (nothing allocated) and
-    its kernel launchers (family.aiter_kernels) stubbed: the op builds the lookup's arguments itself (its dtype
-    remaps, gemm_op_a8w8.py:663) and calls the lookup; returns what the lookup returned to it."""
+_ABSENT = object()
+
+
+def _target(ns: dict, target: str, importer: Callable[[str], Any]) -> tuple[Any, str]:
+    """(the object holding a launcher, its attribute name): "name" (the op module's namespace itself), "F.linear"
+    (an attribute of a name there), "package.module:name" (a module the op imports in its body)."""
+    if ":" in target:
+        modname, attr = target.split(":")
+        holder = importer(modname)
+    else:
+        head, _, attr = target.partition(".")
+        if not attr:
+            return ns, head
+        holder = ns[head]
+    *mid, last = attr.split(".")
+    for a in mid:
+        holder = getattr(holder, a)
+    return holder, last
+
+
+def _patch(holder: Any, name: str, value: Any) -> Any:
+    old = holder.get(name, _ABSENT) if isinstance(holder, dict) else getattr(holder, name, _ABSENT)
+    if isinstance(holder, dict):
+        holder[name] = value
+    else:
+        setattr(holder, name, value)
+    return old
+
+
+def _unpatch(holder: Any, name: str, old: Any) -> None:
+    if isinstance(holder, dict):
+        if old is _ABSENT:
+            holder.pop(name, None)
+        else:
+            holder[name] = old
+    elif old is _ABSENT:
+        delattr(holder, name)
+    else:
+        setattr(holder, name, old)
+
+
+def op_function(mod: Any, entry: Any) -> Callable | None:
+    """The op's own Python function, where the module holds it as written (a torch_compile_guard'ed op in a real
+    AITER is a torch custom op: called with meta tensors it runs its fake, never the op; None then)."""
+    fn = vars(mod).get(entry.function)
+    return fn if callable(fn) and getattr(fn, "__qualname__", None) == entry.function else None
+
+
+def op_args(entry: Any, s: dict, dtypes: Any) -> tuple[list, dict]:
+    """The op's arguments for a shape (OpArg): meta tensors, nothing allocated; dtypes: AITER's aiter.utility.dtypes."""
     import torch
-    ns = vars(mod)
-    op, real = ns[family.aiter_entry], ns[lookup]
+    ints = {k: int(v) for k, v in s.items() if str(v).lstrip("-").isdigit()}
 
-    def call(s: dict) -> Any:
-        got: list = []
+    def dtype(spec: str) -> Any:
+        if spec.startswith("@"):
+            return _torch_dtype(s[spec[1:]])
+        where, name = spec.split(".", 1)
+        return getattr(dtypes if where == "dtypes" else torch, name)
+    args: list = []
+    kw: dict = {}
+    for a in entry.args:
+        if a.if_true is not None and s.get(a.if_true) != "True":
+            value = None
+        elif not a.dims:
+            value = dtype(a.dtype)
+        else:
+            value = torch.empty([eval(d, {"__builtins__": {}}, ints) for d in a.dims], dtype=dtype(a.dtype),
+                                device="meta")
+            for attr, col in a.attrs:
+                if s.get(col) == "True":
+                    setattr(value, attr, True)
+        if a.keyword is None:
+            args.append(value)
+        elif value is not None:
+            kw[a.keyword] = value
+    return args, kw
+
+
+def op_probe(mod: Any, family: Any, importer: Callable[[str], Any],
+             cpp_kernel: Callable[[dict, dict], Any] | None = None) -> Probe:
+    """Call the op a server calls for the shape (family.op_entries) with meta tensors of the shape, its kernel
+    launchers stubbed (they raise Launched): the op builds the lookup's arguments itself (its remaps), and its own
+    dispatch after the lookup (libtype branches, asserts, defaults) picks the launcher. A hit: the lookup returned a
+    tuned row and the launcher reached runs that row's libtype (and, where the compiled table picks the kernel,
+    its kernel is the row's). What AITER raises propagates: the shape's verdict."""
+    ns = vars(mod)
+    lookup = family.aiter_lookup.split(":")[1]
+
+    def probe(s):
+        entry = family.op_entry(s)
+        if entry is None:
+            raise ProbeBroken(f"no op of {family.name} serves {s}")
+        op, real, got = op_function(mod, entry), ns[lookup], []
+        if op is None:
+            raise ProbeBroken(f"{entry.function} is not the op's own function here")
 
         def spy(*a, **k):
             got.append(real(*a, **k))
             return got[-1]
+        spy.__dict__ = real.__dict__  # the lookup keeps its table as an attribute of its global name (batched)
 
-        def launcher(name: str) -> Callable:
+        def launcher(name: str, libtype: str) -> Callable:
             def launch(*a, **k):
-                raise Launched(name)
+                raise Launched(name, libtype)
             return launch
-        w = _torch_dtype(s["q_dtype_w"])
-        M, N, K = int(s["M"]), int(s["N"]), int(s["K"])
-        args = (torch.empty((M, K), dtype=w, device="meta"), torch.empty((N, K), dtype=w, device="meta"),
-                torch.empty((M, 1), dtype=torch.float32, device="meta"),
-                torch.empty((N, 1), dtype=torch.float32, device="meta"))
-        saved = {n: ns[n] for n in (lookup, *family.aiter_kernels)}
-        ns[lookup] = spy
-        ns.update({n: launcher(n) for n in family.aiter_kernels})
+        args, kw = op_args(entry, s, importer("aiter.utility.dtypes"))
+        patched = [(ns, lookup, _patch(ns, lookup, spy))]
         try:
-            op(*args)
-        except Launched:
-            pass
+            for target, libtype in entry.launchers:
+                try:
+                    holder, name = _target(ns, target, importer)
+                except (KeyError, AttributeError, ImportError):
+                    continue  # not in this AITER: the op cannot reach it either (a launch of it would not stop here)
+                patched.append((holder, name, _patch(holder, name, launcher(target, libtype))))
+            op(*args, **kw)
+        except Launched as e:
+            launched = e
         else:
-            raise ProbeBroken(f"{family.aiter_entry} returned without launching any of {family.aiter_kernels}")
+            raise ProbeBroken(f"{entry.function} returned without launching any of {entry.launchers}")
         finally:
-            ns.update(saved)
+            for holder, name, old in reversed(patched):
+                _unpatch(holder, name, old)
         if not got:
-            raise ProbeBroken(f"{family.aiter_entry} launched a kernel without calling {lookup}")
-        return got[-1]
-    return call
+            raise ProbeBroken(f"{entry.function} launched {launched.kernel} without calling {lookup}")
+        cfg = got[-1]
+        tuned = cfg is not None and "us" in cfg  # bf16's lookup returns a default config without one on a miss
+        hit = tuned and launched.libtype in ("*", str(cfg.get("libtype")))
+        if hit and cpp_kernel is not None:
+            hit = cpp_kernel(s, cfg) == int(cfg["kernelId"])
+        return hit, cfg
+    return probe
 
 
 def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
-                 cpp_kernel: Callable[[dict], Any] | None = None, op_source: str | None = None,
-                 through_op: Callable[[dict], Any] | None = None) -> Probe:
-    """Any lookup whose arguments family.aiter_args names (the GEMM families). Where the op dispatches on the
+                 cpp_kernel: Callable[[dict], Any] | None = None, op_source: str | None = None) -> Probe:
+    """Any lookup whose arguments family.aiter_args names (a GEMM family whose op cannot be called here: a torch
+    custom op in a real AITER, see op_function). Where the op dispatches on the
     row's libtype (family.aiter_op), a hit needs the op to run that libtype (libtype_dispatch, from the op's
     source); where the compiled table's kernel can be told (cpp_kernel), it must be the row's (Python supplies
     only splitK)."""
@@ -174,7 +270,7 @@ def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
         return _torch_dtype(s[a]) if a == "q_dtype_w" else int(s[a])
 
     def probe(s):
-        cfg = through_op(s) if through_op is not None else fn(*(arg(s, a) for a in family.aiter_args))
+        cfg = fn(*(arg(s, a) for a in family.aiter_args))
         hit = cfg is not None
         # another op reads these rows without a libtype switch (int8 bpreshuffle rows: gemm_a8w8_ASM)
         other_op = any(s.get(c) == v for c, v in family.libtype_use_unless)
@@ -350,10 +446,19 @@ def resolved_file(core: Any, attr: str) -> str:
 
 
 def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool, gfx: str, cu_num: int,
-               csrc: Path | None, tuned_file: str | None) -> Probe:
-    """load('aiter/x.py') -> that module of the AITER at hand; enums: where ActivationType/QuantType live."""
+               csrc: Path | None, tuned_file: str | None,
+               importer: Callable[[str], Any] = importlib.import_module) -> Probe:
+    """load('aiter/x.py') -> that module of the AITER at hand; enums: where ActivationType/QuantType live;
+    importer: a module by its dotted name, as the op's own imports find it."""
     path, fn = family.aiter_lookup.split(":")
     mod = load(path)
+    cpp = None
+    if family.cpp_key is not None and csrc is not None and (tries := cpp_tries(csrc, family)) is not None:
+        cpp = cpp_kernel_of(load("aiter/jit/utils/chip_info.py"), family, tuned_file, gfx, cu_num, tries,
+                            compiled_libtype(csrc, family))
+    if family.op_entries and all(op_function(mod, e) is not None for e in family.op_entries):
+        return op_probe(mod, family, importer, cpp)
+    # where the op is a torch custom op (a real AITER's torch_compile_guard), its lookup, as the op calls it
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
     if fn == "get_2stage_cfgs":
@@ -363,16 +468,10 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
         return grouped_probe(mod, enums.ActivationType, enums.QuantType)
     if fn == "_tuned_bv":
         return gdn_probe(mod)
-    cpp = None
-    tries = cpp_tries(csrc, family) if family.cpp_key is not None and csrc is not None else None
-    if tries is not None:
-        cpp = cpp_kernel_of(load("aiter/jit/utils/chip_info.py"), family, tuned_file, gfx, cu_num, tries,
-                            compiled_libtype(csrc, family))
     op_source = None
     if family.aiter_op:  # the file AITER's lookup was compiled from holds the op
         op_source = Path(inspect.unwrap(vars(mod)[fn]).__code__.co_filename).read_text()
-    through_op = op_call(mod, family, fn) if family.aiter_entry else None  # the op builds the lookup's arguments
-    return lookup_probe(vars(mod)[fn], family, tuned_file, flydsl, cpp, op_source, through_op)
+    return lookup_probe(vars(mod)[fn], family, tuned_file, flydsl, cpp, op_source)
 
 
 def compiled_libtype(csrc: Path, family: Any) -> str | None:

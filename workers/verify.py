@@ -12,6 +12,7 @@ shows it):
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shlex
@@ -70,10 +71,10 @@ class AiterAtHand:
     flydsl: bool
     commit: str | None = None
     version: str | None = None
+    importer: Callable[[str], Any] = importlib.import_module  # a module by dotted name, as AITER's imports find it
 
 
 def import_image_aiter() -> AiterAtHand:
-    import importlib
     aiter = importlib.import_module("aiter")
     chip = importlib.import_module("aiter.jit.utils.chip_info")
     pkg = Path(aiter.__file__).resolve().parent
@@ -126,7 +127,8 @@ def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: st
             try:
                 # a lookup that resolves its table itself does so inside the probe, as in the server
                 tuned_file = resolved_file(at.core, fam.aiter_file_attr) if needs_file(fam) else None
-                look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file)
+                look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file,
+                                  at.importer)
                 for r in rows:  # a shape AITER raises on is its verdict; the next shapes are still probed
                     hit, cfg, raised = outcome(look, r["shape"])
                     found = cfg is not None and any(c in cfg for c in ("us", "kernelName1", "BV"))

@@ -219,8 +219,9 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     if lk.raises is not None:
         raise LookupRaises(lk.raises)
     if lk.misses is not None:
-        return [ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)],
-                                reason=lk.misses) for shape in shapes]
+        return _op_paths(family, cpp_at[0], [ShapeEngagement(
+            shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)], reason=lk.misses)
+            for shape in shapes])
     key_columns, rows, index, cpp = lk.key_columns, lk.rows, lk.index, lk.cpp
     if index is None:  # family.key_match == "wildcard"
         return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
@@ -236,7 +237,10 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             row = index.get(k)
             if row is None:
                 continue
-            if is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored" and not family.other_op(shape):
+            # bf16's lookup tells a FlyDSL row by its libtype alone (tuned_gemm.py:163), other families by names too
+            fly = row.get("libtype") == "flydsl" if family.flydsl_catalog else is_flydsl_row(row)
+            if (fly and not (flydsl and family.flydsl_known(row)) and family.flydsl_miss != "ignored"
+                    and not family.other_op(shape)):
                 if family.flydsl_miss == "skip":  # tuned_gemm.py:163-177: next padded-M candidate
                     skipped.append(m)
                     continue
@@ -268,13 +272,26 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             reason = _miss_reason(family, key_columns, cands[0][1], tried, lk.by_rest, closest)
             if skipped:
                 reason = (f"FlyDSL rows at {family.m_column}={skipped} are skipped (flydsl is not importable in the "
-                          f"serving image); " + reason)
+                          f"serving image, or the kernel is not in its catalog); " + reason)
             res = ShapeEngagement(raw, False, tried, reason=reason)
             raising = next((r for r in family.miss_raises if r.raises(dict(shape, gfx=gfx))), None)
             if raising is not None:
                 res.fails, res.reason = True, (f"AITER raises on a shape without a row ({raising.where}: "
                                                f"{raising.reason}): " + reason)
         out.append(res)
+    return _op_paths(family, cpp_at[0], out)
+
+
+def _op_paths(family: TableFamily, device_gfx: str, out: list[ShapeEngagement]) -> list[ShapeEngagement]:
+    """The op's own paths whatever the table holds (family.op_paths, on the device's gfx): a raise overrides any
+    verdict, a default kernel a hit."""
+    for res in out:
+        path = family.op_path(res.shape, res.row, device_gfx)
+        if path is None or (path.runs == "default" and not res.hit):
+            continue
+        res.hit, res.fails = False, path.runs == "raises"
+        res.reason = (f"AITER raises here ({path.where}: {path.reason})" if res.fails else
+                      f"the op runs its default kernel, not the row ({path.where}: {path.reason})")
     return out
 
 

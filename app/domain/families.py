@@ -7,6 +7,7 @@ aiter/tuned_gemm.py, aiter/ops/gemm_op_*.py, aiter/fused_moe.py, the csrc/*/*_tu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 # How a column's cells are read and written. AITER reads tables with pandas: ints stay ints, the
@@ -64,18 +65,21 @@ class OpRemap:
 
 
 def holds(cells: dict[str, str], cond: tuple[str, str, str]) -> bool:
-    """(column, op, value) on a row's or shape's cells: "==", "!=", "in" (value '|'-separated), "%" (the cell is a
-    multiple of value), "nonzero" (pandas' truth of the cell: an empty cell is NaN, which is true)."""
+    """(column, op, value) on a row's or shape's cells: "==", "!=", "in" / "!in" (value '|'-separated), "%" (the cell
+    is a multiple of value), "~" / "!~" (re.match), "nonzero" (pandas' truth of the cell: an empty cell is NaN, which
+    is true)."""
     col, op, val = cond
     cell = str(cells.get(col, "")).strip()
     if op == "%":
         return cell.isdigit() and int(cell) % int(val) == 0
+    if op in ("~", "!~"):  # the cell matches the regular expression value (re.match, as AITER parses names)
+        return (re.match(val, cell) is not None) == (op == "~")
     if op == "nonzero":
         try:
             return float(cell) != 0 if cell else True
         except ValueError:
             return True
-    return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|")}[op]
+    return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|"), "!in": cell not in val.split("|")}[op]
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,60 @@ class MissRaises:
     def raises(self, cells: dict[str, str]) -> bool:
         return (all(holds(cells, c) for c in self.when)
                 and not (self.unless and all(holds(cells, c) for c in self.unless)))
+
+
+@dataclass(frozen=True)
+class OpArg:
+    """An argument the probe calls the op with, built from a shape: a meta tensor (nothing allocated) of `dims`
+    (integer expressions over the shape's integer cells) and `dtype` ("torch.<name>", "dtypes.<name>": AITER's own
+    dtypes module as the op module imports it, "@<column>": the dtype the shape's cell names), with `attrs`
+    ((attribute, column): set to True where that cell is "True"); without dims, the dtype itself (an otype).
+    keyword: passed by that name, else positionally; if_true: passed only where that column's cell is "True"."""
+    dims: tuple[str, ...] = ()
+    dtype: str = "torch.float32"
+    keyword: str | None = None
+    if_true: str | None = None
+    attrs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """The op a server calls for shapes of this family (the function vLLM/SGLang call, in the lookup's file), as the
+    probe calls it: `args` from the shape, only its GPU kernel launchers replaced. launchers: (target, the row
+    libtype that launcher runs, "*": any row); a target is a name in the op module ("F.linear": an attribute of
+    one) or "package.module:name" (a module the op imports in its body). A call is a hit where the lookup returned
+    a tuned row and the launcher reached runs that row's libtype; when: the shapes this op serves (holds), the
+    first entry whose conditions hold is called."""
+    function: str
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    args: tuple[OpArg, ...]
+    launchers: tuple[tuple[str, str], ...]
+    when: tuple[tuple[str, str, str], ...] = ()
+
+    def serves(self, shape: dict[str, str]) -> bool:
+        return all(holds(shape, c) for c in self.when)
+
+
+@dataclass(frozen=True)
+class OpPath:
+    """A path the op takes whatever the table holds: it raises ("raises": an assert before its lookup or in the
+    branch that runs the row) or runs its default kernel ("default"), where every `when` condition (holds) is true of
+    the shape's cells and "gfx" (the GPU's: get_gfx_runtime), and every `row_when` one of the row the lookup found
+    (none found: the rule does not apply); a value "@fp8" is the GPU's own fp8."""
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    reason: str
+    runs: str = "raises"
+    when: tuple[tuple[str, str, str], ...] = ()
+    row_when: tuple[tuple[str, str, str], ...] = ()
+
+    def applies(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str) -> bool:
+        def at(cond: tuple[str, str, str]) -> tuple[str, str, str]:
+            col, op, val = cond
+            return col, op, "|".join(gpu_fp8(gfx) if v == GPU_FP8 else v for v in val.split("|"))
+        if self.row_when and row is None:
+            return False
+        return (all(holds(dict(shape, gfx=gfx), at(c)) for c in self.when)
+                and all(holds(row or {}, at(c)) for c in self.row_when))
 
 
 # Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
@@ -255,6 +313,10 @@ class TableFamily:
     # (the op runs its default kernel, no next-M retry), "ignored" (the lookup does not look: the row is returned and
     # the op's libtype dispatch decides)
     flydsl_miss: str = "ignored"
+    # the lookup tells a FlyDSL row by its libtype and asks the FlyDSL catalog for its kernel: one the catalog does
+    # not know is taken as flydsl absent (flydsl_miss); the catalog's names start with this (None: not asked, a
+    # FlyDSL row is told by its libtype or a flydsl_ kernel name)
+    flydsl_catalog: str | None = None
     # cells that must be filled in a deployed row, and (column, value) rows that are exempt from a column
     filled: tuple[str, ...] = ("kernelName", "libtype")
     filled_unless: tuple[tuple[str, str, str], ...] = ()  # (column, exempt if this column, equals this)
@@ -291,11 +353,13 @@ class TableFamily:
     # what the generic probe passes AITER's lookup, in order: a column (as int), "q_dtype_w" (a torch dtype),
     # "@file" (the table AITER resolved); empty for the lookups with a probe of their own (bf16, fmoe)
     aiter_args: tuple[str, ...] = ()
-    # the op's own entry point (in the lookup's file) that the probe calls with meta tensors of the shape (XQ [M,K],
-    # WQ [N,K] of q_dtype_w, fp32 scales), its kernel launchers (aiter_kernels) stubbed, so the op's own argument
-    # path (op_remaps) builds the lookup's arguments; None: the probe calls the lookup itself
-    aiter_entry: str | None = None
-    aiter_kernels: tuple[str, ...] = ()
+    # the op's own entry points (OpEntry: in the lookup's file) that the probe calls with meta tensors of the shape
+    # and its kernel launchers stubbed, so the op's own argument path (op_remaps) builds the lookup's arguments and
+    # its own dispatch after the lookup decides what runs; none: the probe calls the lookup itself
+    op_entries: tuple[OpEntry, ...] = ()
+    # paths the op takes whatever the table holds (OpPath: its asserts before the lookup and in the branch that runs
+    # the row, a row it cannot run)
+    op_paths: tuple[OpPath, ...] = ()
     # the op (in the lookup's file) that dispatches on the row's libtype; what it does is libtype_use below
     aiter_op: str | None = None
     # what the op does with the row its lookup returned, by the row's libtype (the op's dispatch after the
@@ -345,6 +409,19 @@ class TableFamily:
                 out[r.column] = r.value(out[r.column], gfx)
         return out
 
+    def op_path(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str) -> OpPath | None:
+        """The first op_paths rule this call (the shape as captured, the row found, the GPU's gfx) takes."""
+        return next((r for r in self.op_paths if r.applies(shape, row, gfx)), None)
+
+    def op_entry(self, shape: dict[str, str]) -> OpEntry | None:
+        """The op a server calls for this shape (op_entries, first that serves it)."""
+        return next((e for e in self.op_entries if e.serves(shape)), None)
+
+    def flydsl_known(self, row: dict[str, str]) -> bool:
+        """The FlyDSL catalog has the row's kernel (flydsl_catalog)."""
+        return self.flydsl_catalog is None or any(str(row.get(c, "")).startswith(self.flydsl_catalog)
+                                                  for c in self.kernel_columns)
+
     def other_op(self, shape: dict[str, str]) -> bool:
         """The shape is served by another op that reads this table without a libtype switch."""
         return any(shape.get(c) == v for c, v in self.libtype_use_unless)
@@ -392,6 +469,76 @@ _FMOE_HEAD = _FMOE_OLD_KEYS + ",block_m,ksplit,us1,kernelName1,err1,us2,kernelNa
 # a CK GEMM lookup (gemm_op_a8w8.py get_CKGEMM_config, gemm_op_a4w4.py get_GEMM_config): M,N,K and the table
 _MNK_FILE = ("M", "N", "K", "@file")
 
+
+def _t(*dims: str, dtype: str = "torch.float32", keyword: str | None = None, if_true: str | None = None,
+       attrs: tuple[tuple[str, str], ...] = ()) -> OpArg:
+    return OpArg(dims, dtype, keyword, if_true, attrs)
+
+
+# --- the ops the servers call, as the probe calls them (OpEntry)
+# tuned_gemm.py:290-354 gemm_a16w16 -> solMap[libtype] (:605-613); each solfunc's GPU call is its launcher, so its
+# own asserts (torch_gemm/skinny/triton/opus: no bpreshuffle; flydsl/triton/opus: no scales) run
+_BF16_ARGS = (_t("M", "K", dtype="@dtype"), _t("N", "K", dtype="@dtype", attrs=(("is_shuffled", "bpreshuffle"),)),
+              _t("N", dtype="@dtype", keyword="bias", if_true="bias"), OpArg(dtype="@outdtype", keyword="otype"),
+              _t("1", keyword="scale_a", if_true="scaleAB"), _t("1", keyword="scale_b", if_true="scaleAB"))
+_BF16_LAUNCHERS = (("F.linear", "torch"), ("torch._scaled_mm", "torch"), ("hipb_create_extension", "hipblaslt"),
+                   ("hipb_mm", "hipblaslt"), ("aiter:wvSpltK", "skinny"), ("aiter:LLMM1", "skinny"),
+                   ("aiter:wv_splitk_small_fp16_bf16", "skinny"), ("gemm_a16w16_asm", "asm"),
+                   ("aiter.ops.flydsl.gemm_kernels:flydsl_hgemm", "flydsl"), ("_opus_tune", "opus"),
+                   ("aiter.ops.triton.gemm.basic.gemm_a16w16:gemm_a16w16", "triton"))
+_BF16_OP = OpEntry("gemm_a16w16", "tuned_gemm.py:290-354", _BF16_ARGS, _BF16_LAUNCHERS)
+# int8/fp8 XQ [M,K] and WQ [N,K] of the captured weight dtype, fp32 per-token/per-channel scales
+_A8W8_XW = (_t("M", "K", dtype="@q_dtype_w"), _t("N", "K", dtype="@q_dtype_w"), _t("M", "1"), _t("1", "N"))
+_A8W8_OP = OpEntry("gemm_a8w8_CK", "ops/gemm_op_a8w8.py:646-679", _A8W8_XW, (("gemm_a8w8_ck", "*"),))
+# int8 weights: gemm_a8w8_ASM (:592-643, bias required) runs any row it finds as an asm kernel name; other weights:
+# gemm_a8w8_bpreshuffle (:695-787), ck/cktile by libtype, flydsl by kernel name (:161-207)
+_BPRESHUFFLE_OPS = (
+    OpEntry("gemm_a8w8_ASM", "ops/gemm_op_a8w8.py:592-643", _A8W8_XW + (_t("1", "N"),), (("_gemm_a8w8_asm", "*"),),
+            when=(("q_dtype_w", "==", "torch.int8"),)),
+    OpEntry("gemm_a8w8_bpreshuffle", "ops/gemm_op_a8w8.py:695-787", _A8W8_XW,
+            (("gemm_a8w8_bpreshuffle_ck", "ck"), ("gemm_a8w8_bpreshuffle_cktile", "cktile"),
+             ("aiter.ops.flydsl.gemm_kernels:flydsl_preshuffle_gemm_a8", "flydsl"),
+             ("aiter.ops.flydsl.gemm_a8w8_bpreshuffle_8wave:run_gemm_a8w8_bpreshuffle_8wave", "flydsl"),
+             ("aiter.ops.flydsl.bpreshuffle_gemm_gfx1250:run_gemm_a8w8_bpreshuffle_gfx1250", "flydsl"))))
+# fp8 XQ [M,K], WQ [N,K] with fp32 block scales (1x128 per token, 128x128 per weight block)
+_BLOCKSCALE_XW = (_t("M", "K", dtype="dtypes.fp8"), _t("N", "K", dtype="dtypes.fp8"), _t("M", "(K+127)//128"),
+                  _t("(N+127)//128", "(K+127)//128"))
+_BLOCKSCALE_OP = OpEntry("gemm_a8w8_blockscale", "ops/gemm_op_a8w8.py:805-872", _BLOCKSCALE_XW,
+                         (("gemm_a8w8_blockscale_ck", "ck"), ("gemm_a8w8_blockscale_cktile", "cktile"),
+                          ("aiter.ops.triton.gemm.basic.gemm_a8w8_blockscale:gemm_a8w8_blockscale", "triton")))
+_BLOCKSCALE_BPRESHUFFLE_OP = OpEntry(
+    "gemm_a8w8_blockscale_bpreshuffle", "ops/gemm_op_a8w8.py:909-1087", _BLOCKSCALE_XW,
+    (("gemm_a8w8_blockscale_bpreshuffle_ck", "ck"), ("gemm_a8w8_blockscale_bpreshuffle_cktile", "cktile"),
+     ("gemm_a8w8_blockscale_bpreshuffle_asm", "asm"),
+     ("aiter.ops.triton.gemm.basic.gemm_a8w8_blockscale:gemm_a8w8_blockscale_preshuffle", "triton"),
+     ("aiter.ops.opus.gemm_op_a8w8:opus_gemm_a8w8_blockscale_bpreshuffle_tune", "opus"),
+     ("aiter.ops.flydsl.mxfp8_128_bpreshuffle_gemm_gfx1250:run_gemm_a8w8_mxfp8_128_bpreshuffle_gfx1250", "flydsl")))
+# fp4x2 A [M,K/2], B [N,K/2] with e8m0 scales per 32 (gemm_op_a4w4.py:148-238): a CK row (a kernel name without
+# "_ZN") runs gemm_a4w4_blockscale, an asm one (and no row) gemm_a4w4_asm with the row's name
+_A4W4_XW = (_t("M", "K//2", dtype="dtypes.fp4x2"), _t("N", "K//2", dtype="dtypes.fp4x2"),
+            _t("M", "(K+31)//32", dtype="dtypes.fp8_e8m0"), _t("N", "(K+31)//32", dtype="dtypes.fp8_e8m0"))
+_A4W4_LAUNCHERS = (("gemm_a4w4_blockscale", "*"), ("_gemm_a4w4_asm", "*"), ("gemm_a4w4_asm", "*"))
+_A4W4_OP = OpEntry("gemm_a4w4", "ops/gemm_op_a4w4.py:148-238", _A4W4_XW, _A4W4_LAUNCHERS)
+# batched: XQ [B,M,K], WQ [B,N,K] (batched_gemm_op_a8w8.py:124-149, batched_gemm_op_bf16.py:107-130)
+_A8W8_BATCHED_OP = OpEntry(
+    "batched_gemm_a8w8_CK", "ops/batched_gemm_op_a8w8.py:124-149",
+    (_t("B", "M", "K", dtype="torch.int8"), _t("B", "N", "K", dtype="torch.int8"), _t("B", "M", "1"),
+     _t("B", "1", "N")), (("batched_gemm_a8w8", "*"),))
+_BF16_BATCHED_OP = OpEntry(
+    "batched_gemm_bf16_CK", "ops/batched_gemm_op_bf16.py:107-130",
+    (_t("B", "M", "K", dtype="torch.bfloat16"), _t("B", "N", "K", dtype="torch.bfloat16")),
+    (("batched_gemm_bf16", "*"),))
+# a flydsl bpreshuffle kernel name the op runs: gemm_op_a8w8.py:148-151 (its spelling), or the 8-wave runner's (:178)
+_FLYDSL_A8W8_NAME = (r"(?:flydsl_bpreshuffle_8w_|flydsl_bpreshuflle_(\d+)x(\d+)x(\d+)_\w+_\w+_\w+_(\d+)x(\d+)"
+                     r"(?:x(\d+))?(?:x(\d+))?(?:_([A-Za-z][A-Za-z0-9]*))?$)")
+# x [M,G,K] fp8, wo_a [G,N,K] fp8, e8m0 scales (batched_gemm_op_a8w8.py:257-297: the unguarded impl of
+# batched_gemm_a8w8_mxscale; the table's b is G)
+_MXSCALE_OP = OpEntry(
+    "_batched_gemm_a8w8_mxscale_impl", "ops/batched_gemm_op_a8w8.py:257-297",
+    (_t("m", "b", "k", dtype="dtypes.fp8"), _t("b", "n", "k", dtype="dtypes.fp8"),
+     _t("m", "b", "(k+127)//128", dtype="torch.uint8"), _t("b", "(n+127)//128", "(k+127)//128", dtype="torch.uint8")),
+    (("aiter.ops.opus.bmm_op:bmm_a8w8_mxscale_opus", "opus"),))
+
 FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
     TableFamily(
         name="bf16_gemm", env_var="AITER_CONFIG_GEMM_BF16",
@@ -407,9 +554,25 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                    ("triton", "AITER's own gemm_a16w16 Triton kernel with AITER's own configs "
                               "(tuned_gemm.py:584-602)")),
         # gemm_a16w16 runs solMap[config["libtype"]] (tuned_gemm.py:327, :605-613): any other libtype is a KeyError
+        # skinny_gemm sets its output only for solidx 0-2 (:372-389: any other is an UnboundLocalError); opus_gemm
+        # int()s solidx and splitK (:562, :573)
         read_cells=(ReadCell("libtype", "enum", "tuned_gemm.py:327",
-                             ("torch", "hipblaslt", "skinny", "asm", "triton", "flydsl", "opus")),),
+                             ("torch", "hipblaslt", "skinny", "asm", "triton", "flydsl", "opus")),
+                    ReadCell("solidx", "enum", "tuned_gemm.py:372-389", ("0", "1", "2"),
+                             when=(("libtype", "==", "skinny"),)),
+                    ReadCell("solidx", "int", "tuned_gemm.py:573", when=(("libtype", "==", "opus"),)),
+                    ReadCell("splitK", "int", "tuned_gemm.py:562", when=(("libtype", "==", "opus"),))),
+        # the solfunc a row's libtype picks asserts on what it does not support (opus without its module falls back
+        # to torch_gemm, which asserts too)
+        op_paths=(OpPath("tuned_gemm.py:371, :427, :561, :601", "AssertionError: bpreshuffle is not supported in "
+                         "the torch, skinny, opus and Triton GEMMs", when=(("bpreshuffle", "==", "True"),),
+                         row_when=(("libtype", "in", "torch|skinny|triton|opus"),)),
+                  OpPath("tuned_gemm.py:486-488, :558-560, :598-600", "AssertionError: the FlyDSL, opus and Triton "
+                         "GEMMs do not support scaling", when=(("scaleAB", "==", "True"),),
+                         row_when=(("libtype", "in", "flydsl|triton|opus"),))),
         gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
+        # tuned_gemm.py:163-177: a flydsl row runs only where get_flydsl_splitk_hgemm_kernel_params knows its kernel
+        flydsl_catalog="flydsl_", op_entries=(_BF16_OP,),
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16 input,
         # N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`
@@ -434,7 +597,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8_CK looks up any weight dtype but the GPU's own fp8 and int8 as torch.int8
         # (gemm_op_a8w8.py:663): a float8_e4m3fn weight on gfx942, a fnuz one on gfx950
         op_remaps=(OpRemap("ops/gemm_op_a8w8.py:663", "q_dtype_w", (GPU_FP8, "torch.int8"), "torch.int8"),),
-        aiter_entry="gemm_a8w8_CK", aiter_kernels=("gemm_a8w8_ck",),
+        op_entries=(_A8W8_OP,),
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
         cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
@@ -451,10 +614,18 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8_bpreshuffle (fp8, :739-750): ck, cktile and (FlyDSL importable) flydsl rows run; any other
         # libtype, or flydsl without FlyDSL, falls through to the default ck kernel, no next-M retry. int8 rows
         # are gemm_a8w8_ASM's (:621-640), which runs any row it finds.
-        aiter_op="gemm_a8w8_bpreshuffle",
+        aiter_op="gemm_a8w8_bpreshuffle", op_entries=_BPRESHUFFLE_OPS,
         read_cells=(ReadCell("splitK", "int", "ops/gemm_op_a8w8.py:738",
                              when=(("q_dtype_w", "!=", "torch.int8"),)),),
         libtype_use=(("ck", "hit"), ("cktile", "hit"), ("flydsl", "hit")), libtype_other="default",
+        op_paths=(
+            # a weight neither int8 (gemm_a8w8_ASM's) nor the GPU's own fp8: `assert WQ.dtype == dtypes.fp8`
+            OpPath("ops/gemm_op_a8w8.py:726", "AssertionError: gemm_a8w8_bpreshuffle only support fp8 now (the "
+                   "weight is not the GPU's own fp8)", when=(("q_dtype_w", "!in", GPU_FP8 + "|torch.int8"),)),
+            # a flydsl row whose kernel name _parse_flydsl_kernel_name cannot read runs the default ck kernel
+            OpPath("ops/gemm_op_a8w8.py:148-189", "a flydsl row whose kernel name does not parse",
+                   runs="default", when=(("q_dtype_w", "!=", "torch.int8"),),
+                   row_when=(("libtype", "==", "flydsl"), ("kernelName", "!~", _FLYDSL_A8W8_NAME)))),
         libtype_use_unless=(("q_dtype_w", "torch.int8"),), flydsl_miss="default",
         # ck rows also pick the kernel in the compiled (gfx,cu_num,M,N,K) table, padded as Python pads
         cpp_key=_GEMM_KEY, cpp_padding="gemm", cpp_libtype="ck",
@@ -470,7 +641,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config", aiter_args=_MNK_FILE,
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_FILE",
         # gemm_a8w8_blockscale (:839-866): ck and cktile rows run (by kernelName); any other libtype asserts
-        aiter_op="gemm_a8w8_blockscale",
+        aiter_op="gemm_a8w8_blockscale", op_entries=(_BLOCKSCALE_OP,),
         libtype_use=(("ck", "hit"), ("cktile", "hit")), libtype_other="fails", tuned_variants=_CK_OLD_VARIANT,
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
     TableFamily(
@@ -484,8 +655,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_FILE",
         # gemm_a8w8_blockscale_bpreshuffle (:1021-1081): triton, cktile, ck, asm, opus and (FlyDSL importable)
         # flydsl rows run; anything else falls through to the default ck kernel
-        aiter_op="gemm_a8w8_blockscale_bpreshuffle",
-        libtype_use=tuple((t, "hit") for t in ("triton", "cktile", "ck", "asm", "opus", "flydsl")),
+        aiter_op="gemm_a8w8_blockscale_bpreshuffle", op_entries=(_BLOCKSCALE_BPRESHUFFLE_OP,),
+        # a flydsl row runs gemm_a8w8_mxfp8_128_bpreshuffle_flydsl, which raises on any gfx but gfx1250 (:219-222;
+        # on gfx1250 every row goes to triton, :1026)
+        libtype_use=tuple((t, "hit") for t in ("triton", "cktile", "ck", "asm", "opus")) + (("flydsl", "fails"),),
         libtype_other="default", flydsl_miss="default", tuned_variants=_CK_OLD_VARIANT,
         untuned_variants=("M,N,K,q_dtype_w",),
         # --preshuffle swaps the output default inside run(): always pass -o (aiter-tuning.md 5.1)
@@ -498,7 +671,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,cu_num,M,N,K," + _CK_RESULT),
         untuned_header=_h("M,N,K"), key_columns=_GEMM_KEY, shape_columns=_h("M,N,K"), compiled=True,
         aiter_lookup="aiter/ops/gemm_op_a4w4.py:get_GEMM_config", aiter_args=("M", "N", "K"),
-        aiter_file_attr="AITER_CONFIG_GEMM_A4W4_FILE", tuned_variants=_CK_OLD_VARIANT,
+        aiter_file_attr="AITER_CONFIG_GEMM_A4W4_FILE", tuned_variants=_CK_OLD_VARIANT, op_entries=(_A4W4_OP,),
+        op_paths=(OpPath("ops/gemm_op_a4w4.py:196-199", "RuntimeError: A4W4 GEMM kernel is not supported on gfx942",
+                         when=(("gfx", "==", "gfx942"),)),),
         math="fp4", tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py"),
     TableFamily(
         name="a8w8_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_A8W8_BATCHED_GEMM",
@@ -509,6 +684,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         padding="exact", compiled=True, math="fp8", filled=("kernelName",), cpp_key=_h("gfx,cu_num,B,M,N,K"),
         aiter_lookup="aiter/ops/batched_gemm_op_a8w8.py:get_CKBatchedGEMM_config", aiter_args=("B", "M", "N", "K"),
         aiter_file_attr="AITER_CONFIG_A8W8_BATCHED_GEMM_FILE", tuned_variants=_BATCHED_OLD_VARIANT,
+        op_entries=(_A8W8_BATCHED_OP,),
         tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
     TableFamily(
         name="bf16_batched_gemm", gfx_optional=True, env_var="AITER_CONFIG_BF16_BATCHED_GEMM",
@@ -519,6 +695,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         padding="exact", compiled=True, filled=("kernelName",), cpp_key=_h("gfx,cu_num,B,M,N,K"),
         aiter_lookup="aiter/ops/batched_gemm_op_bf16.py:get_CKBatchedGEMM_config", aiter_args=("B", "M", "N", "K"),
         aiter_file_attr="AITER_CONFIG_BF16_BATCHED_GEMM_FILE", tuned_variants=_BATCHED_OLD_VARIANT,
+        op_entries=(_BF16_BATCHED_OP,),
         tuner_script="csrc/ck_batched_gemm_bf16/batched_gemm_bf16_tune.py"),
     TableFamily(
         # fp8 e8m0 mxscale BMM: lowercase columns, no cu_num, no shipped default or untuned file
@@ -528,7 +705,12 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_header=_h("gfx,b,m,n,k,libtype," + _CK_RESULT), untuned_header=_h("b,m,n,k"),
         key_columns=_h("gfx,b,m,n,k"), shape_columns=_h("b,m,n,k"), m_column="m", compiled=True,
         aiter_lookup="aiter/ops/batched_gemm_op_a8w8.py:lookup_mxscale_bmm_config", aiter_args=("b", "m", "n", "k"),
-        aiter_file_attr="AITER_CONFIG_BATCHED_GEMM_A8W8_BLOCKSCALE_MXSCALE_FILE",
+        aiter_file_attr="AITER_CONFIG_BATCHED_GEMM_A8W8_BLOCKSCALE_MXSCALE_FILE", op_entries=(_MXSCALE_OP,),
+        # _batched_gemm_a8w8_mxscale_impl (batched_gemm_op_a8w8.py:279-297): an opus row runs (int() of its kernelId
+        # and splitK), any other libtype raises NotImplementedError; no row: opus' own heuristic
+        libtype_use=(("opus", "hit"),), libtype_other="fails",
+        read_cells=(ReadCell("kernelId", "int", "ops/batched_gemm_op_a8w8.py:295", when=(("libtype", "==", "opus"),)),
+                    ReadCell("splitK", "int", "ops/batched_gemm_op_a8w8.py:296", when=(("libtype", "==", "opus"),))),
         err_max=0.02,  # opus_bmm_mxscale_tune.py:32
         # OpusBmmMxscaleTuner (opus_bmm_mxscale_tune.py:245) has no run_config of its own: nothing to confirm with
         math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py", tuner_races=False),
@@ -687,9 +869,11 @@ RELEASE_0_1_7 = AiterRelease(
     overrides=(
         # no FlyDSL check in its lookup, no bpreshuffle (nor its no-solution assert); its solMap is a list of four
         # (tuned_gemm.py:42: .index(libtype) at :173 raises ValueError on any other)
-        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"), ("miss_raises", ()),
+        ("bf16_gemm", (("gfx_source", "runtime"), ("flydsl_miss", "ignored"), ("miss_raises", ()), ("op_paths", ()),
                        ("read_cells", (ReadCell("libtype", "enum", "tuned_gemm.py:173",
-                                                ("torch", "hipblaslt", "skinny", "asm")),)))),
+                                                ("torch", "hipblaslt", "skinny", "asm")),
+                                       ReadCell("solidx", "enum", "tuned_gemm.py:194-213", ("0", "1", "2"),
+                                                when=(("libtype", "==", "skinny"),)))))),
         # csrc/ck_gemm_a8w8: gen_instances keeps the device's cu_num rows, gemm_a8w8.cu finds {M, N, K}; Python
         # keys without q_dtype_w (ops/gemm_op_a8w8.py:211-242), its gemm_a8w8_CK (:353-376) remaps no dtype
         ("a8w8_gemm", (("cpp_key", ("M", "N", "K")), ("aiter_lookup", "aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config"),
@@ -699,6 +883,12 @@ RELEASE_0_1_7 = AiterRelease(
         # as a8w8's does (its .cu is not in what the tests unpack from the wheel: modelled, not executed)
         ("a8w8_batched_gemm", (("cpp_key", ("B", "M", "N", "K")),)),
         ("bf16_batched_gemm", (("cpp_key", ("B", "M", "N", "K")),)),
+        # ops/gemm_op_a4w4.py:77-131: the caller passes out ([M padded to 32, N]: the asm path asserts it)
+        ("a4w4_blockscale_gemm", (("op_entries", (replace(
+            _A4W4_OP, where="ops/gemm_op_a4w4.py:77-131",
+            args=_A4W4_XW + (_t("(M+31)//32*32", "N", dtype="torch.bfloat16"),)),)),
+            ("op_paths", (OpPath("ops/gemm_op_a4w4.py:98-101", "RuntimeError: A4W4 GEMM kernel is not supported on "
+                                 "gfx942", when=(("gfx", "==", "gfx942"),)),)))),
         # ops/gemm_op_a8w8.py:409-411, :466-467, :512: these ops call the lookup and drop its row
         ("a8w8_bpreshuffle_gemm", (("aiter_lookup", "aiter/ops/gemm_op_a8w8.py:get_bpreshuffle_GEMM_config"),
                                    ("padding", "exact"), ("libtype_use", ()), ("aiter_op", None),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import contextlib
 import ctypes
 import fcntl
@@ -202,8 +203,9 @@ class AiterProcess:
                                                    is_flydsl_available=lambda: ident.flydsl)
         reg["aiter.ops.flydsl.gemm_kernels"] = StubModule(
             "aiter.ops.flydsl.gemm_kernels", reg,
-            get_flydsl_splitk_hgemm_kernel_params=lambda name: {"name": name} if str(name).startswith("flydsl")
-            else None)
+            # a catalog entry: every tile parameter the op reads (tuned_gemm.py:489-521) present
+            get_flydsl_splitk_hgemm_kernel_params=lambda name: collections.defaultdict(int, name=name)
+            if str(name).startswith("flydsl") else None)
         reg["flydsl.runtime.device"] = StubModule("flydsl.runtime.device", reg, get_rocm_arch=lambda: ident.gfx)
         reg["aiter.ops.gemm_op_common"] = StubModule(
             "aiter.ops.gemm_op_common", reg, get_padded_m=lambda M, N, K, gl: lib.getPaddedM(M, N, K, gl))
@@ -256,6 +258,10 @@ class AiterProcess:
                 return mod
             return reg[name.split(".")[0]]
         return builtins.__import__(name, globals, locals, fromlist, level)
+
+    def import_module(self, name: str) -> types.ModuleType:
+        """A module by its dotted name, as the op's own imports find it here (a stub where it is GPU code)."""
+        return self._import(name, None, None, ("__name__",), 0)
 
     def load(self, name: str, path: Path, package: str, upto: str | None = None) -> types.ModuleType:
         """Execute a module's top-level statements one by one (up to the line matching `upto`)."""
@@ -395,7 +401,7 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
         if out.error is None:
             try:
                 look = probe.make_probe(family, p.module, p, ident.flydsl, ident.gfx, ident.cu_num, csrc,
-                                        out.resolved)
+                                        out.resolved, p.import_module)
                 got = [probe.outcome(look, s) for s in shapes]
                 out.verdicts, out.raised = [(h, c) for h, c, _ in got], [r for _, _, r in got]
                 if shapes and len(set(out.raised)) == 1 and out.raised[0] is not None:

@@ -149,8 +149,10 @@ def overlay_for(family, header: tuple[str, ...], shapes: list[dict[str, str]], r
             if rng.random() < 0.3:
                 continue
             cells = dict(result_cells(family, pool, rng), **family.remap(s), gfx=gfx, cu_num=str(cu))
-            if family.aiter_op and random.Random(f"{i}{gfx}").random() < 0.2:  # libtypes the op may not run
-                cells["libtype"] = random.Random(i).choice(("asm", "triton", "opus", "flydsl", "hipblaslt"))
+            if (family.aiter_op or family.op_entries) and random.Random(f"{i}{gfx}").random() < 0.2:
+                # libtypes the op may not run (or whose solfunc asserts on this call)
+                cells["libtype"] = random.Random(i).choice(("asm", "triton", "opus", "flydsl", "hipblaslt", "torch",
+                                                            "skinny"))
             cands = m_candidates(family, s)
             if cands:
                 cells[family.m_column] = str(rng.choice(cands))
@@ -322,6 +324,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
             family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
             build_targets=li.build_targets)
         refused = art.refused or env_error
+        if mine and aiter_fails and all(m.verdict == "raises" for m in mine) and len({m.reason for m in mine}) == 1:
+            refused = refused or mine[0].reason  # the op raises on every call (OpPath): read as the loader's by run()
         if mine and li.miss_error:  # a shape without a row takes a default path that raises (as verdicts() has it)
             for m in mine:
                 if not m.hit:
@@ -343,10 +347,12 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
 
         theirs = out.verdicts
         if rel_name == "current":
-            # a shape AITER raised on logs no line (tuned_gemm.py:208 asserts before :232 logs)
+            # a shape AITER raised on may log its lookup or not (tuned_gemm.py:208 asserts before :232 logs; an op
+            # raises after its lookup logged): its lines are read, not required
             kept = [i for i, r in enumerate(out.raised) if r is None]
             disagreements += log_disagreements(family, [shapes[i] for i in kept], [theirs[i] for i in kept],
-                                               out.log, gfx)[:4]
+                                               out.log, gfx,
+                                               [s for s, r in zip(shapes, out.raised) if r is not None])[:4]
         bad = 0
         for s, m, (h, c), raised in zip(shapes, mine, theirs, out.raised):
             # a row AITER's lookup returned (used or not) must be the row the service found; a shape AITER
@@ -369,7 +375,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
     assert not disagreements, "\n".join(disagreements)
 
 
-def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str) -> list[str]:
+def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str,
+                      raised: list[dict] = ()) -> list[str]:
     """AITER's own log lines of these lookups (AITER_LOG_TUNED_CONFIG=1), read with the service's grammar
     (TableFamily.log_lines): every line is this family's and names a shape probed (as AITER printed it: MoE
     prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
@@ -381,6 +388,7 @@ def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], 
         s.update({c: str(int(s[src]) + off) for c, src, off in family.lookup_derived})  # as the lookup keys it
         for m in (m_candidates(family, s) if family.m_column == "token" else [None]):
             printed[make_shape(family, s if m is None else dict(s, token=str(m)), "probe").key] = found
+    maybe = {make_shape(family, family.looked_up(s, gfx), "probe").key for s in raised} - set(printed)
     events = parse_log("\n".join(log)).events
     if not family.log_lines:  # its lookup logs no line of the grammar's (GDN, grouped fmoe; mxscale's logger is
         # `from aiter import logger`, which the harness does not capture)
@@ -388,6 +396,8 @@ def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], 
     out, seen = [], set()
     for ev in events:
         key = make_shape(family, ev.shape, "log").key if ev.family == family.name else None
+        if key in maybe:
+            continue
         if key not in printed or printed[key] != ev.hit:
             out.append(f"log line read as {ev.family} hit={ev.hit} {ev.shape}: AITER's lookup "
                        + ("made no such call" if key not in printed else f"found={printed[key]}"))
@@ -589,3 +599,109 @@ def test_issue_25_cases_agree_with_aiter_at_the_op(rel, name, ident, tmp_path):
     op does (a8w8: gemm_a8w8_CK with its kernel stubbed), on every deploy form."""
     family_name, case = CASES[name]
     compare(rel, family_name, ident, False, tmp_path, case=case(ident), label=name)
+
+
+# ------------------------------------------------------------------ the GEMM ops' own dispatch after the row
+
+def _distinct(n: int, **base: str) -> list[dict[str, str]]:
+    """n shapes with base's cells, one N each (a row per shape, never two on one key)."""
+    return [dict(base, N=str(1024 + 64 * i)) for i in range(n)]
+
+
+def rows_case(shapes: list[dict[str, str]], cells: list[dict | None]):
+    """The shapes, and a row at each one's own M with these cells (None: no row)."""
+    def case(ident):
+        def make(family, header, _shapes, pool):
+            return shapes, Table(header, crafted_rows(family, header, shapes, pool, cells, ident),
+                                 "svc_0123456789ab_" + family.tuned_file)
+        return make
+    return case
+
+
+_ASM = "_ZN5aiter_svcE"
+_BF16_LIBTYPES = ("torch", "skinny", "hipblaslt", "asm", "triton", "opus", "flydsl")
+# every libtype's solfunc (tuned_gemm.py:357-602) with bpreshuffle and scaleAB on and off; a skinny row whose solidx
+# skinny_gemm has no branch for; a flydsl row the FlyDSL catalog does not know; a triton row with a FlyDSL name
+_BF16_CELLS = [{"libtype": lt, "solidx": "0", "splitK": "0", "kernelName": "flydsl_svc" if lt == "flydsl" else _ASM}
+               for lt in _BF16_LIBTYPES for _ in range(4)]  # the first 28: each bpreshuffle x scaleAB
+_BF16_CELLS += [{"libtype": "skinny", "solidx": "3", "kernelName": _ASM},
+                {"libtype": "flydsl", "solidx": "0", "kernelName": "svc_kernel"},
+                {"libtype": "triton", "solidx": "0", "kernelName": "flydsl_svc"}, None, None]
+_BF16_SHAPES = [dict(s, bpreshuffle=("True", "False")[i % 2 if i < 28 else 1],
+                     scaleAB=("True", "False")[i // 2 % 2 if i < 28 else 1])
+                for i, s in enumerate(_distinct(len(_BF16_CELLS), M="64", K="8192", bias="False",
+                                                dtype="torch.bfloat16", outdtype="torch.bfloat16"))]
+# int8 weights (gemm_a8w8_ASM), the GPU's own fp8 and the other one (gemm_a8w8_bpreshuffle asserts), rows of every
+# libtype it branches on; flydsl rows whose kernel name its parser reads and does not
+_FLY_OK, _FLY_BAD = "flydsl_bpreshuflle_16x64x512_F8_F8_B16_0x3x0x1_default", "flydsl_bpreshuffle_16x64x512_x"
+_BPRE_CELLS = [{"libtype": lt, "kernelName": k, "splitK": "0"} for lt, k in (
+    ("ck", "a8w8_bpreshuffle_svc"), ("cktile", "a8w8_bpreshuffle_svc"), ("flydsl", _FLY_OK), ("flydsl", _FLY_BAD),
+    ("asm", _ASM), ("triton", "svc"))] + [None]
+_BPRE_SHAPES = [dict(s, q_dtype_w=w) for w in ("torch.int8", "torch.float8_e4m3fn", "torch.float8_e4m3fnuz")
+                for s in _distinct(len(_BPRE_CELLS), M="32", K="7168")]
+for i, s in enumerate(_BPRE_SHAPES):
+    s["N"] = str(1024 + 64 * i)
+_BLOCK_CELLS = [{"libtype": lt, "kernelName": "svc", "splitK": "0", "kernelId": "3"}
+                for lt in ("ck", "cktile", "asm", "triton", "opus", "flydsl", "hipblaslt")] + [None]
+_MX_CELLS = [{"libtype": "opus", "kernelId": "3", "splitK": "0"}, {"libtype": "opus", "kernelId": "", "splitK": "0"},
+             {"libtype": "flydsl", "kernelId": "3", "splitK": "0"}, {"libtype": "ck", "kernelId": "3", "splitK": "0"},
+             None]
+OP_CASES = {
+    "bf16_solfuncs": ("bf16_gemm", rows_case(_BF16_SHAPES, _BF16_CELLS)),
+    "a8w8_bpreshuffle_ops": ("a8w8_bpreshuffle_gemm", rows_case(_BPRE_SHAPES, _BPRE_CELLS * 3)),
+    "blockscale_bpreshuffle_libtypes": ("a8w8_blockscale_bpreshuffle_gemm",
+                                        rows_case(_distinct(len(_BLOCK_CELLS), M="64", K="7168"), _BLOCK_CELLS)),
+    "mxscale_libtypes": ("a8w8_blockscale_mxscale_batched_gemm", rows_case(
+        [{"b": "16", "m": "64", "n": str(512 + 128 * i), "k": "7168"} for i in range(len(_MX_CELLS))], _MX_CELLS)),
+}
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("name", OP_CASES)
+@pytest.mark.parametrize("rel", RELEASES, ids=[r[0] for r in RELEASES])
+def test_gemm_ops_run_the_row_as_aiter_does(rel, name, ident, flydsl, tmp_path):
+    """What runs after the row (the op's libtype branches, its solfuncs' asserts, its dtype asserts, its default
+    kernel) is AITER's own op, called with meta tensors of the shape and its launchers stubbed; the service's
+    verdict (family.op_paths, libtype_use, read_cells, flydsl_catalog) must be the same, shape by shape."""
+    family_name, case = OP_CASES[name]
+    compare(rel, family_name, ident, flydsl, tmp_path, case=case(ident), label=name)
+
+
+def test_every_gemm_family_is_probed_through_its_op():
+    """The harness calls each GEMM family's op, never its lookup alone: the op's function is its own code here
+    (op_function), so make_probe takes the op path (a real AITER's torch custom ops fall back to the lookup)."""
+    from workers import engagement_probe as probe
+    gemm = [f for n, f in ALL_FAMILIES.items() if f.aiter_lookup and f.m_column in ("M", "m")]
+    assert {f.name for f in gemm} == {n for n, f in ALL_FAMILIES.items() if f.op_entries}
+    for family in gemm:
+        src = tree_with(family.aiter_lookup.split(":")[0])
+        p = ax.AiterProcess(src, src, ax.Identity("gfx950", 256, True), "current", src / "csrc")
+        p.core()
+        mod = p.module(family.aiter_lookup.split(":")[0])
+        assert all(probe.op_function(mod, e) is not None for e in family.op_entries), family.name
+
+
+def test_an_op_that_is_a_torch_custom_op_is_probed_at_its_lookup():
+    """In a real AITER torch_compile_guard makes the op a torch custom op (called with meta tensors it runs its
+    fake): the in-image probe then calls the lookup as the op does, and says nothing of the op's own dispatch."""
+    from workers import engagement_probe as probe
+    family = get_family("a8w8_blockscale_gemm")
+    src = tree_with(family.aiter_lookup.split(":")[0])
+    p = ax.AiterProcess(src, src, ax.Identity("gfx950", 256, True), "current", src / "csrc")
+
+    def guard(*a, **k):
+        def deco(f):
+            def wrapper_custom(*a, **k):
+                raise AssertionError("a custom op called with meta tensors runs its fake, never the op")
+            return wrapper_custom
+        return deco
+    p.registry["aiter.jit.utils.torch_guard"].__dict__["torch_compile_guard"] = guard
+    mod = p.module(family.aiter_lookup.split(":")[0])
+    assert probe.op_function(mod, family.op_entries[0]) is None
+    look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None, None, p.import_module)
+    assert look.__qualname__.startswith("lookup_probe.")
+    p.registry["aiter.jit.utils.torch_guard"].__dict__["torch_compile_guard"] = lambda *a, **k: (lambda f: f)
+    p.registry.pop(mod.__name__)
+    look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None, None, p.import_module)
+    assert look.__qualname__.startswith("op_probe.")

@@ -62,7 +62,8 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
     def image_aiter():  # the image's AITER, imported after verify set the env var
         p = ax.AiterProcess(SRC, tree, ax.Identity(gfx, cu, False), "current", SRC / "csrc")
         procs.append(p)
-        return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None)
+        return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None,
+                                  p.import_module)
 
     plan = client.get(f"/v1/overlays/{DIGEST}/{family_name}/deploy").json()
     assert plan["offered"], plan["notes"]
@@ -116,7 +117,8 @@ def test_a_shape_aiter_raises_on_is_proved_to_raise_and_probing_goes_on(client, 
 
     def image_aiter():
         p = ax.AiterProcess(SRC, tree, ax.Identity(gfx, cu, False), "current", SRC / "csrc")
-        return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None)
+        return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None,
+                                  p.import_module)
     with ax._merge_lock():
         posted = verify.engagement(Direct(client), cid, "verify-test", "layer", aiter=image_aiter)
     assert posted["shapes"] == 4 and posted["raises"] == 2
