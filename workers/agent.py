@@ -60,7 +60,7 @@ class Stats:
     backend_errors: int = 0  # shapes whose backend raised: reported as failed shapes
     superseded: int = 0  # late results for shapes another worker had meanwhile
     overruns: int = 0  # leases that ran out of their own time (budget + grace) with a shape unfinished
-    budget_s: float = 0.0  # the budget the last lease request asked for (doubled by each overrun)
+    budget_s: float = 0.0  # the budget the lease requests ask for (twice an overrun lease's run, from then on)
     spooled: int = 0  # results written to the spool (every finished one)
     spool_faults: int = 0  # spool writes that failed (the result kept in memory instead)
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -265,19 +265,21 @@ class Agent:
         except (LeaseLost, Refused) as e:  # already counted by the service (its refusal counts a try)
             log.info("failed-shape report for %s not taken: %s", shape_id, e)
 
-    def _overran(self, lease: dict[str, Any], finished: set[int]) -> None:
+    def _overran(self, lease: dict[str, Any], finished: set[int], ran_s: float) -> None:
         """The lease ran out of its own time with a shape unfinished (its try counted by the expiry): a machine
         slower than the budget assumed (a loaded CPU: one slow library call can outlast budget + grace). The next
-        leases ask for twice the budget, so the shape's next try has room: decided by what happened to this
-        worker, never by a guess of its speed (the service's hard deadline stays the bound on every lease)."""
+        leases ask for twice what this one ran (budget, grace and the heartbeat that found it gone), so the
+        shape's next try has twice the room: sized by what this worker measured, never by a guess of its speed
+        (the service's hard deadline stays the bound on every lease)."""
         self.stats.overruns += 1
-        self.stats.budget_s = min(MAX_BUDGET_S, 2 * self.stats.budget_s)
+        self.stats.budget_s = min(MAX_BUDGET_S, 2 * max(self.stats.budget_s, ran_s))
         left = [x["shape_id"] for x in lease["shapes"] if x["shape_id"] not in finished]
         log.warning("lease %s ran out of its budget (%.0f s) and grace with shapes %s unfinished: asking for %.0f s "
                     "per lease from now on", lease["lease_id"], lease["budget_s"], left, self.stats.budget_s)
 
     def run_lease(self, lease: dict[str, Any]) -> None:
         self.stats.batches += 1
+        began = time.monotonic()
         lid = lease["lease_id"]
         hb = Heartbeat(self.client, lid, lease["heartbeat_every_s"])
         hb.start()
@@ -347,7 +349,7 @@ class Agent:
             if hb.lost.is_set():
                 self.stats.lost_leases += 1
                 if len(finished) < len(lease["shapes"]) and datetime.now(timezone.utc) >= hard:
-                    self._overran(lease, finished)
+                    self._overran(lease, finished, time.monotonic() - began)
             elif undelivered[0]:  # still held: the results are taken late while nobody else has the shapes
                 log.warning("results of lease %s undelivered: its shapes stay with it until it expires", lid)
             elif len(finished) < len(lease["shapes"]):
