@@ -35,10 +35,35 @@ grep -q 'NEW=$(curl' "$R" || { echo "README: \$NEW is used but never set"; exit 
 ! grep -qE "pip install( +-[-a-z]+)* +['\"]?aiter-tuner([^_a-z0-9]|\$)" "$R" \
   || { echo "README: installs aiter-tuner from a package index"; exit 1; }
 grep -q 'amd.com/gpu' "$R" && grep -q 'name: MODEL' "$R" || { echo "README: the pod lacks a GPU or MODEL"; exit 1; }
-grep -q 'apt_install chromium' "$ROOT/scripts/test.sh" || { echo "test.sh installs silently"; exit 1; }
+grep -q 'apt_install chromium' "$ROOT/scripts/test.sh" && grep -q 'apt_install docker-compose' "$ROOT/scripts/test.sh" \
+  || { echo "test.sh installs silently"; exit 1; }
+# serve.sh holds port 8000 until stopped; it installs the tested versions too; a CUDA worker's identity is said
+grep -q 'stop it before the quick start' "$R" || { echo "README: serve.sh's server would hold port 8000"; exit 1; }
+grep -q -- '-c requirements-lock.txt' "$ROOT/scripts/serve.sh" || { echo "serve.sh ignores the lock"; exit 1; }
+grep -q 'sm_90' "$R" || { echo "README: a CUDA worker's identity (sm_90/132) is undocumented"; exit 1; }
+# the README's early-stop commands are the one benchmarks/RESULTS.md ran (less its --out)
+python3 - "$R" "$ROOT/benchmarks/RESULTS.md" <<'PY'
+import re, sys
+def cmds(path):
+    text = re.sub(r"\\?\n\s*", " ", open(path).read())
+    return {" ".join(re.sub(r"--out \S+", "", c).split())
+            for c in re.findall(r"python3 benchmarks/early_stop\.py[^`#(]*", text)}
+readme, results = cmds(sys.argv[1]), cmds(sys.argv[2])
+assert readme and readme <= results, f"README's early_stop.py commands {readme} are not RESULTS.md's {results}"
+PY
+# the torch extra is a range: a GPU machine's own torch build satisfies it and stays
+python3 - "$ROOT/pyproject.toml" <<'PY'
+import sys, tomllib
+torch = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["torch"]
+assert not any("==" in r for r in torch), f"the torch extra pins an exact version: {torch}"
+PY
 TUNER_CU_NUM=304x .venv/bin/aiter-tuner token list >/dev/null  # a malformed value stops only `capture`
 if TUNER_CU_NUM=304x .venv/bin/aiter-tuner capture --once 2>cu.err; then exit 1; fi
 grep -q TUNER_CU_NUM cu.err || { cat cu.err; exit 1; }
+# TUNER_HOST is where `serve` listens, never the capture agent's name for its server (that is TUNER_HOSTNAME)
+TUNER_HOST=203.0.113.7 .venv/bin/python -c "
+import argparse; from app.capture.agent import add_arguments
+p = argparse.ArgumentParser(); add_arguments(p); assert p.parse_args([]).host != '203.0.113.7'"
 rows=$(($(wc -l < bf16_tuned_gemm.csv) - 1))
 head -1 bf16_tuned_gemm.csv | grep -q '^gfx,cu_num,M,N,K' || { echo "overlay header unexpected"; exit 1; }
 .venv/bin/python - <<PY

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT="${PORT:-8000}"
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q -e '.[server]'
+.venv/bin/pip install -q -c requirements-lock.txt -e '.[server]'  # the tested versions
 .venv/bin/aiter-tuner serve --host 127.0.0.1 --port "$PORT" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT INT TERM

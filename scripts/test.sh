@@ -9,13 +9,24 @@ export DEBIAN_FRONTEND=noninteractive
 .venv/bin/pip install -q -c requirements-lock.txt -e '.[dev]'
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download of its own).
-# apt_install PKG WHY: says what it installs and why before it does (the machine's package manager, as root)
+# apt_install PKG WHY [APT OPTIONS]: says what it installs and why before it does (the machine's package manager,
+# as root)
 apt_install() {
-  echo "scripts/test.sh: apt-get install $1 ($2)" >&2
-  apt-get install -y -q "$1" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "$1" >/dev/null; }
+  local pkg=$1 why=$2
+  shift 2
+  echo "scripts/test.sh: apt-get install $* $pkg ($why)" >&2
+  apt-get install -y -q "$@" "$pkg" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q "$@" "$pkg" >/dev/null; }
 }
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
   apt_install chromium "the browser tests drive it" || echo "!!!!! could not install chromium: browser tests will fail" >&2
+fi
+# Compose's own parser and validator for docker-compose.yml (tests/e2e/test_compose.py runs its `config`, which
+# needs no engine): Debian's docker-compose, without the docker.io engine it recommends.
+if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1 && command -v apt-get >/dev/null
+then
+  apt_install docker-compose "tests/e2e/test_compose.py runs its config on docker-compose.yml" \
+    --no-install-recommends || echo "!!!!! could not install docker-compose: the compose tests will fail" >&2
 fi
 
 start_pg() {

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.backends.base import Backend, Batch, ShapeResult, now_iso
-from app.wire import MAX_RESULTS
+from app.wire import MAX_BUDGET_S, MAX_RESULTS
 from workers.client import LeaseLost, Refused, ServiceClient, ServiceError, Stopped
 from workers.identity import WorkerIdentity
 from workers.spool import Spool
@@ -59,6 +59,8 @@ class Stats:
     refused: int = 0  # results the service refused (4xx): reported as failed shapes
     backend_errors: int = 0  # shapes whose backend raised: reported as failed shapes
     superseded: int = 0  # late results for shapes another worker had meanwhile
+    overruns: int = 0  # leases that ran out of their own time (budget + grace) with a shape unfinished
+    budget_s: float = 0.0  # the budget the lease requests ask for (twice an overrun lease's run, from then on)
     spooled: int = 0  # results written to the spool (every finished one)
     spool_faults: int = 0  # spool writes that failed (the result kept in memory instead)
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -100,6 +102,7 @@ class Agent:
         self.spool = Spool(Path(cfg.spool_dir) if cfg.spool_dir
                            else default_spool_dir(cfg.worker_id, str(client.http.base_url)))
         self.unspooled: list[tuple[str, dict[str, Any]]] = []  # (lease id, result): finished, not on disk, not posted
+        self.stats.budget_s = cfg.budget_s
 
     def install_signals(self) -> None:
         def _term(signum: int, _frame: Any) -> None:
@@ -111,7 +114,7 @@ class Agent:
     def lease_request(self) -> dict[str, Any]:
         return {"worker_id": self.cfg.worker_id, "image_digest": self.cfg.image_digest, "gfx": self.ident.gfx,
                 "cu_num": self.ident.cu_num, "backends": [self.backend.name], "families": self.backend.families,
-                "budget_s": self.cfg.budget_s, "host": self.ident.host, "aiter_commit": self.cfg.aiter_commit,
+                "budget_s": self.stats.budget_s, "host": self.ident.host, "aiter_commit": self.cfg.aiter_commit,
                 "max_shapes": self.cfg.max_shapes}
 
     def run(self) -> Stats:
@@ -262,15 +265,28 @@ class Agent:
         except (LeaseLost, Refused) as e:  # already counted by the service (its refusal counts a try)
             log.info("failed-shape report for %s not taken: %s", shape_id, e)
 
+    def _overran(self, lease: dict[str, Any], finished: set[int], ran_s: float) -> None:
+        """The lease ran out of its own time with a shape unfinished (its try counted by the expiry): a machine
+        slower than the budget assumed (a loaded CPU: one slow library call can outlast budget + grace). The next
+        leases ask for twice what this one ran (budget, grace and the heartbeat that found it gone), so the
+        shape's next try has twice the room: sized by what this worker measured, never by a guess of its speed
+        (the service's hard deadline stays the bound on every lease)."""
+        self.stats.overruns += 1
+        self.stats.budget_s = min(MAX_BUDGET_S, 2 * max(self.stats.budget_s, ran_s))
+        left = [x["shape_id"] for x in lease["shapes"] if x["shape_id"] not in finished]
+        log.warning("lease %s ran out of its budget (%.0f s) and grace with shapes %s unfinished: asking for %.0f s "
+                    "per lease from now on", lease["lease_id"], lease["budget_s"], left, self.stats.budget_s)
+
     def run_lease(self, lease: dict[str, Any]) -> None:
         self.stats.batches += 1
+        began = time.monotonic()
         lid = lease["lease_id"]
         hb = Heartbeat(self.client, lid, lease["heartbeat_every_s"])
         hb.start()
         # never past our budget, nor past the service's hard deadline for this lease
         hard = datetime.fromisoformat(lease["hard_deadline"].replace("Z", "+00:00"))
         to_hard = (hard - datetime.now(timezone.utc)).total_seconds() - 1.0
-        deadline = time.monotonic() + min(self.cfg.budget_s, to_hard)
+        deadline = time.monotonic() + min(lease["budget_s"], to_hard)
         faults = self.stats.spool_faults
         # a spool fault ends the batch: its other shapes go back to the queue now, not at the lease's expiry
         batch = Batch(lease, deadline,
@@ -332,6 +348,8 @@ class Agent:
             hb.join(timeout=5)
             if hb.lost.is_set():
                 self.stats.lost_leases += 1
+                if len(finished) < len(lease["shapes"]) and datetime.now(timezone.utc) >= hard:
+                    self._overran(lease, finished, time.monotonic() - began)
             elif undelivered[0]:  # still held: the results are taken late while nobody else has the shapes
                 log.warning("results of lease %s undelivered: its shapes stay with it until it expires", lid)
             elif len(finished) < len(lease["shapes"]):

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"worker_id": worker_id, "gfx": ident.gfx, "cu_num": ident.cu_num, "batches": stats.batches,
            "posted": stats.posted, "released": stats.released, "lost_leases": stats.lost_leases,
            "refused": stats.refused, "backend_errors": stats.backend_errors, "superseded": stats.superseded,
-           "spooled": stats.spooled, "retries": client.retries}
+           "spooled": stats.spooled, "retries": client.retries, "overruns": stats.overruns,
+           "budget_s": stats.budget_s}
     if client.idle_reason:
         out["idle"] = client.idle_reason  # why the last lease request got no work
     print(json.dumps(out), flush=True)

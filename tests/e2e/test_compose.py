@@ -1,20 +1,28 @@
-"""docker-compose.yml's commands, run as written against this checkout's wheel, without a Docker engine.
+"""docker-compose.yml as compose itself reads it, and its commands run as written against this checkout's wheel,
+without a Docker engine.
 
-Each service's `command` (its shell line after compose's interpolation) and `environment` run in a venv of its
-own (installed.venv: the image's Python, seeing the tested packages), with each volume's mount point mapped to
-a temp folder, the checkout's mount to a copy of it, and the other services' host names to loopback. What
-needs an engine and is not run here: the postgres image (the service runs on SQLite instead) and the vllm
-image (a ROCm GPU and a model; its log is written by the test). `docker compose config` checks the file where
-the compose plugin is installed."""
+Compose's own `config` (the Docker CLI's compose plugin, else Debian's docker-compose, which scripts/test.sh
+installs without the engine) parses, validates and interpolates the file: a bad key, a variable without a
+default or a shell variable left unescaped fails here. Each service's `command` and `environment`, as `config`
+gives them with a user's .env (USER_ENV), then run in a venv of its own (installed.venv: the image's Python,
+seeing the tested packages), with each volume's mount point mapped to a temp folder, the checkout's mount to a
+copy of it, and the other services' host names to loopback. What needs an engine and is not run here: the
+postgres image (the service runs on SQLite instead) and the vllm image (a ROCm GPU and a model; its log is
+written by the test)."""
 
 from __future__ import annotations
 
+import functools
 import io
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,47 +34,81 @@ from tests.e2e.test_capture_agent import bf16_miss
 
 pytestmark = pytest.mark.e2e
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SERVICES = COMPOSE["services"]
 NEEDS_ENGINE = {"postgres": "the postgres:16 image (here the service runs on SQLite)",
                 "vllm": "a ROCm GPU, the vLLM image and a model (here the test writes the server's log)"}
 # what a user's .env says on a host where the capture agent has no rocminfo
 USER_ENV = {"TUNER_GFX": "gfx942", "TUNER_CU_NUM": "304"}
-VAR = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?[-?])([^}]*))?\}|(\w+))")
 
 
-def interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's interpolation: $$ is a literal $, ${V:-d} d when V is unset or empty, ${V-d} when unset."""
-    def one(m: re.Match) -> str:
-        if m.group(1):
-            return "$"
-        name = m.group(2) or m.group(5)
-        op, default = m.group(3), m.group(4) or ""
-        value = env.get(name)
-        if op == ":-" and not value or op == "-" and value is None:
-            return default
-        assert op not in (":?", "?") or value, f"{name} must be set: {default}"
-        return value or ""
-    return VAR.sub(one, text)
+def compose_cli() -> list[str]:
+    """The compose plugin where the Docker CLI has it, else the standalone docker-compose; never a skip."""
+    docker, standalone = shutil.which("docker"), shutil.which("docker-compose")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    if standalone:
+        return [standalone]
+    pytest.fail("no compose: `docker compose` or `docker-compose` is needed to check docker-compose.yml "
+                "(scripts/test.sh installs Debian's: apt-get install --no-install-recommends docker-compose)")
+
+
+def compose_config(user_env: dict[str, str], tmp) -> subprocess.CompletedProcess:
+    """`compose config` on the checkout's file, in a shell holding only user_env (and no .env file)."""
+    env_file = tmp / "empty.env"
+    env_file.write_text("")
+    return subprocess.run([*compose_cli(), "--env-file", str(env_file), "--profile", "serve", "config"], cwd=ROOT,
+                          capture_output=True, text=True, env={"PATH": os.environ["PATH"], **user_env})
+
+
+@functools.cache
+def services() -> dict:
+    """Each service as compose's `config` gives it with the user's .env."""
+    with tempfile.TemporaryDirectory() as tmp:
+        p = compose_config(USER_ENV, Path(tmp))
+    assert p.returncode == 0, p.stderr
+    return yaml.safe_load(p.stdout)["services"]
+
+
+def unescaped(value) -> str:
+    """What the container sees: `config` writes a literal $ as $$ again."""
+    return str(value).replace("$$", "$")
+
+
+def argv(value) -> list[str]:
+    """A command or healthcheck as compose passes it: v1 keeps the string, the plugin gives a list."""
+    return [unescaped(a) for a in (shlex.split(value) if isinstance(value, str) else value)]
+
+
+def mounts(svc: dict) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) for each volume: v1's 'source:target:mode', the plugin's mapping."""
+    out = []
+    for v in svc.get("volumes", []):
+        if isinstance(v, str):
+            source, target, mode = (v.split(":") + ["rw"])[:3]
+            out.append((source, target, mode == "ro"))
+        else:
+            out.append((v["source"], v["target"], bool(v.get("read_only"))))
+    return out
+
+
+def test_compose_validates_the_file_in_a_bare_shell(tmp_path):
+    """A bare shell (no .env): every variable compose reads has a default, every one the shell reads is escaped."""
+    p = compose_config({}, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "not set" not in p.stderr, p.stderr
+    assert set(yaml.safe_load(p.stdout)["services"]) == set(COMPOSE["services"])
 
 
 def test_the_compose_file_is_consistent():
-    assert set(SERVICES) - set(NEEDS_ENGINE) == {"wheel", "service", "worker", "capture"}
-    for name, svc in SERVICES.items():
+    svcs = services()
+    assert set(svcs) - set(NEEDS_ENGINE) == {"wheel", "service", "worker", "capture"}
+    for name, svc in svcs.items():
         assert "image" in svc and ("command" in svc or name in NEEDS_ENGINE), name
-        for dep in svc.get("depends_on", {}):
-            assert dep in SERVICES, (name, dep)
-        for vol in svc.get("volumes", []):
-            source = vol.split(":", 1)[0]
-            assert source == "." or source in COMPOSE["volumes"], (name, vol)
-            if source == ".":
-                assert vol.endswith(":ro"), "the checkout is mounted read-only"
-        # every variable the shell should see is escaped ($$), every compose variable has a default
-        for m in VAR.finditer(str(svc.get("command", "")) + str(svc.get("environment", {}))):
-            assert m.group(1) or m.group(3), (name, m.group(0))
-        assert "install -q aiter-tuner" not in str(svc.get("command")), "never a package index's aiter-tuner"
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        p = subprocess.run(["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr
+        for source, target, ro in mounts(svc):
+            assert source in COMPOSE["volumes"] or source == str(ROOT), (name, source)
+            if source == str(ROOT):
+                assert ro, "the checkout is mounted read-only"
+        assert "install -q aiter-tuner" not in " ".join(argv(svc.get("command", ""))), \
+            "never a package index's aiter-tuner"
 
 
 def checkout_copy(dest) -> None:
@@ -98,9 +140,8 @@ class Stack:
                       "127.0.0.1:8000": f"127.0.0.1:{port}"}  # the service's own port, inside its container
 
     def mapped(self, name: str, text: str) -> str:
-        for vol in SERVICES[name].get("volumes", []):
-            source, target = vol.split(":")[:2]
-            folder = self.src if source == "." else self.tmp / "volumes" / source
+        for source, target, _ in mounts(services()[name]):
+            folder = self.src if source == str(ROOT) else self.tmp / "volumes" / source
             folder.mkdir(parents=True, exist_ok=True)
             text = re.sub(re.escape(target) + r"(?=[/\s'\"]|$)", str(folder), text)
         for host, local in self.hosts.items():
@@ -108,20 +149,19 @@ class Stack:
         return text
 
     def env(self, name: str, bin_) -> dict[str, str]:
-        out = {k: self.mapped(name, interpolate(str(v), USER_ENV))
-               for k, v in SERVICES[name].get("environment", {}).items()}
+        out = {k: self.mapped(name, unescaped(v)) for k, v in services()[name].get("environment", {}).items()}
         if "DATABASE_URL" in out:  # NEEDS_ENGINE["postgres"]
             out["DATABASE_URL"] = f"sqlite:///{self.tmp / 'tuner.db'}"
-        return installed.env(bin_, **out)  # USER_ENV only fills the file's ${...}, as compose does
+        return installed.env(bin_, **out)  # USER_ENV only filled the file's ${...} (compose's config)
 
     def start(self, name: str) -> subprocess.Popen:
         bin_ = installed.venv(self.tmp / f"venv-{name}")
-        argv = shlex.split(self.mapped(name, interpolate(SERVICES[name]["command"], USER_ENV)))
-        assert argv[:2] == ["sh", "-c"], argv
+        args = [self.mapped(name, a) for a in argv(services()[name]["command"])]
+        assert args[:2] == ["sh", "-c"], args
         cwd = self.tmp / f"cwd-{name}"
         cwd.mkdir()
         log = (self.tmp / f"{name}.log").open("w")
-        p = subprocess.Popen(argv, cwd=cwd, env=self.env(name, bin_), stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(args, cwd=cwd, env=self.env(name, bin_), stdout=log, stderr=subprocess.STDOUT)
         p.log, p.bin = self.tmp / f"{name}.log", bin_  # type: ignore[attr-defined]
         self.procs.append(p)
         return p
@@ -153,7 +193,7 @@ def test_each_compose_service_command_runs_as_written(tmp_path):
 
         service = stack.start("service")
         installed.wait_healthy(url, service, service.log, timeout_s=600)
-        check = SERVICES["service"]["healthcheck"]["test"][1:]
+        check = argv(services()["service"]["healthcheck"]["test"])[1:]
         assert subprocess.run([str(service.bin / check[0]), *[stack.mapped("service", a) for a in check[1:]]],
                               timeout=60).returncode == 0
         secrets = tmp_path / "volumes" / "secrets"
