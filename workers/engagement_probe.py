@@ -222,6 +222,114 @@ def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool
     return probe
 
 
+class KernelNotFound(RuntimeError):
+    """A stage launcher handed a kernel name it does not run: what AITER raises at launch ('not find kernel')."""
+
+
+class _RecordUsing:
+    """The module's logger, recording the row fused_moe's lookup settled on at its 'using ... for {keys}' line
+    (fused_moe.py:2460; the row before it is discarded or kept)."""
+
+    def __init__(self, inner: Any, rows: list):
+        self._inner, self._rows = inner, rows
+
+    def info(self, msg, *a, **k):
+        if str(msg).startswith("[fused_moe] using"):
+            self._rows.append(inspect.currentframe().f_back.f_locals.get("cfg"))
+        return self._inner.info(msg, *a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _kernel_cell(v: Any) -> str:
+    s = "" if v is None or v != v else str(v).strip()  # pandas reads an empty cell as NaN
+    return "" if s == "Null" else s
+
+
+def moe_stages_run_row(path: Any, md: Any, cfg: dict | None) -> bool:
+    """Whether the stages the op's metadata holds run the row's kernels (family.moe_op.launchers): a launcher
+    taking a name runs the row where it was handed the row's name, and raises where it was handed a name it
+    does not run; one taking none runs the row where the row names a kernel of its kind."""
+    stages = [(md.stage1, "kernelName1")]
+    if not md.run_1stage and md.stage2 is not None:
+        stages.append((md.stage2, "kernelName2"))
+    ran = []
+    for part, col in stages:
+        fn = getattr(part, "func", part)
+        name = getattr(fn, "__name__", None)
+        la = path.launcher(name)
+        if la is None:
+            raise ProbeBroken(f"the MoE op's stage launcher {name!r} is not in the family's moe_op.launchers")
+        row_name = "" if cfg is None else _kernel_cell(cfg.get(col))
+        if la.kernel_arg:
+            got = _kernel_cell(part.keywords.get(la.kernel_arg, ""))
+            if got and not re.match(la.runs, got):
+                raise KernelNotFound(f"{name}: not find kernel {got!r}")
+            if row_name:
+                ran.append(got == row_name)
+        elif row_name:
+            ran.append(re.match(la.runs, row_name) is not None)
+    return cfg is not None and bool(ran) and all(ran)
+
+
+def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> Probe:
+    """fused_moe (the entry the server calls) with meta tensors of the shape: hidden_states [token, model_dim] of
+    dtype, w1 [expert, inter_dim * (2 if use_g1u1), model_dim] and w2 [expert, model_dim, inter_dim] of q_dtype_w
+    (marked is_shuffled, as the serving frameworks prepare them), topk ids/weights [token, topk]. The op derives its
+    own lookup arguments (q_dtype_a, quant_remap, the padded token) and builds its stages; the first kernel launch
+    (moe_sorting) ends the call. The row its lookup found, and whether its stages run that row, is the verdict."""
+    import torch
+    ns = vars(mod)
+    path = family.moe_op
+    lookup = ns["get_2stage_cfgs"]
+    params = inspect.signature(ns["fused_moe"]).parameters
+    not_aiters = [n for n in path.needs if not inspect.isfunction(ns.get(n))]
+    if not_aiters:
+        raise ProbeBroken(f"the MoE op's dispatch needs AITER's own {not_aiters} (a stub would decide for it)")
+
+    def probe(s):
+        rows: list = []
+        got: list = []
+
+        def spy(*a, **k):
+            got.append(lookup(*a, **k))
+            return got[-1]
+
+        def sorting(*a, **k):
+            raise Launched("moe_sorting")
+        M, E, topk = int(s["token"]), int(s["expert"]), int(s["topk"])
+        dim, inter = int(s["model_dim"]), int(s["inter_dim"])
+        w, dtype = _torch_dtype(s["q_dtype_w"]), _torch_dtype(s["dtype"])
+        w1 = torch.empty((E, inter * (2 if int(s["use_g1u1"]) else 1), dim), dtype=w, device="meta")
+        w2 = torch.empty((E, dim, inter), dtype=w, device="meta")
+        w1.is_shuffled = w2.is_shuffled = True
+        kw = dict(activation=getattr(ActivationType, s["act_type"].split(".")[1]),
+                  quant_type=getattr(QuantType, s["q_type"].split(".")[1]), doweight_stage1=bool(int(s["doweight_stage1"])))
+        if "gate_mode" in params and "gate_mode" in s:
+            kw["gate_mode"] = ns["GateMode"][s["gate_mode"].split(".")[1]].value
+        saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
+        ns.update(get_2stage_cfgs=spy, moe_sorting=sorting, logger=_RecordUsing(ns["logger"], rows),
+                  fused_moe_=inspect.unwrap(ns["fused_moe_"]))  # the op's body, not a registered custom op's fake
+        if hasattr(lookup, "cache_clear"):
+            lookup.cache_clear()  # a cached call logs no line: every call looks up anew
+        try:
+            ns["fused_moe"](torch.empty((M, dim), dtype=dtype, device="meta"), w1, w2,
+                            torch.empty((M, topk), dtype=torch.float32, device="meta"),
+                            torch.empty((M, topk), dtype=torch.int32, device="meta"), **kw)
+        except Launched:
+            pass
+        else:
+            raise ProbeBroken("fused_moe returned without launching moe_sorting")
+        finally:
+            ns.update(saved)
+        if not got or not rows:
+            raise ProbeBroken("fused_moe launched a kernel without its lookup's 'using' line")
+        cfg = rows[-1]
+        return moe_stages_run_row(path, got[-1], cfg), cfg
+    return probe
+
+
 def grouped_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
     """gfx1250 grouped MoE (grouped_moe_gfx1250.py:1026-1039): the token padded by its own _get_padded_m, the
     row _find_grouped_config matches (it reads the table the env var names, or AITER_CONFIGS' when unset)."""
@@ -356,6 +464,8 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     mod = load(path)
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
+    if fn == "get_2stage_cfgs" and family.moe_op is not None and "@file" not in family.aiter_args:
+        return moe_op_probe(mod, family, enums.ActivationType, enums.QuantType)
     if fn == "get_2stage_cfgs":
         return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
                           tuned_file if "@file" in family.aiter_args else None)

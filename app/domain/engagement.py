@@ -228,6 +228,11 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     closest: dict[tuple, str] = {}
     for raw in shapes:
         shape = family.looked_up(raw, cpp_at[0])  # the op's own remaps run on the device's gfx
+        refused = family.moe_op.refuses(shape, cpp_at[0], flydsl) if family.moe_op else None
+        if refused is not None:  # the op raises before it looks anything up
+            out.append(ShapeEngagement(raw, False, [], reason=f"AITER raises on this call ({refused.where}: "
+                                                              f"{refused.reason})", fails=True))
+            continue
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
         tried = [m for m, _ in cands]
         res = None
@@ -236,7 +241,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             row = index.get(k)
             if row is None:
                 continue
-            if is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored" and not family.other_op(shape):
+            if (is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored" and not family.other_op(shape)
+                    and not (family.moe_op and family.moe_op.runs_without_flydsl(row))):
                 if family.flydsl_miss == "skip":  # tuned_gemm.py:163-177: next padded-M candidate
                     skipped.append(m)
                     continue

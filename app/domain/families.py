@@ -7,6 +7,7 @@ aiter/tuned_gemm.py, aiter/ops/gemm_op_*.py, aiter/fused_moe.py, the csrc/*/*_tu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 # How a column's cells are read and written. AITER reads tables with pandas: ints stay ints, the
@@ -215,6 +216,82 @@ LOG_MOE = (
 
 
 @dataclass(frozen=True)
+class MoeADtype:
+    """One branch of the MoE op's activation-dtype choice: where every `when` condition holds (holds, plus "<"
+    on an integer cell) of the call's cells (the captured shape after remaps, "gfx": get_gfx(), and the op
+    arguments a capture does not carry, MoeOpPath.call_defaults), q_dtype_a becomes `to`: a dtype, "@w" (the
+    weight's dtype) or GPU_FP8."""
+    when: tuple[tuple[str, str, str], ...]
+    to: str
+
+    def fits(self, cells: dict[str, str], gfx: str) -> bool:
+        for col, op, val in self.when:
+            val = gpu_fp8(gfx) if val == GPU_FP8 else val
+            if op == "<":
+                cell = str(cells.get(col, "")).strip()
+                if not (cell.lstrip("-").isdigit() and int(cell) < int(val)):
+                    return False
+            elif not holds(cells, (col, op, val)):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class MoeLauncher:
+    """A stage launcher the MoE op's metadata may hold (the function a stage partial wraps): the keyword it takes
+    the kernel name in ("" where it takes none and runs its own config), and the kernel names it runs (a regex,
+    re.match): a name it is handed and does not run makes AITER raise at launch ('not find kernel'); a launcher
+    without a name runs a row whose kernel name it matches."""
+    name: str
+    kernel_arg: str
+    runs: str
+
+
+@dataclass(frozen=True)
+class MoeOpPath:
+    """What the MoE op (fused_moe -> fused_moe_ -> _fused_moe_impl) does to a call before and after its lookup, as
+    data: the activation dtype it derives from the weight dtype, quant type, activation, gate mode, the raw
+    token count and the GPU (a_dtype, first branch that fits; the captured q_dtype_a is what the lookup is keyed
+    on only where the op derives it), and the stage launchers its metadata may hold (launchers)."""
+    where: str  # AITER's file:line of the derivation
+    a_dtype: tuple[MoeADtype, ...]
+    # op arguments a capture does not carry, as the op's signature defaults them (column, value)
+    call_defaults: tuple[tuple[str, str], ...] = ()
+    launchers: tuple[MoeLauncher, ...] = ()
+    # functions of the op's module its stage dispatch calls that must be AITER's own where it is run (a stub's
+    # answer would route every row)
+    needs: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # AITER files the op's module imports those from (beside the lookup's)
+    # calls the op refuses before its lookup, on the call's cells as a_dtype sees them (q_dtype_a derived) and
+    # "flydsl" (True where FlyDSL is importable)
+    raises: tuple[MissRaises, ...] = ()
+    # kernel names the op routes to stages of its own before it asks for FlyDSL (fused_moe.py:2468-2491: the
+    # a4w4 port's HIP kernels): a row naming one runs where FlyDSL is not importable
+    without_flydsl: str | None = None
+    # the op calls get_gfx() (GPU_ARCHS) on every call, not only on a miss (fused_moe.py:800): a GPU_ARCHS
+    # get_gfx() rejects makes every call raise
+    calls_get_gfx: bool = False
+
+    def runs_without_flydsl(self, row: dict[str, str]) -> bool:
+        return self.without_flydsl is not None and any(
+            re.match(self.without_flydsl, str(row.get(c) or "")) for c in ("kernelName1", "kernelName2"))
+
+    def refuses(self, cells: dict[str, str], gfx: str, flydsl: bool) -> MissRaises | None:
+        full = dict(self.call_defaults) | dict(cells) | {"gfx": gfx, "flydsl": str(flydsl)}
+        return next((r for r in self.raises if r.raises(full)), None)
+
+    def q_dtype_a(self, cells: dict[str, str], gfx: str) -> str:
+        full = dict(self.call_defaults) | dict(cells) | {"gfx": gfx}
+        for b in self.a_dtype:
+            if b.fits(full, gfx):
+                return full.get("q_dtype_w", "") if b.to == "@w" else gpu_fp8(gfx) if b.to == GPU_FP8 else b.to
+        return full.get("q_dtype_a", "")
+
+    def launcher(self, name: str) -> MoeLauncher | None:
+        return next((x for x in self.launchers if x.name == name), None)
+
+
+@dataclass(frozen=True)
 class TableFamily:
     name: str
     env_var: str
@@ -328,6 +405,8 @@ class TableFamily:
     # the cells naming the kernel a row runs (joined by '+'): what an image upgrade's triage looks for in the new
     # image's kernel catalog, and what a confirmation race names its incumbent by (workers' kernel_name)
     kernel_columns: tuple[str, ...] = ("kernelName",)
+    # the MoE op's argument path and stage launchers (fused_moe.py); None: not a MoE op
+    moe_op: MoeOpPath | None = None
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -343,6 +422,8 @@ class TableFamily:
         for r in self.op_remaps:
             if r.column in out:
                 out[r.column] = r.value(out[r.column], gfx)
+        if self.moe_op is not None and "q_dtype_a" in out:  # the op derives the activation dtype itself
+            out["q_dtype_a"] = self.moe_op.q_dtype_a(out, gfx)
         return out
 
     def other_op(self, shape: dict[str, str]) -> bool:
@@ -391,6 +472,54 @@ _FMOE_OLD_KEYS = ("cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q
 _FMOE_HEAD = _FMOE_OLD_KEYS + ",block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage"
 # a CK GEMM lookup (gemm_op_a8w8.py get_CKGEMM_config, gemm_op_a4w4.py get_GEMM_config): M,N,K and the table
 _MNK_FILE = ("M", "N", "K", "@file")
+
+_P1X32, _SWIGLU = ("q_type", "==", "QuantType.per_1x32"), ("act_type", "==", "ActivationType.Swiglu")
+_BF16, _FP4X2 = "torch.bfloat16", "torch.float4_e2m1fn_x2"
+# fused_moe.py:761-806 (_fused_moe_impl), env unset (AITER_BF16_FP8_MOE_BOUND and GPTOSS_SWIGLU_MXFP4_BF16_BOUND
+# 256, no AITER_SITUV2_A8W4/A4W4, no AITER_FORCE_A8W4); M is the raw token count; the per_1x128 fp8-input branch
+# (:765-770) needs an fp8 hidden_states with a1_scale, which a bf16/fp16 `dtype` call never is
+_FMOE_A_DTYPE = (
+    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),  # :800-804
+    MoeADtype((_P1X32, ("q_dtype_w", "==", "torch.int4")), _BF16),  # :773-775
+    MoeADtype((_P1X32, ("q_dtype_w", "==", GPU_FP8)), GPU_FP8),  # :776-778
+    MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")), _BF16),  # :779-792
+    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"), ("token", "<", "256")), _BF16),  # :793
+    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED")), _FP4X2),
+    *(b for cond in (_SWIGLU, ("gate_mode", "==", "GateMode.INTERLEAVE")) for b in (  # :795-799
+        MoeADtype((_P1X32, cond, ("gfx", "!=", "gfx950")), _BF16), MoeADtype((_P1X32, cond, ("token", "<", "256")), _BF16),
+        MoeADtype((_P1X32, cond), GPU_FP8))),
+    MoeADtype((_P1X32,), _FP4X2),  # :801
+    MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8),  # :762
+    MoeADtype((), "@w"))
+# the stage launchers get_2stage_cfgs builds (fused_moe.py:2466-2975) and the kernel names each runs
+_FMOE_LAUNCHERS = (
+    MoeLauncher("fused_moe_1stage", "kernelName", r"_ZN"), MoeLauncher("asm_stage1", "kernelName", r"_ZN"),
+    MoeLauncher("ck_moe_stage1", "kernelName", r"moe_ck2stages"),
+    MoeLauncher("ck_moe_stage1_fwd", "kernelName", r"moe_ck2stages"),  # 0.1.7's stage 1
+    MoeLauncher("ck_moe_stage2_fwd", "kernelName", r"moe_ck2stages"),
+    MoeLauncher("_flydsl_stage1_wrapper", "kernelName", r"flydsl_"),
+    MoeLauncher("_flydsl_stage2_wrapper", "kernelName", r"flydsl_"),
+    MoeLauncher("_flydsl_v2_stage2_wrapper", "kernelName", r"flydsl_moe2_layout_"),
+    MoeLauncher("opus_a8w4_stage1_wrapper", "kernelName", r"opus_"),
+    MoeLauncher("opus_a8w4_stage2_wrapper", "kernelName", r"opus_"),
+    MoeLauncher("_mxfp4_a4w4_stage1_fw", "kernelName1", r"flydsl_mxmoe_g1"),
+    MoeLauncher("_mxfp4_a4w4_stage2_fw", "kernelName2", r"flydsl_mxmoe_g2"),
+    MoeLauncher("cktile_moe_stage1", "", r".*cktile"), MoeLauncher("cktile_moe_stage2", "", r".*cktile"))
+FMOE_OP = MoeOpPath("fused_moe.py:761-806", _FMOE_A_DTYPE, call_defaults=(("gate_mode", "GateMode.SEPARATED"),),
+                    launchers=_FMOE_LAUNCHERS, needs=("_is_mxfp4_kname", "parse_flydsl_v2_gemm2_kernel"),
+                    sources=("aiter/ops/flydsl/mxfp4_kname.py",), without_flydsl=r"flydsl_mxmoe_g[12]_a4w4_",
+                    calls_get_gfx=True,
+                    raises=(MissRaises(
+                        "fused_moe.py:852-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
+                        "gfx942/gfx950, g1u1 weights and no doweight_stage1",
+                        when=(_P1X32, ("q_dtype_w", "==", _FP4X2), ("q_dtype_a", "==", _BF16),
+                              ("act_type", "==", "ActivationType.Situv2")),
+                        unless=(("gfx", "in", "gfx942|gfx950"), ("flydsl", "==", "True"), ("use_g1u1", "in", "1|True"),
+                                ("doweight_stage1", "in", "0|False"))),))
+# amd-aiter 0.1.7 fused_moe.py:218-221: the weight's dtype (uint32: fp8), fp4x2 for per_1x32
+FMOE_OP_0_1_7 = MoeOpPath("fused_moe.py:218-221 (0.1.7)", (
+    MoeADtype((_P1X32,), _FP4X2), MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8), MoeADtype((), "@w")),
+    launchers=_FMOE_LAUNCHERS)
 
 FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
     TableFamily(
@@ -556,6 +685,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                     ReadCell("xbf16", "int", "fused_moe.py:2445", when=(("run_1stage", "nonzero", ""),)),
                     ReadCell("flat", "int", "fused_moe.py:2449", when=(("run_1stage", "nonzero", ""),))),
         aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_file_attr="AITER_CONFIG_FMOE_FILE", err_max=0.1,
+        moe_op=FMOE_OP,
         tuned_variants=(
             (_FMOE_HEAD + ",tflops,bw", _FMOE_OLD_KEYS),
             # the current release's own default and model_configs files (gfx backfilled from cu_num)
@@ -709,7 +839,8 @@ RELEASE_0_1_7 = AiterRelease(
         ("fmoe", (("read_cells", (ReadCell("block_m", "int", "fused_moe.py:632"),
                                   ReadCell("run_1stage", "int", "fused_moe.py:636"))),
                   ("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),
-                  ("dropped_rows", ()), ("padding", "moe_0_1_7"), ("overlay_first", False))),
+                  ("dropped_rows", ()), ("padding", "moe_0_1_7"), ("overlay_first", False),
+                  ("moe_op", FMOE_OP_0_1_7))),
     ),
 )
 RELEASES = (RELEASE_0_1_7, CURRENT)
@@ -791,7 +922,7 @@ def lookup_identity(family: TableFamily, gpu_gfx: str, gpu_cu_num: int, env: dic
     miss_error = None
     if family.gfx_source != "get_gfx":
         gfx = gpu_gfx
-        if error and error.startswith("KeyError"):
+        if error and error.startswith("KeyError") and not (family.moe_op and family.moe_op.calls_get_gfx):
             error, miss_error = None, error if family.gfx_on_miss else None
     return LookupIdentity(gfx, cu, targets, error=error, miss_error=miss_error, build_error=build_error)
 
