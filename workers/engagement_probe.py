@@ -273,6 +273,21 @@ def moe_stages_run_row(path: Any, md: Any, cfg: dict | None) -> bool:
     return cfg is not None and bool(ran) and all(ran)
 
 
+def undecorated(ns: dict, name: str, beside: str) -> Callable:
+    """The module's function `name` as AITER wrote it, without its decorators, compiled from the file that
+    defines `beside`: torch_compile_guard registers fused_moe_ as a torch custom op whose call with meta tensors
+    runs its FAKE impl (aiter/jit/utils/torch_guard.py wrapper_custom keeps no reference to the function)."""
+    import ast
+    path = inspect.unwrap(ns[beside]).__code__.co_filename
+    tree = ast.parse(Path(path).read_text(), path)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    fn.decorator_list = []
+    kept = ns[name]
+    exec(compile(ast.Module([fn], []), path, "exec"), ns)  # the module's globals: the probe's stubs reach it
+    body, ns[name] = ns[name], kept
+    return body
+
+
 def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> Probe:
     """fused_moe (the entry the server calls) with meta tensors of the shape: hidden_states [token, model_dim] of
     dtype, w1 [expert, inter_dim * (2 if use_g1u1), model_dim] and w2 [expert, model_dim, inter_dim] of q_dtype_w
@@ -287,6 +302,7 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> 
     not_aiters = [n for n in path.needs if not inspect.isfunction(ns.get(n))]
     if not_aiters:
         raise ProbeBroken(f"the MoE op's dispatch needs AITER's own {not_aiters} (a stub would decide for it)")
+    body = undecorated(ns, "fused_moe_", "get_inter_dim")
 
     def probe(s):
         rows: list = []
@@ -310,7 +326,7 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> 
             kw["gate_mode"] = ns["GateMode"][s["gate_mode"].split(".")[1]].value
         saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
         ns.update(get_2stage_cfgs=spy, moe_sorting=sorting, logger=_RecordUsing(ns["logger"], rows),
-                  fused_moe_=inspect.unwrap(ns["fused_moe_"]))  # the op's body, not a registered custom op's fake
+                  fused_moe_=body)
         if hasattr(lookup, "cache_clear"):
             lookup.cache_clear()  # a cached call logs no line: every call looks up anew
         try:
@@ -330,17 +346,117 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> 
     return probe
 
 
-def grouped_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
-    """gfx1250 grouped MoE (grouped_moe_gfx1250.py:1026-1039): the token padded by its own _get_padded_m, the
-    row _find_grouped_config matches (it reads the table the env var names, or AITER_CONFIGS' when unset)."""
+def grouped_op_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
+    """grouped_gemm_gfx1250_a8w4 (the entry fused_moe calls for a gate/up-interleaved call with FlyDSL) with meta
+    tensors of the shape and per-1x32 e8m0 scales: its own eligibility checks, token padding and EP topk, then
+    _find_grouped_config; its TDM launcher (_grouped_a8w4_tdm_moe) ends the call. hit: a row found and the TDM
+    path launched with it; the entry returning None (the caller's generic MoE runs) is a miss."""
+    import torch
+    ns = vars(grouped)
+    real = ns["_find_grouped_config"]
+
     def probe(s):
-        row = grouped._find_grouped_config(
-            token_num=grouped._get_padded_m(int(s["token"])), model_dim=int(s["model_dim"]),
-            inter_dim=int(s["inter_dim"]), experts=int(s["expert"]), topk=int(s["topk"]),
-            activation=getattr(ActivationType, s["act_type"].split(".")[1]), dtype=_torch_dtype(s["dtype"]),
-            q_dtype_a=_torch_dtype(s["q_dtype_a"]), q_dtype_w=_torch_dtype(s["q_dtype_w"]),
-            quant_type=getattr(QuantType, s["q_type"].split(".")[1]))
-        return row is not None, row
+        got: list = []
+
+        def spy(**k):
+            got.append(real(**k))
+            return got[-1]
+
+        def tdm(*a, **k):
+            raise Launched("_grouped_a8w4_tdm_moe")
+        M, E, topk = int(s["token"]), int(s["expert"]), int(s["topk"])
+        dim, inter, g1u1 = int(s["model_dim"]), int(s["inter_dim"]), bool(int(s["use_g1u1"]))
+        w, dtype = _torch_dtype(s["q_dtype_w"]), _torch_dtype(s["dtype"])
+        ep = topk == -1  # an expert-parallel call: the lookup keys topk as -1 (grouped_moe_gfx1250.py:1032)
+        topk = 1 if ep else topk
+
+        def meta(*shape, dt=torch.uint8):
+            return torch.empty(shape, dtype=dt, device="meta")
+        n1 = inter * (2 if g1u1 else 1)
+        saved = {n: ns[n] for n in ("_find_grouped_config", "_grouped_a8w4_tdm_moe")}
+        ns.update(_find_grouped_config=spy, _grouped_a8w4_tdm_moe=tdm)
+        try:
+            ns["grouped_gemm_gfx1250_a8w4"](
+                meta(M, dim, dt=dtype), meta(E, n1, dim, dt=w), meta(E, dim, inter, dt=w),
+                meta(M, topk, dt=torch.float32), meta(M, topk, dt=torch.int32), E=E, model_dim=dim, inter_dim=inter,
+                dtype=dtype, activation=getattr(ActivationType, s["act_type"].split(".")[1]),
+                quant_type=getattr(QuantType, s["q_type"].split(".")[1]), q_dtype_a=_torch_dtype(s["q_dtype_a"]),
+                q_dtype_w=w, isG1U1=g1u1, doweight_stage1=bool(int(s["doweight_stage1"])),
+                w1_scale=meta(E, n1, max(1, dim // 32)), w2_scale=meta(E, dim, max(1, inter // 32)),
+                expert_mask=meta(E, dt=torch.int32) if ep else None, hidden_pad=0, intermediate_pad=0, bias1=None,
+                bias2=None)
+        except Launched:
+            launched = True
+        else:
+            launched = False  # None: the caller's generic MoE runs the call
+        finally:
+            ns.update(saved)
+        row = got[-1] if got else None
+        return launched and row is not None, row
+    return probe
+
+
+def gdn_op_probe(prefill: Any) -> Probe:
+    """chunk_gated_delta_rule_fwd_h_flydsl_opt (the K5 opt entry, the one that calls _tuned_bv) with meta tensors of
+    the shape (K=128, chunk 64, as the op requires): dense, B = total_chunks / max_seq_chunks sequences of
+    max_seq_chunks chunks; varlen, one sequence of max_seq_chunks chunks and one-chunk sequences for the rest, with
+    the chunk schedule a serving framework hands it (prefill_metadata). Its kernel build (_get_or_compile_opt)
+    ends the call. hit: the BV it builds is the one its table lookup returned."""
+    import types
+
+    import torch
+    ns = vars(prefill)
+    real = ns["_tuned_bv"]
+
+    def probe(s):
+        got: list = []
+
+        def spy(**k):
+            got.append(real(**k))
+            return got[-1]
+
+        def build(*a, **k):
+            raise Launched(f"_get_or_compile_opt BV={a[3]}")
+        H, Hg, V = int(s["H"]), int(s["Hg"]), int(s["V"])
+        total, most = int(s["total_chunks"]), int(s["max_seq_chunks"])
+        varlen, flag = s["is_varlen"] == "True", (lambda c: s[c] == "True")
+        state = torch.bfloat16 if flag("state_bf16") else torch.float32
+        if varlen:
+            seqs = [most] + [1] * (total - most)
+        elif total % most == 0:
+            seqs = [most] * (total // most)
+        else:
+            raise ProbeBroken(f"a dense call has total_chunks a multiple of max_seq_chunks: {s}")
+        B, N, T = (1, len(seqs), 64 * sum(seqs)) if varlen else (len(seqs), len(seqs), 64 * most)
+
+        def meta(*shape, dt=torch.bfloat16):
+            return torch.empty(shape, dtype=dt, device="meta")
+        kw: dict = dict(initial_state=meta(N, H, V, 128, dt=state) if flag("use_h0") else None, state_dtype=state,
+                        output_final_state=flag("store_fs"),
+                        snapshot_dtype=torch.bfloat16 if flag("snapshot_bf16") else torch.float32)
+        if varlen:
+            offs = [0]
+            for n in seqs:
+                offs.append(offs[-1] + n)
+            sched = types.SimpleNamespace(total_chunks=total, chunk_offsets=meta(N + 1, dt=torch.int32),
+                                          kernel_cu_seqlens=meta(N + 1, dt=torch.int32), n_prefill=N,
+                                          max_seq_chunks=max(b - a for a, b in zip(offs, offs[1:])))
+            kw.update(cu_seqlens=meta(N + 1, dt=torch.int32), prefill_metadata=types.SimpleNamespace(
+                validate=lambda **k: None, get_chunk_schedule=lambda *a, **k: sched))
+        saved = {n: ns[n] for n in ("_tuned_bv", "_get_or_compile_opt", "_hipeq_select_bv")}
+        # the default BV rule asks the device (LDS per CU, CU count: _hipeq_compute_bv): 16, a BV it can return
+        ns.update(_tuned_bv=spy, _get_or_compile_opt=build, _hipeq_select_bv=lambda *a, **k: 16)
+        try:
+            ns["chunk_gated_delta_rule_fwd_h_flydsl_opt"](meta(B, T, Hg, 128), meta(B, H, T, 128), meta(B, H, T, V),
+                                                           **kw)
+        except Launched as e:
+            launched = e.kernel
+        else:
+            raise ProbeBroken("the K5 opt entry returned without building its kernel")
+        finally:
+            ns.update(saved)
+        bv = got[-1] if got else None
+        return bv is not None and launched.endswith(f"BV={bv}"), None if bv is None else {"BV": bv}
     return probe
 
 
@@ -470,9 +586,9 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
         return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
                           tuned_file if "@file" in family.aiter_args else None)
     if fn == "_find_grouped_config":
-        return grouped_probe(mod, enums.ActivationType, enums.QuantType)
+        return grouped_op_probe(mod, enums.ActivationType, enums.QuantType)
     if fn == "_tuned_bv":
-        return gdn_probe(mod)
+        return gdn_op_probe(mod)
     cpp = None
     tries = cpp_tries(csrc, family) if family.cpp_key is not None and csrc is not None else None
     if tries is not None:

@@ -241,8 +241,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             row = index.get(k)
             if row is None:
                 continue
-            if (is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored" and not family.other_op(shape)
-                    and not (family.moe_op and family.moe_op.runs_without_flydsl(row))):
+            if is_flydsl_row(row) and not flydsl and family.flydsl_miss != "ignored" and not family.other_op(shape) \
+                    and not (family.moe_op and family.moe_op.routes):  # the op's routes say what runs
                 if family.flydsl_miss == "skip":  # tuned_gemm.py:163-177: next padded-M candidate
                     skipped.append(m)
                     continue
@@ -260,6 +260,11 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 res = ShapeEngagement(raw, False, tried, m, row, reason=f"AITER raises reading the row's {bad[0]}: "
                                                                         f"{bad[1]}", fails=True)
                 break
+            if family.moe_op and family.moe_op.routes:
+                use, why = family.moe_op.row_use(shape, row, cpp_at[0], flydsl)
+                if use != "hit":
+                    res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=why)
+                    break
             use = row_use(family, shape, row)
             if use != "hit":
                 res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=(
@@ -290,6 +295,10 @@ def _wildcard(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_nu
     an empty or absent cell matches anything; no match with cu_num, then without it; the lowest us wins (a stable
     sort: ties keep file order)."""
     (m, _), = lookup_keys(family, key_columns, gfx, cu_num, raw)[:1]
+    op = family.moe_op
+    gone = op.declined(family.remap(raw), gfx) if op else None
+    if gone is not None:  # the entry hands the call back to the generic MoE before its lookup
+        return ShapeEngagement(raw, False, [m], reason=f"{gone.reason} ({gone.where}); the generic MoE runs it")
     want = dict(family.remap(raw), gfx=gfx, cu_num=str(cu_num))
     if m is not None:
         want[family.m_column] = str(m)  # type: ignore[index]
@@ -300,6 +309,9 @@ def _wildcard(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_nu
         found = [r for r in rows if fits(r, cols)]
         if found:
             row = min(found, key=lambda r: float(r.get("us") or 0.0))
+            gone = op.declined(family.remap(raw), gfx, after=True) if op else None
+            if gone is not None:
+                return ShapeEngagement(raw, False, [m], m, row, reason=f"{gone.reason} ({gone.where})")
             return ShapeEngagement(raw, True, [m], m, row)
     return ShapeEngagement(raw, False, [m], reason="no row matches (empty cells match anything, cu_num dropped "
                                                     "as a last resort)")

@@ -215,25 +215,30 @@ LOG_MOE = (
             _LOG_MOE + r"\(kernelName1=(?:'(?P<kernel>[^']*)')?.*?\) for (?P<keys>\(.*\))"))
 
 
+def moe_holds(cells: dict[str, str], cond: tuple[str, str, str], gfx: str) -> bool:
+    """holds, where GPU_FP8 in a value is the GPU's own fp8, plus "~" (re.match of the cell), "<" and ">" (an
+    integer cell below / above the value)."""
+    col, op, val = cond
+    val = val.replace(GPU_FP8, gpu_fp8(gfx))
+    cell = str(cells.get(col, "") if cells.get(col) is not None else "").strip()
+    if op == "~":
+        return re.match(val, cell) is not None
+    if op in ("<", ">"):
+        try:
+            n = float(cell)
+        except ValueError:
+            return False
+        return n < int(val) if op == "<" else n > int(val)
+    return holds(cells, (col, op, val))
+
+
 @dataclass(frozen=True)
 class MoeADtype:
-    """One branch of the MoE op's activation-dtype choice: where every `when` condition holds (holds, plus "<"
-    on an integer cell) of the call's cells (the captured shape after remaps, "gfx": get_gfx(), and the op
-    arguments a capture does not carry, MoeOpPath.call_defaults), q_dtype_a becomes `to`: a dtype, "@w" (the
-    weight's dtype) or GPU_FP8."""
+    """One branch of the MoE op's activation-dtype choice: where every `when` condition holds (moe_holds) of the
+    call's cells (the captured shape after remaps, "gfx": get_gfx(), and the op arguments a capture does not
+    carry, MoeOpPath.call_defaults), q_dtype_a becomes `to`: a dtype, "@w" (the weight's dtype) or GPU_FP8."""
     when: tuple[tuple[str, str, str], ...]
     to: str
-
-    def fits(self, cells: dict[str, str], gfx: str) -> bool:
-        for col, op, val in self.when:
-            val = gpu_fp8(gfx) if val == GPU_FP8 else val
-            if op == "<":
-                cell = str(cells.get(col, "")).strip()
-                if not (cell.lstrip("-").isdigit() and int(cell) < int(val)):
-                    return False
-            elif not holds(cells, (col, op, val)):
-                return False
-        return True
 
 
 @dataclass(frozen=True)
@@ -247,17 +252,36 @@ class MoeLauncher:
     runs: str
 
 
+# a stage of a route: one launcher, or the first (regex on the row's kernel name, launcher) that matches
+MoeStage = str | tuple[tuple[str, str], ...] | None
+
+
+@dataclass(frozen=True)
+class MoeRoute:
+    """One branch of the stage choice the MoE op makes for the row its lookup found (get_2stage_cfgs after its
+    'using' line), first that fits: conditions (moe_holds) on the call's cells as looked up, the row's cells
+    (kernelName1/2, run_1stage, ksplit) and "flydsl" ("True" where FlyDSL is importable); the launchers it builds
+    for stage 1 and 2. own_names: the branch names kernels of its own (a heuristic), the row's are not run."""
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    when: tuple[tuple[str, str, str], ...]
+    stage1: MoeStage
+    stage2: MoeStage = None
+    own_names: bool = False
+
+
 @dataclass(frozen=True)
 class MoeOpPath:
     """What the MoE op (fused_moe -> fused_moe_ -> _fused_moe_impl) does to a call before and after its lookup, as
     data: the activation dtype it derives from the weight dtype, quant type, activation, gate mode, the raw
     token count and the GPU (a_dtype, first branch that fits; the captured q_dtype_a is what the lookup is keyed
-    on only where the op derives it), and the stage launchers its metadata may hold (launchers)."""
+    on only where the op derives it), the calls it refuses, and for a row found, the stages it builds (routes)
+    with the launchers they run (launchers)."""
     where: str  # AITER's file:line of the derivation
     a_dtype: tuple[MoeADtype, ...]
     # op arguments a capture does not carry, as the op's signature defaults them (column, value)
     call_defaults: tuple[tuple[str, str], ...] = ()
     launchers: tuple[MoeLauncher, ...] = ()
+    routes: tuple[MoeRoute, ...] = ()
     # functions of the op's module its stage dispatch calls that must be AITER's own where it is run (a stub's
     # answer would route every row)
     needs: tuple[str, ...] = ()
@@ -265,30 +289,63 @@ class MoeOpPath:
     # calls the op refuses before its lookup, on the call's cells as a_dtype sees them (q_dtype_a derived) and
     # "flydsl" (True where FlyDSL is importable)
     raises: tuple[MissRaises, ...] = ()
-    # kernel names the op routes to stages of its own before it asks for FlyDSL (fused_moe.py:2468-2491: the
-    # a4w4 port's HIP kernels): a row naming one runs where FlyDSL is not importable
-    without_flydsl: str | None = None
     # the op calls get_gfx() (GPU_ARCHS) on every call, not only on a miss (fused_moe.py:800): a GPU_ARCHS
     # get_gfx() rejects makes every call raise
     calls_get_gfx: bool = False
+    # calls the entry hands back to its caller's generic MoE (returns None) before or after its lookup: a miss
+    # of this table (MissRaises.raises is the condition; "a_w" is "<q_dtype_a>/<q_dtype_w>")
+    declines: tuple[MissRaises, ...] = ()
+    declines_after: tuple[MissRaises, ...] = ()  # the same, after its lookup found a row
 
-    def runs_without_flydsl(self, row: dict[str, str]) -> bool:
-        return self.without_flydsl is not None and any(
-            re.match(self.without_flydsl, str(row.get(c) or "")) for c in ("kernelName1", "kernelName2"))
-
-    def refuses(self, cells: dict[str, str], gfx: str, flydsl: bool) -> MissRaises | None:
+    def _cells(self, cells: dict[str, str], gfx: str, flydsl: bool = True) -> dict[str, str]:
         full = dict(self.call_defaults) | dict(cells) | {"gfx": gfx, "flydsl": str(flydsl)}
-        return next((r for r in self.raises if r.raises(full)), None)
+        return full | {"a_w": f"{full.get('q_dtype_a', '')}/{full.get('q_dtype_w', '')}"}
+
+    def declined(self, cells: dict[str, str], gfx: str, after: bool = False) -> MissRaises | None:
+        full = self._cells(cells, gfx)
+        return next((r for r in (self.declines_after if after else self.declines) if r.raises(full)), None)
 
     def q_dtype_a(self, cells: dict[str, str], gfx: str) -> str:
-        full = dict(self.call_defaults) | dict(cells) | {"gfx": gfx}
+        full = self._cells(cells, gfx)
         for b in self.a_dtype:
-            if b.fits(full, gfx):
+            if all(moe_holds(full, c, gfx) for c in b.when):
                 return full.get("q_dtype_w", "") if b.to == "@w" else gpu_fp8(gfx) if b.to == GPU_FP8 else b.to
         return full.get("q_dtype_a", "")
 
-    def launcher(self, name: str) -> MoeLauncher | None:
+    def refuses(self, cells: dict[str, str], gfx: str, flydsl: bool) -> MissRaises | None:
+        full = self._cells(cells, gfx, flydsl)
+        return next((r for r in self.raises if r.raises(full)), None)
+
+    def launcher(self, name: str | None) -> MoeLauncher | None:
         return next((x for x in self.launchers if x.name == name), None)
+
+    def row_use(self, cells: dict[str, str], row: dict[str, str], gfx: str, flydsl: bool) -> tuple[str, str]:
+        """("hit" | "default" | "fails", why) for the row the lookup found, as the op's routes run it."""
+        # a row without run_1stage is 2-stage (cfg.get("run_1stage", False)); an empty cell is NaN, which is true
+        full = self._cells(cells, gfx, flydsl) | {c: str(row.get(c) if row.get(c) is not None else "")
+                                                   for c in ("kernelName1", "kernelName2", "ksplit")}
+        full["run_1stage"] = str(row["run_1stage"] if row.get("run_1stage") is not None else "") \
+            if "run_1stage" in row else "0"
+        route = next((r for r in self.routes if all(moe_holds(full, c, gfx) for c in r.when)), None)
+        if route is None:
+            return "hit", ""
+        if route.own_names:
+            return "default", f"the op runs kernels of its own heuristic here ({route.where}), not the row's"
+        ran = []
+        for stage, col in ((route.stage1, "kernelName1"), (route.stage2, "kernelName2")):
+            name = full[col] if full[col] != "Null" else ""
+            if stage is None or (col == "kernelName2" and not name):
+                continue
+            picked = stage if isinstance(stage, str) else next(la for rx, la in stage if re.match(rx, name))
+            la = self.launcher(picked)
+            assert la is not None, picked
+            if la.kernel_arg and name and not re.match(la.runs, name):
+                return "fails", (f"the op hands {col} {name!r} to {picked} ({route.where}), which does not run it: "
+                                 "AITER raises at launch (not find kernel)")
+            ran.append(bool(name) and re.match(la.runs, name) is not None)
+        if ran and all(ran):
+            return "hit", ""
+        return "default", f"the op's stages ({route.where}) do not run the row's kernels"
 
 
 @dataclass(frozen=True)
@@ -505,10 +562,59 @@ _FMOE_LAUNCHERS = (
     MoeLauncher("_mxfp4_a4w4_stage1_fw", "kernelName1", r"flydsl_mxmoe_g1"),
     MoeLauncher("_mxfp4_a4w4_stage2_fw", "kernelName2", r"flydsl_mxmoe_g2"),
     MoeLauncher("cktile_moe_stage1", "", r".*cktile"), MoeLauncher("cktile_moe_stage2", "", r".*cktile"))
+_G1U1, _NO_DOWEIGHT = ("use_g1u1", "in", "1|True"), ("doweight_stage1", "in", "0|False")
+_HALF, _FLYDSL = ("dtype", "in", "torch.bfloat16|torch.float16"), ("flydsl", "==", "True")
+_W_FP4 = ("q_dtype_w", "==", _FP4X2)
+_CKTILE = ("cktile_moe_stage1", "cktile_moe_stage2")
+_S2_TAIL = ((r"opus_moe2", "opus_a8w4_stage2_wrapper"), (r"cktile_", "cktile_moe_stage2"), (r"", "ck_moe_stage2_fwd"))
+_S2_FLYDSL = ((r"flydsl_", "_flydsl_stage2_wrapper"),) + _S2_TAIL
+_CK_KN1 = ("kernelName1", "~", r".*ck2stages")
+# get_2stage_cfgs' stage choice for a row found (fused_moe.py:2336-2975), the weights marked is_shuffled as the
+# serving frameworks prepare them, AITER_FLYDSL_FORCE unset (its default "1"); first that fits
+_FMOE_ROUTES = (
+    MoeRoute("fused_moe.py:2336-2350", (("kernelName1", "~", r"opus_"),
+                                        ("act_type", "in", "ActivationType.Gelu|ActivationType.No")), None,
+             own_names=True),  # an Opus row for another activation is discarded
+    *(MoeRoute("fused_moe.py:2468-2491", (c,), "_mxfp4_a4w4_stage1_fw", "_mxfp4_a4w4_stage2_fw") for c in (
+        ("kernelName1", "~", r"flydsl_mxmoe_g"), ("kernelName2", "~", r"flydsl_mxmoe_g"))),
+    MoeRoute("fused_moe.py:2493-2517", (("run_1stage", "nonzero", ""),), "fused_moe_1stage"),
+    *(MoeRoute("fused_moe.py:2523-2614", c, ((r"opus_moe1_", "opus_a8w4_stage1_wrapper"),
+                                             (r"flydsl_", "_flydsl_stage1_wrapper"), (r"", "ck_moe_stage1")),
+               ((r"flydsl_moe2_layout_", "_flydsl_v2_stage2_wrapper"), *_S2_FLYDSL))
+      for c in ((("kernelName1", "~", r"opus_moe1_"),), (("kernelName1", "~", r"flydsl_"), _FLYDSL),
+                (("kernelName2", "~", r"flydsl_"), _FLYDSL))),
+    MoeRoute("fused_moe.py:2615-2640", (("gate_mode", "!=", "GateMode.SEPARATED"), _HALF, _P1X32, _SWIGLU,
+                                        ("q_dtype_w", "!=", GPU_FP8)), *_CKTILE),
+    MoeRoute("fused_moe.py:2648-2685", (_P1X32, ("q_dtype_w", "==", "torch.int4"), _FLYDSL), None, own_names=True),
+    MoeRoute("fused_moe.py:2689-2780", (_HALF, _P1X32, ("act_type", "==", "ActivationType.Situv2"),
+                                        ("q_dtype_a", "==", _BF16), _W_FP4, _G1U1, _NO_DOWEIGHT, _FLYDSL), None,
+             own_names=True),
+    MoeRoute("fused_moe.py:2689-2780", (_HALF, _P1X32, ("q_dtype_a", "in", f"{_FP4X2}|{GPU_FP8}"),
+                                        ("q_dtype_w", "in", f"{_FP4X2}|{GPU_FP8}"), _G1U1, _NO_DOWEIGHT, _FLYDSL),
+             None, own_names=True),
+    *(MoeRoute("fused_moe.py:2781-2826", (_HALF, _P1X32, _W_FP4) + c, *_CKTILE) for c in (
+        (("act_type", "!=", "ActivationType.Swiglu"), ("ksplit", ">", "1")),
+        (_SWIGLU, ("q_dtype_a", "!=", _FP4X2), ("ksplit", ">", "1")),
+        (_SWIGLU, ("q_dtype_a", "in", "torch.bfloat16|torch.float16")))),
+    MoeRoute("fused_moe.py:2828-2856", (_SWIGLU, _W_FP4, _P1X32, _HALF, ("kernelName1", "~", "$")), *_CKTILE),
+    *(MoeRoute("fused_moe.py:2858-2917", c + f, "ck_moe_stage1", s2)
+      for c in ((_CK_KN1,), (("kernelName1", "~", "$"), ("q_type", "==", "QuantType.per_1x128"),
+                             ("doweight_stage1", "in", "1|True")),
+                (("kernelName1", "~", "$"), ("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}|"
+                                                                f"{GPU_FP8}")))
+      for f, s2 in (((_FLYDSL,), _S2_FLYDSL), ((), _S2_TAIL))),
+    MoeRoute("fused_moe.py:2919-2975", (), "asm_stage1", _S2_TAIL))
+# amd-aiter 0.1.7 fused_moe.py:640-729
+_FMOE_ROUTES_0_1_7 = (
+    MoeRoute("fused_moe.py:640-653 (0.1.7)", (("run_1stage", "nonzero", ""),), "fused_moe_1stage"),
+    MoeRoute("fused_moe.py:654-675 (0.1.7)", (_HALF, _P1X32, _SWIGLU), *_CKTILE),
+    *(MoeRoute("fused_moe.py:676-700 (0.1.7)", c, "ck_moe_stage1_fwd", "ck_moe_stage2_fwd") for c in (
+        (_CK_KN1,), (("q_type", "==", "QuantType.per_1x128"), ("doweight_stage1", "in", "1|True")),
+        (("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}"),))),
+    MoeRoute("fused_moe.py:702-729 (0.1.7)", (), "asm_stage1", "ck_moe_stage2_fwd"))
 FMOE_OP = MoeOpPath("fused_moe.py:761-806", _FMOE_A_DTYPE, call_defaults=(("gate_mode", "GateMode.SEPARATED"),),
                     launchers=_FMOE_LAUNCHERS, needs=("_is_mxfp4_kname", "parse_flydsl_v2_gemm2_kernel"),
-                    sources=("aiter/ops/flydsl/mxfp4_kname.py",), without_flydsl=r"flydsl_mxmoe_g[12]_a4w4_",
-                    calls_get_gfx=True,
+                    sources=("aiter/ops/flydsl/mxfp4_kname.py",), calls_get_gfx=True, routes=_FMOE_ROUTES,
                     raises=(MissRaises(
                         "fused_moe.py:852-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
                         "gfx942/gfx950, g1u1 weights and no doweight_stage1",
@@ -519,7 +625,19 @@ FMOE_OP = MoeOpPath("fused_moe.py:761-806", _FMOE_A_DTYPE, call_defaults=(("gate
 # amd-aiter 0.1.7 fused_moe.py:218-221: the weight's dtype (uint32: fp8), fp4x2 for per_1x32
 FMOE_OP_0_1_7 = MoeOpPath("fused_moe.py:218-221 (0.1.7)", (
     MoeADtype((_P1X32,), _FP4X2), MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8), MoeADtype((), "@w")),
-    launchers=_FMOE_LAUNCHERS)
+    launchers=_FMOE_LAUNCHERS, routes=_FMOE_ROUTES_0_1_7)
+
+# grouped_gemm_gfx1250_a8w4 (grouped_moe_gfx1250.py:874-1170), env unset (AITER_USE_GROUPED_GEMM,
+# AITER_DISABLE_GROUPED_A8W4, AITER_FORCE_GFX1250, GPU_ARCHS naming gfx1250 on another GPU): the calls it returns
+# None for, which fused_moe then runs on its generic path; "gfx" is get_gfx()
+GROUPED_OP = MoeOpPath("grouped_moe_gfx1250.py:874-1039", (), declines=(
+    MissRaises("grouped_moe_gfx1250.py:963-1011", "the grouped path serves gfx1250 g1u1 per_1x32 Silu/Swiglu/Situv2 "
+               "calls with fp4 weights and fp4 or fp8 activations only",
+               unless=(("gfx", "==", "gfx1250"), ("use_g1u1", "in", "1|True"), _P1X32,
+                       ("act_type", "in", "ActivationType.Silu|ActivationType.Swiglu|ActivationType.Situv2"),
+                       ("a_w", "in", f"{_FP4X2}/{_FP4X2}|torch.float8_e4m3fn/{_FP4X2}|torch.float8_e4m3fn/torch.uint8"))),),
+    declines_after=(MissRaises("grouped_moe_gfx1250.py:1072", "an expert-parallel call with doweight_stage1 goes to "
+                               "the generic MoE", when=(("topk", "==", "-1"), ("doweight_stage1", "in", "1|True"))),))
 
 FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
     TableFamily(
@@ -734,6 +852,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         gfx_source="get_gfx", duplicate_keys="first", filled=("kernelName1", "kernelName2"), err_max=0.1,
         sentinels=(("topk", "-1"),),  # an expert-parallel call (grouped_moe_gfx1250.py:1032-1033)
         aiter_lookup="aiter/ops/flydsl/grouped_moe_gfx1250.py:_find_grouped_config", env_concat=True,
+        moe_op=GROUPED_OP,
         key_match="wildcard",
         aiter_file_attr="AITER_CONFIG_GROUPED_FMOE_FILE",
         deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "

@@ -393,12 +393,14 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
         v = verdicts(s, camp.id, form=deploy_form)
         form = v.used
         for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
-            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails))
+            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails, c.row is not None))
     report = []
     for k, c in counts.items():
-        x, hit, fails = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False))
+        x, hit, fails, found = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False, False))
         observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
-        logged = hit or fails  # a row AITER finds is logged as used even where its kernel then raises
+        # a row AITER finds is logged as used even where its kernel then raises, or the op's dispatch then runs
+        # another kernel (a MoE stage route, a libtype the op does not run)
+        logged = hit or fails or found
         report.append({"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
                        "shape_id": x.id if x is not None else None, "state": x.state if x is not None else None,
                        "observed": observed, "predicted_hit": hit, "predicted_fails": fails,

@@ -217,6 +217,7 @@ class AiterProcess:
             "aiter.ops.flydsl.moe_kernels", reg, get_flydsl_kernel_params=lambda name: {"name": name},
             flydsl_kernel_name=lambda stage, *a: f"flydsl_moe{stage}_" + "_".join(map(str, a)),
             pick_flydsl_stage2_tile_k=lambda inter_dim: 128)
+        reg["triton"] = StubModule("triton", reg, cdiv=lambda a, b: -(-a // b))  # plain arithmetic the ops use
         reg["flydsl.runtime.device"] = StubModule("flydsl.runtime.device", reg, get_rocm_arch=lambda: ident.gfx)
         reg["aiter.ops.gemm_op_common"] = StubModule(
             "aiter.ops.gemm_op_common", reg, get_padded_m=lambda M, N, K, gl: lib.getPaddedM(M, N, K, gl))

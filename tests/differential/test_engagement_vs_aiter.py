@@ -107,8 +107,11 @@ def random_shapes(family, base: list[dict[str, str]], rng: random.Random, gfx: s
         s = dict(rng.choice(base))
         if family.m_column:
             s[family.m_column] = str(rng.choice([rng.randint(1, 300), rng.randint(1, 20000)]))
-        else:  # GDN: a batch shape's chunk counts and flags
-            s["total_chunks"] = str(rng.choice([int(s["total_chunks"]), rng.randint(1, 64)]))
+        else:  # GDN: a batch shape's chunk counts and flags, as a call makes them (dense: whole sequences of
+            # max_seq_chunks; varlen: at least the longest sequence)
+            most = int(s["max_seq_chunks"])
+            more = most * rng.randint(1, 8) if s["is_varlen"] == "False" else most + rng.randint(0, 64)
+            s["total_chunks"] = str(rng.choice([int(s["total_chunks"]), more]))
             s["use_h0"] = rng.choice(["True", "False"])
         if "bias" in s:
             s["bias"] = rng.choice(["True", "False"])
@@ -607,3 +610,52 @@ def test_issue_25_cases_agree_with_aiter_at_the_op(rel, name, ident, tmp_path):
     op does (a8w8: gemm_a8w8_CK with its kernel stubbed), on every deploy form."""
     family_name, case = CASES[name]
     compare(rel, family_name, ident, False, tmp_path, case=case(ident), label=name)
+
+
+# ------------------------------------------------------------------ the MoE op's own argument path (fused_moe)
+
+def fmoe_activation_dtypes(ident, situv2: bool = True):
+    """Captured per_1x32 and per_Token shapes whose q_dtype_a is, or is not, the one _fused_moe_impl derives from
+    the weight dtype, activation and raw token count (fused_moe.py:761-806): rows keyed on the captured value
+    (what a tuner writes for the capture) and on every other activation dtype, with kernels of their own kind.
+    The op looks up only the derived one."""
+    fp8 = "torch.float8_e4m3fnuz" if ident[0] == "gfx942" else "torch.float8_e4m3fn"
+    bases = [("ActivationType.Swiglu", _FP4, "QuantType.per_1x32"), ("ActivationType.Silu", _FP4, "QuantType.per_1x32"),
+             ("ActivationType.Situv2", _FP4, "QuantType.per_1x32"), ("ActivationType.Silu", fp8, "QuantType.per_1x32"),
+             ("ActivationType.Silu", "torch.int4", "QuantType.per_1x32"), ("ActivationType.Silu", fp8, "QuantType.per_Token")]
+
+    def case(family, header, shapes, pool):
+        out, keyed = [], []
+        for act, w, q in bases:
+            if act == "ActivationType.Situv2" and not situv2:
+                continue
+            for token in ("100", "255", "256", "1000"):
+                for a in ("torch.bfloat16", _FP4, fp8):
+                    s = dict(token=token, model_dim="4096", inter_dim="512", expert="128", topk="8", act_type=act,
+                             dtype="torch.bfloat16", q_dtype_a=a, q_dtype_w=w, q_type=q, use_g1u1="1",
+                             doweight_stage1="0")
+                    kind = [c for c in pool if c.get("_kind") == moe_kind(s) and c.get("run_1stage") != "1"]
+                    out.append(s)
+                    keyed.append(dict(random.Random(token + a).choice(kind)) if kind else None)
+        rows = []
+        for s, cells in zip(out, keyed):
+            if cells is not None:
+                v = {**cells, **s, "gfx": ident[0], "cu_num": str(ident[1]), "us": "10.0"}
+                rows.append({c: v.get(c, "") for c in header})
+        return out, Table(header, rows, "svc_0123456789ab_" + family.tuned_file)
+    return case
+
+
+_FP4 = "torch.float4_e2m1fn_x2"
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("rel", RELEASES, ids=[r[0] for r in RELEASES])
+def test_fmoe_is_looked_up_with_the_activation_dtype_the_op_derives(rel, ident, flydsl, tmp_path):
+    """fused_moe derives q_dtype_a itself (bf16 for a16w4/int4, fp4x2 above the Swiglu bound, the weight's dtype
+    otherwise; 0.1.7: fp4x2 for any per_1x32): a row keyed on another captured q_dtype_a never engages, and the
+    service must say so (TableFamily.moe_op)."""
+    # 0.1.7's ActivationType has no Situv2 (its aiter_enum.h): no server of it calls with one
+    compare(rel, "fmoe", ident, flydsl, tmp_path, case=fmoe_activation_dtypes(ident, rel[0] == "current"),
+            label="fmoe_q_dtype_a")
