@@ -883,6 +883,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # ValueError or KeyError returns {} (no row at all)
         comment_prefix="#", loader_ints=(("cu_num", True), ("H", False), ("Hg", False), ("V", False),
                                          ("total_chunks", False), ("max_seq_chunks", False), ("BV", False)),
+        # chunk_gated_delta_rule_fwd_h_flydsl_opt runs the BV its lookup returns only where it is 16, 32 or 64
+        # (V is 128), and raises ValueError on any other
+        read_cells=(ReadCell("BV", "enum", "ops/flydsl/linear_attention_prefill_kernels.py:1270", ("16", "32", "64")),),
         untuned_variants=("dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs",)),
 ]}
 

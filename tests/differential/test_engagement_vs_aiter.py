@@ -659,3 +659,19 @@ def test_fmoe_is_looked_up_with_the_activation_dtype_the_op_derives(rel, ident, 
     # 0.1.7's ActivationType has no Situv2 (its aiter_enum.h): no server of it calls with one
     compare(rel, "fmoe", ident, flydsl, tmp_path, case=fmoe_activation_dtypes(ident, rel[0] == "current"),
             label="fmoe_q_dtype_a")
+
+
+def gdn_bv_cells(ident):
+    """Rows whose BV the K5 opt op does not run (linear_attention_prefill_kernels.py:1270: BV in 16, 32, 64), beside
+    rows it runs: AITER raises on the first, and the service must predict it (TableFamily.read_cells)."""
+    def case(family, header, shapes, pool):
+        bvs = ("8", "128", "16", "64", None)
+        cells = [None if bvs[i % 5] is None else {"BV": bvs[i % 5]} for i in range(len(shapes))]
+        return shapes, Table(header, crafted_rows(family, header, shapes, pool, cells, ident),
+                             "svc_0123456789ab_" + family.tuned_file)
+    return case
+
+
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_gdn_rows_with_a_bv_the_op_does_not_run_are_predicted_to_raise(ident, tmp_path):
+    compare(RELEASES[0], "gdn_k5_opt", ident, True, tmp_path, case=gdn_bv_cells(ident), label="gdn_bv_cells")
