@@ -10,6 +10,7 @@ fused_moe.py:733-904), nothing more.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import inspect
 import os
@@ -228,14 +229,16 @@ class KernelNotFound(RuntimeError):
 
 class _RecordUsing:
     """The module's logger, recording the row fused_moe's lookup settled on at its 'using ... for {keys}' line
-    (fused_moe.py:2460; the row before it is discarded or kept)."""
+    (fused_moe.py:2460; the row before it is discarded or kept) with the line, held back: only the call the probe
+    takes logs it (lines)."""
 
     def __init__(self, inner: Any, rows: list):
         self._inner, self._rows = inner, rows
 
     def info(self, msg, *a, **k):
         if str(msg).startswith("[fused_moe] using"):
-            self._rows.append(inspect.currentframe().f_back.f_locals.get("cfg"))
+            self._rows.append((inspect.currentframe().f_back.f_locals.get("cfg"), (msg, a, k)))
+            return None
         return self._inner.info(msg, *a, **k)
 
     def __getattr__(self, name):
@@ -245,6 +248,14 @@ class _RecordUsing:
 def _kernel_cell(v: Any) -> str:
     s = "" if v is None or v != v else str(v).strip()  # pandas reads an empty cell as NaN
     return "" if s == "Null" else s
+
+
+def _recording(real: Callable, got: list) -> Callable:
+    """real, recording what it returns in got: what the op's lookup handed back to it."""
+    def spy(*a, **k):
+        got.append(real(*a, **k))
+        return got[-1]
+    return spy
 
 
 def moe_stages_run_row(path: Any, md: Any, cfg: dict | None) -> bool:
@@ -288,12 +299,16 @@ def undecorated(ns: dict, name: str, beside: str) -> Callable:
     return body
 
 
-def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> Probe:
+def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx: str) -> Probe:
     """fused_moe (the entry the server calls) with meta tensors of the shape: hidden_states [token, model_dim] of
     dtype, w1 [expert, inter_dim * (2 if use_g1u1), model_dim] and w2 [expert, model_dim, inter_dim] of q_dtype_w
     (marked is_shuffled, as the serving frameworks prepare them), topk ids/weights [token, topk]. The op derives its
     own lookup arguments (q_dtype_a, quant_remap, the padded token) and builds its stages; the first kernel launch
-    (moe_sorting) ends the call. The row its lookup found, and whether its stages run that row, is the verdict."""
+    (moe_sorting) ends the call. The row its lookup found, and whether its stages run that row, is the verdict.
+    A capture does not say which of the calls in family.moe_op.call_variants it came from: each is made, and the
+    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). The
+    shared-expert call is _fused_moe_impl with the _q_dtype_a fhmoe_ hands it (aiter/fhmoe.py:563-613, not
+    vendored: its q_dtype_a is the family's data, its metadata transform is not applied)."""
     import torch
     ns = vars(mod)
     path = family.moe_op
@@ -304,11 +319,14 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> 
         raise ProbeBroken(f"the MoE op's dispatch needs AITER's own {not_aiters} (a stub would decide for it)")
     body = undecorated(ns, "fused_moe_", "get_inter_dim")
 
-    def probe(s):
+    def call(s: dict, variant: dict) -> tuple[Any, Any, Any, list]:
+        """(the lookup's q_dtype_a argument or None, (hit, row) or None, what AITER raised or None, its log lines)"""
         rows: list = []
         got: list = []
+        keyed: list = []
 
         def spy(*a, **k):
+            keyed.append(str(a[6]))  # get_2stage_cfgs(token, model_dim, inter_dim, expert, topk, dtype, q_dtype_a
             got.append(lookup(*a, **k))
             return got[-1]
 
@@ -321,28 +339,56 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any) -> 
         w2 = torch.empty((E, dim, inter), dtype=w, device="meta")
         w1.is_shuffled = w2.is_shuffled = True
         kw = dict(activation=getattr(ActivationType, s["act_type"].split(".")[1]),
-                  quant_type=getattr(QuantType, s["q_type"].split(".")[1]), doweight_stage1=bool(int(s["doweight_stage1"])))
-        if "gate_mode" in params and "gate_mode" in s:
-            kw["gate_mode"] = ns["GateMode"][s["gate_mode"].split(".")[1]].value
+                  quant_type=getattr(QuantType, s["q_type"].split(".")[1]),
+                  doweight_stage1=bool(int(s["doweight_stage1"])))
+        gate = variant.get("gate_mode", s.get("gate_mode"))
+        if "gate_mode" in params and gate:
+            kw["gate_mode"] = ns["GateMode"][gate.split(".")[1]].value
+        entry = ns["fused_moe"]
+        if variant.get("entry") == "shared":
+            cells = dict(family.remap(s), **variant)
+            arch = ns["get_gfx"]()  # what the op's branches read (GPU_ARCHS)
+            qa = path.q_dtype_a(cells, gfx, arch) if path.variant(cells, gfx, arch) == variant else ""
+            if not qa:
+                return None, None, None, []  # not a call the shared-expert entry makes for these cells
+            entry = functools.partial(ns["_fused_moe_impl"], _q_dtype_a=_torch_dtype(qa))
+            kw.update(activation=kw["activation"].value, quant_type=kw["quant_type"].value)
         saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
         ns.update(get_2stage_cfgs=spy, moe_sorting=sorting, logger=_RecordUsing(ns["logger"], rows),
                   fused_moe_=body)
         if hasattr(lookup, "cache_clear"):
             lookup.cache_clear()  # a cached call logs no line: every call looks up anew
         try:
-            ns["fused_moe"](torch.empty((M, dim), dtype=dtype, device="meta"), w1, w2,
-                            torch.empty((M, topk), dtype=torch.float32, device="meta"),
-                            torch.empty((M, topk), dtype=torch.int32, device="meta"), **kw)
+            entry(torch.empty((M, dim), dtype=dtype, device="meta"), w1, w2,
+                  torch.empty((M, topk), dtype=torch.float32, device="meta"),
+                  torch.empty((M, topk), dtype=torch.int32, device="meta"), **kw)
         except Launched:
             pass
+        except ProbeBroken:
+            raise
+        except Exception as e:  # noqa: BLE001  AITER raised on this call (after its lookup, or before)
+            return (keyed[-1] if keyed else None), None, e, [x for _, x in rows]
         else:
             raise ProbeBroken("fused_moe returned without launching moe_sorting")
         finally:
             ns.update(saved)
         if not got or not rows:
             raise ProbeBroken("fused_moe launched a kernel without its lookup's 'using' line")
-        cfg = rows[-1]
-        return moe_stages_run_row(path, got[-1], cfg), cfg
+        lines = [x for _, x in rows]
+        try:
+            return keyed[-1], (moe_stages_run_row(path, got[-1], rows[-1][0]), rows[-1][0]), None, lines
+        except KernelNotFound as e:
+            return keyed[-1], None, e, lines
+
+    def probe(s):
+        made = [call(s, dict(v)) for v in path.call_variants]
+        want = str(family.remap(s).get("q_dtype_a"))
+        _, res, raised, lines = next((m for m in made if m[0] == want), made[0])
+        for msg, a, k in lines:  # the server's log: the call it made
+            ns["logger"].info(msg, *a, **k)
+        if raised is not None:
+            raise raised
+        return res
     return probe
 
 
@@ -357,10 +403,7 @@ def grouped_op_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe
 
     def probe(s):
         got: list = []
-
-        def spy(**k):
-            got.append(real(**k))
-            return got[-1]
+        spy = _recording(real, got)
 
         def tdm(*a, **k):
             raise Launched("_grouped_a8w4_tdm_moe")
@@ -410,10 +453,7 @@ def gdn_op_probe(prefill: Any) -> Probe:
 
     def probe(s):
         got: list = []
-
-        def spy(**k):
-            got.append(real(**k))
-            return got[-1]
+        spy = _recording(real, got)
 
         def build(*a, **k):
             raise Launched(f"_get_or_compile_opt BV={a[3]}")
@@ -581,7 +621,9 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
     if fn == "get_2stage_cfgs" and family.moe_op is not None and "@file" not in family.aiter_args:
-        return moe_op_probe(mod, family, enums.ActivationType, enums.QuantType)
+        for extra in family.moe_op.sources:  # the modules the op imports from (its grouped path, name parsing)
+            load(extra)
+        return moe_op_probe(mod, family, enums.ActivationType, enums.QuantType, gfx)
     if fn == "get_2stage_cfgs":
         return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
                           tuned_file if "@file" in family.aiter_args else None)

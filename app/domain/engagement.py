@@ -209,11 +209,12 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
           shapes: list[dict[str, str]], table: Table, flydsl: bool = True,
           cpp_at: tuple[str, int] | None = None,
           build_targets: tuple[tuple[str, int], ...] | None = None,
-          prepared: Lookup | None = None) -> list[ShapeEngagement]:
+          prepared: Lookup | None = None, arch: str | None = None) -> list[ShapeEngagement]:
     """Per captured shape, whether AITER's lookup finds a row it uses. (gfx, cu_num): what the Python lookup keys
     on; cpp_at: the device the compiled table is asked for (default the same); build_targets: the (gfx, cu_num)
     rows it is built from (default cpp_at) - see families.lookup_identity. prepared: prepare() of these
-    arguments, made earlier. Raises LookupRaises where the loader itself would raise on the table."""
+    arguments, made earlier. arch: what get_gfx() answers (families.LookupIdentity.arch), which a MoE op's
+    branches read (default the device's gfx). Raises LookupRaises where the loader itself would raise on the table."""
     cpp_at = cpp_at or (gfx, cu_num)
     lk = prepared or prepare(family, key_columns, gfx, table, build_targets or (cpp_at,))
     if lk.raises is not None:
@@ -227,8 +228,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     out: list[ShapeEngagement] = []
     closest: dict[tuple, str] = {}
     for raw in shapes:
-        shape = family.looked_up(raw, cpp_at[0])  # the op's own remaps run on the device's gfx
-        refused = family.moe_op.refuses(shape, cpp_at[0], flydsl) if family.moe_op else None
+        shape = family.looked_up(raw, cpp_at[0], arch)  # the op's own remaps run on the device's gfx
+        refused = family.moe_op.refuses(shape, cpp_at[0], flydsl, arch) if family.moe_op else None
         if refused is not None:  # the op raises before it looks anything up
             out.append(ShapeEngagement(raw, False, [], reason=f"AITER raises on this call ({refused.where}: "
                                                               f"{refused.reason})", fails=True))
@@ -261,7 +262,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                                                                         f"{bad[1]}", fails=True)
                 break
             if family.moe_op and family.moe_op.routes:
-                use, why = family.moe_op.row_use(shape, row, cpp_at[0], flydsl)
+                use, why = family.moe_op.row_use(shape, row, cpp_at[0], flydsl, arch)
                 if use != "hit":
                     res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=why)
                     break

@@ -280,6 +280,10 @@ class MoeOpPath:
     a_dtype: tuple[MoeADtype, ...]
     # op arguments a capture does not carry, as the op's signature defaults them (column, value)
     call_defaults: tuple[tuple[str, str], ...] = ()
+    # the calls a capture cannot tell apart (op arguments it does not carry), the default call first: a captured
+    # q_dtype_a is looked up as captured where one of them derives it (the first that does is the call made),
+    # else as the default call derives it; a_dtype "" marks a call the op cannot make for these cells
+    call_variants: tuple[tuple[tuple[str, str], ...], ...] = ((),)
     launchers: tuple[MoeLauncher, ...] = ()
     routes: tuple[MoeRoute, ...] = ()
     # functions of the op's module its stage dispatch calls that must be AITER's own where it is run (a stub's
@@ -289,7 +293,7 @@ class MoeOpPath:
     # calls the op refuses before its lookup, on the call's cells as a_dtype sees them (q_dtype_a derived) and
     # "flydsl" (True where FlyDSL is importable)
     raises: tuple[MissRaises, ...] = ()
-    # the op calls get_gfx() (GPU_ARCHS) on every call, not only on a miss (fused_moe.py:800): a GPU_ARCHS
+    # the op calls get_gfx() (GPU_ARCHS) on every call, not only on a miss (fused_moe.py:799): a GPU_ARCHS
     # get_gfx() rejects makes every call raise
     calls_get_gfx: bool = False
     # calls the entry hands back to its caller's generic MoE (returns None) before or after its lookup: a miss
@@ -297,32 +301,47 @@ class MoeOpPath:
     declines: tuple[MissRaises, ...] = ()
     declines_after: tuple[MissRaises, ...] = ()  # the same, after its lookup found a row
 
-    def _cells(self, cells: dict[str, str], gfx: str, flydsl: bool = True) -> dict[str, str]:
-        full = dict(self.call_defaults) | dict(cells) | {"gfx": gfx, "flydsl": str(flydsl)}
+    def _derive(self, full: dict[str, str], gfx: str) -> str:
+        for b in self.a_dtype:
+            if all(moe_holds(full, c, gfx) for c in b.when):
+                return full.get("q_dtype_w", "") if b.to == "@w" else gpu_fp8(gfx) if b.to == GPU_FP8 else b.to
+        return full.get("q_dtype_a", "")
+
+    def variant(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> dict[str, str]:
+        """The call a captured shape is taken to come from (call_variants). gfx: the device's (its fp8); arch:
+        what get_gfx() answers (GPU_ARCHS' last entry), the "gfx" the conditions read (default gfx)."""
+        base = dict(self.call_defaults) | dict(cells) | {"gfx": arch or gfx}
+        for v in self.call_variants:
+            if self._derive(base | dict(v), gfx) == cells.get("q_dtype_a"):
+                return dict(v)
+        return dict(self.call_variants[0])
+
+    def _cells(self, cells: dict[str, str], gfx: str, flydsl: bool = True, arch: str | None = None) -> dict[str, str]:
+        full = dict(self.call_defaults) | dict(cells) | self.variant(cells, gfx, arch) | {"gfx": arch or gfx,
+                                                                                          "flydsl": str(flydsl)}
         return full | {"a_w": f"{full.get('q_dtype_a', '')}/{full.get('q_dtype_w', '')}"}
 
     def declined(self, cells: dict[str, str], gfx: str, after: bool = False) -> MissRaises | None:
         full = self._cells(cells, gfx)
         return next((r for r in (self.declines_after if after else self.declines) if r.raises(full)), None)
 
-    def q_dtype_a(self, cells: dict[str, str], gfx: str) -> str:
-        full = self._cells(cells, gfx)
-        for b in self.a_dtype:
-            if all(moe_holds(full, c, gfx) for c in b.when):
-                return full.get("q_dtype_w", "") if b.to == "@w" else gpu_fp8(gfx) if b.to == GPU_FP8 else b.to
-        return full.get("q_dtype_a", "")
+    def q_dtype_a(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> str:
+        """The activation dtype the lookup is keyed on for a captured call (call_variants)."""
+        base = dict(self.call_defaults) | dict(cells) | {"gfx": arch or gfx}
+        return self._derive(base | self.variant(cells, gfx, arch), gfx)
 
-    def refuses(self, cells: dict[str, str], gfx: str, flydsl: bool) -> MissRaises | None:
-        full = self._cells(cells, gfx, flydsl)
+    def refuses(self, cells: dict[str, str], gfx: str, flydsl: bool, arch: str | None = None) -> MissRaises | None:
+        full = self._cells(cells, gfx, flydsl, arch)
         return next((r for r in self.raises if r.raises(full)), None)
 
     def launcher(self, name: str | None) -> MoeLauncher | None:
         return next((x for x in self.launchers if x.name == name), None)
 
-    def row_use(self, cells: dict[str, str], row: dict[str, str], gfx: str, flydsl: bool) -> tuple[str, str]:
+    def row_use(self, cells: dict[str, str], row: dict[str, str], gfx: str, flydsl: bool,
+                arch: str | None = None) -> tuple[str, str]:
         """("hit" | "default" | "fails", why) for the row the lookup found, as the op's routes run it."""
         # a row without run_1stage is 2-stage (cfg.get("run_1stage", False)); an empty cell is NaN, which is true
-        full = self._cells(cells, gfx, flydsl) | {c: str(row.get(c) if row.get(c) is not None else "")
+        full = self._cells(cells, gfx, flydsl, arch) | {c: str(row.get(c) if row.get(c) is not None else "")
                                                    for c in ("kernelName1", "kernelName2", "ksplit")}
         full["run_1stage"] = str(row["run_1stage"] if row.get("run_1stage") is not None else "") \
             if "run_1stage" in row else "0"
@@ -473,14 +492,14 @@ class TableFamily:
                 out[col] = used
         return out
 
-    def looked_up(self, shape: dict[str, str], gfx: str) -> dict[str, str]:
+    def looked_up(self, shape: dict[str, str], gfx: str, arch: str | None = None) -> dict[str, str]:
         """A captured shape as the op on this GPU (get_gfx_runtime) hands it to the lookup: remap, then op_remaps."""
         out = self.remap(shape)
         for r in self.op_remaps:
             if r.column in out:
                 out[r.column] = r.value(out[r.column], gfx)
         if self.moe_op is not None and "q_dtype_a" in out:  # the op derives the activation dtype itself
-            out["q_dtype_a"] = self.moe_op.q_dtype_a(out, gfx)
+            out["q_dtype_a"] = self.moe_op.q_dtype_a(out, gfx, arch)  # arch: get_gfx() (GPU_ARCHS)
         return out
 
     def other_op(self, shape: dict[str, str]) -> bool:
@@ -532,23 +551,32 @@ _MNK_FILE = ("M", "N", "K", "@file")
 
 _P1X32, _SWIGLU = ("q_type", "==", "QuantType.per_1x32"), ("act_type", "==", "ActivationType.Swiglu")
 _BF16, _FP4X2 = "torch.bfloat16", "torch.float4_e2m1fn_x2"
-# fused_moe.py:761-806 (_fused_moe_impl), env unset (AITER_BF16_FP8_MOE_BOUND and GPTOSS_SWIGLU_MXFP4_BF16_BOUND
+# fused_moe.py:759-806 (_fused_moe_impl), env unset (AITER_BF16_FP8_MOE_BOUND and GPTOSS_SWIGLU_MXFP4_BF16_BOUND
 # 256, no AITER_SITUV2_A8W4/A4W4, no AITER_FORCE_A8W4); M is the raw token count; the per_1x128 fp8-input branch
-# (:765-770) needs an fp8 hidden_states with a1_scale, which a bf16/fp16 `dtype` call never is
+# (:762-767) needs an fp8 hidden_states with a1_scale, which a bf16/fp16 `dtype` call never is
+_SHARED = ("entry", "==", "shared")
 _FMOE_A_DTYPE = (
-    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),  # :800-804
-    MoeADtype((_P1X32, ("q_dtype_w", "==", "torch.int4")), _BF16),  # :773-775
-    MoeADtype((_P1X32, ("q_dtype_w", "==", GPU_FP8)), GPU_FP8),  # :776-778
-    MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")), _BF16),  # :779-792
-    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"), ("token", "<", "256")), _BF16),  # :793
+    # fused_moe with shared experts goes to fhmoe_ (fused_moe.py:495-536), which calls _fused_moe_impl with
+    # _q_dtype_a fp8 for interleaved gate/up weights, else fp4x2 (aiter/fhmoe.py:563, :611 at e4048607a5); its
+    # contract (fhmoe.py _validate_fhmoe_contract) is gfx950, per_1x32, Silu and fp4x2 weights
+    *(MoeADtype((_SHARED, ("gfx", "==", "gfx950"), _P1X32, ("act_type", "==", "ActivationType.Silu"),
+                 ("q_dtype_w", "==", _FP4X2)) + g, a)
+      for g, a in (((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), ((), _FP4X2))),
+    MoeADtype((_SHARED,), ""),
+    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),  # :799-803
+    MoeADtype((_P1X32, ("q_dtype_w", "==", "torch.int4")), _BF16),  # :769-771
+    MoeADtype((_P1X32, ("q_dtype_w", "==", GPU_FP8)), GPU_FP8),  # :772-774
+    MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")), _BF16),  # :776-788
+    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"), ("token", "<", "256")), _BF16),  # :789-790
     MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED")), _FP4X2),
-    *(b for cond in (_SWIGLU, ("gate_mode", "==", "GateMode.INTERLEAVE")) for b in (  # :795-799
-        MoeADtype((_P1X32, cond, ("gfx", "!=", "gfx950")), _BF16), MoeADtype((_P1X32, cond, ("token", "<", "256")), _BF16),
+    *(b for cond in (_SWIGLU, ("gate_mode", "==", "GateMode.INTERLEAVE")) for b in (  # :791-795
+        MoeADtype((_P1X32, cond, ("gfx", "!=", "gfx950")), _BF16),
+        MoeADtype((_P1X32, cond, ("token", "<", "256")), _BF16),
         MoeADtype((_P1X32, cond), GPU_FP8))),
-    MoeADtype((_P1X32,), _FP4X2),  # :801
-    MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8),  # :762
+    MoeADtype((_P1X32,), _FP4X2),  # :796-797
+    MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8),  # :759
     MoeADtype((), "@w"))
-# the stage launchers get_2stage_cfgs builds (fused_moe.py:2466-2975) and the kernel names each runs
+# the stage launchers get_2stage_cfgs builds (fused_moe.py:2471-2975) and the kernel names each runs
 _FMOE_LAUNCHERS = (
     MoeLauncher("fused_moe_1stage", "kernelName", r"_ZN"), MoeLauncher("asm_stage1", "kernelName", r"_ZN"),
     MoeLauncher("ck_moe_stage1", "kernelName", r"moe_ck2stages"),
@@ -569,13 +597,13 @@ _CKTILE = ("cktile_moe_stage1", "cktile_moe_stage2")
 _S2_TAIL = ((r"opus_moe2", "opus_a8w4_stage2_wrapper"), (r"cktile_", "cktile_moe_stage2"), (r"", "ck_moe_stage2_fwd"))
 _S2_FLYDSL = ((r"flydsl_", "_flydsl_stage2_wrapper"),) + _S2_TAIL
 _CK_KN1 = ("kernelName1", "~", r".*ck2stages")
-# get_2stage_cfgs' stage choice for a row found (fused_moe.py:2336-2975), the weights marked is_shuffled as the
+# get_2stage_cfgs' stage choice for a row found (fused_moe.py:2328-2975), the weights marked is_shuffled as the
 # serving frameworks prepare them, AITER_FLYDSL_FORCE unset (its default "1"); first that fits
 _FMOE_ROUTES = (
-    MoeRoute("fused_moe.py:2336-2350", (("kernelName1", "~", r"opus_"),
+    MoeRoute("fused_moe.py:2341-2351", (("kernelName1", "~", r"opus_"),
                                         ("act_type", "in", "ActivationType.Gelu|ActivationType.No")), None,
              own_names=True),  # an Opus row for another activation is discarded
-    *(MoeRoute("fused_moe.py:2468-2491", (c,), "_mxfp4_a4w4_stage1_fw", "_mxfp4_a4w4_stage2_fw") for c in (
+    *(MoeRoute("fused_moe.py:2471-2491", (c,), "_mxfp4_a4w4_stage1_fw", "_mxfp4_a4w4_stage2_fw") for c in (
         ("kernelName1", "~", r"flydsl_mxmoe_g"), ("kernelName2", "~", r"flydsl_mxmoe_g"))),
     MoeRoute("fused_moe.py:2493-2517", (("run_1stage", "nonzero", ""),), "fused_moe_1stage"),
     *(MoeRoute("fused_moe.py:2523-2614", c, ((r"opus_moe1_", "opus_a8w4_stage1_wrapper"),
@@ -583,40 +611,43 @@ _FMOE_ROUTES = (
                ((r"flydsl_moe2_layout_", "_flydsl_v2_stage2_wrapper"), *_S2_FLYDSL))
       for c in ((("kernelName1", "~", r"opus_moe1_"),), (("kernelName1", "~", r"flydsl_"), _FLYDSL),
                 (("kernelName2", "~", r"flydsl_"), _FLYDSL))),
-    MoeRoute("fused_moe.py:2615-2640", (("gate_mode", "!=", "GateMode.SEPARATED"), _HALF, _P1X32, _SWIGLU,
+    MoeRoute("fused_moe.py:2617-2645", (("gate_mode", "!=", "GateMode.SEPARATED"), _HALF, _P1X32, _SWIGLU,
                                         ("q_dtype_w", "!=", GPU_FP8)), *_CKTILE),
-    MoeRoute("fused_moe.py:2648-2685", (_P1X32, ("q_dtype_w", "==", "torch.int4"), _FLYDSL), None, own_names=True),
-    MoeRoute("fused_moe.py:2689-2780", (_HALF, _P1X32, ("act_type", "==", "ActivationType.Situv2"),
+    MoeRoute("fused_moe.py:2652-2690", (_P1X32, ("q_dtype_w", "==", "torch.int4"), _FLYDSL), None, own_names=True),
+    MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("act_type", "==", "ActivationType.Situv2"),
                                         ("q_dtype_a", "==", _BF16), _W_FP4, _G1U1, _NO_DOWEIGHT, _FLYDSL), None,
              own_names=True),
-    MoeRoute("fused_moe.py:2689-2780", (_HALF, _P1X32, ("q_dtype_a", "in", f"{_FP4X2}|{GPU_FP8}"),
+    MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("q_dtype_a", "in", f"{_FP4X2}|{GPU_FP8}"),
                                         ("q_dtype_w", "in", f"{_FP4X2}|{GPU_FP8}"), _G1U1, _NO_DOWEIGHT, _FLYDSL),
              None, own_names=True),
-    *(MoeRoute("fused_moe.py:2781-2826", (_HALF, _P1X32, _W_FP4) + c, *_CKTILE) for c in (
+    *(MoeRoute("fused_moe.py:2798-2837", (_HALF, _P1X32, _W_FP4) + c, *_CKTILE) for c in (
         (("act_type", "!=", "ActivationType.Swiglu"), ("ksplit", ">", "1")),
         (_SWIGLU, ("q_dtype_a", "!=", _FP4X2), ("ksplit", ">", "1")),
         (_SWIGLU, ("q_dtype_a", "in", "torch.bfloat16|torch.float16")))),
-    MoeRoute("fused_moe.py:2828-2856", (_SWIGLU, _W_FP4, _P1X32, _HALF, ("kernelName1", "~", "$")), *_CKTILE),
-    *(MoeRoute("fused_moe.py:2858-2917", c + f, "ck_moe_stage1", s2)
+    MoeRoute("fused_moe.py:2839-2872", (_SWIGLU, _W_FP4, _P1X32, _HALF, ("kernelName1", "~", "$")), *_CKTILE),
+    *(MoeRoute("fused_moe.py:2874-2933", c + f, "ck_moe_stage1", s2)
       for c in ((_CK_KN1,), (("kernelName1", "~", "$"), ("q_type", "==", "QuantType.per_1x128"),
                              ("doweight_stage1", "in", "1|True")),
                 (("kernelName1", "~", "$"), ("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}|"
                                                                 f"{GPU_FP8}")))
       for f, s2 in (((_FLYDSL,), _S2_FLYDSL), ((), _S2_TAIL))),
-    MoeRoute("fused_moe.py:2919-2975", (), "asm_stage1", _S2_TAIL))
-# amd-aiter 0.1.7 fused_moe.py:640-729
+    MoeRoute("fused_moe.py:2935-2975", (), "asm_stage1", _S2_TAIL))
+# amd-aiter 0.1.7 fused_moe.py:642-729
 _FMOE_ROUTES_0_1_7 = (
-    MoeRoute("fused_moe.py:640-653 (0.1.7)", (("run_1stage", "nonzero", ""),), "fused_moe_1stage"),
-    MoeRoute("fused_moe.py:654-675 (0.1.7)", (_HALF, _P1X32, _SWIGLU), *_CKTILE),
-    *(MoeRoute("fused_moe.py:676-700 (0.1.7)", c, "ck_moe_stage1_fwd", "ck_moe_stage2_fwd") for c in (
+    MoeRoute("fused_moe.py:642-654 (0.1.7)", (("run_1stage", "nonzero", ""),), "fused_moe_1stage"),
+    MoeRoute("fused_moe.py:655-676 (0.1.7)", (_HALF, _P1X32, _SWIGLU), *_CKTILE),
+    *(MoeRoute("fused_moe.py:677-704 (0.1.7)", c, "ck_moe_stage1_fwd", "ck_moe_stage2_fwd") for c in (
         (_CK_KN1,), (("q_type", "==", "QuantType.per_1x128"), ("doweight_stage1", "in", "1|True")),
         (("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}"),))),
-    MoeRoute("fused_moe.py:702-729 (0.1.7)", (), "asm_stage1", "ck_moe_stage2_fwd"))
-FMOE_OP = MoeOpPath("fused_moe.py:761-806", _FMOE_A_DTYPE, call_defaults=(("gate_mode", "GateMode.SEPARATED"),),
+    MoeRoute("fused_moe.py:706-729 (0.1.7)", (), "asm_stage1", "ck_moe_stage2_fwd"))
+FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE, call_defaults=(("gate_mode", "GateMode.SEPARATED"),),
+                    call_variants=tuple(((("gate_mode", g), ("entry", e))) for e in ("fused_moe", "shared")
+                                        for g in ("GateMode.SEPARATED", "GateMode.INTERLEAVE")),
                     launchers=_FMOE_LAUNCHERS, needs=("_is_mxfp4_kname", "parse_flydsl_v2_gemm2_kernel"),
-                    sources=("aiter/ops/flydsl/mxfp4_kname.py",), calls_get_gfx=True, routes=_FMOE_ROUTES,
+                    sources=("aiter/ops/flydsl/mxfp4_kname.py", "aiter/ops/flydsl/grouped_moe_gfx1250.py"),
+                    calls_get_gfx=True, routes=_FMOE_ROUTES,
                     raises=(MissRaises(
-                        "fused_moe.py:852-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
+                        "fused_moe.py:855-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
                         "gfx942/gfx950, g1u1 weights and no doweight_stage1",
                         when=(_P1X32, ("q_dtype_w", "==", _FP4X2), ("q_dtype_a", "==", _BF16),
                               ("act_type", "==", "ActivationType.Situv2")),
@@ -635,7 +666,8 @@ GROUPED_OP = MoeOpPath("grouped_moe_gfx1250.py:874-1039", (), declines=(
                "calls with fp4 weights and fp4 or fp8 activations only",
                unless=(("gfx", "==", "gfx1250"), ("use_g1u1", "in", "1|True"), _P1X32,
                        ("act_type", "in", "ActivationType.Silu|ActivationType.Swiglu|ActivationType.Situv2"),
-                       ("a_w", "in", f"{_FP4X2}/{_FP4X2}|torch.float8_e4m3fn/{_FP4X2}|torch.float8_e4m3fn/torch.uint8"))),),
+                       ("a_w", "in", f"{_FP4X2}/{_FP4X2}|torch.float8_e4m3fn/{_FP4X2}|"
+                                     "torch.float8_e4m3fn/torch.uint8"))),),
     declines_after=(MissRaises("grouped_moe_gfx1250.py:1072", "an expert-parallel call with doweight_stage1 goes to "
                                "the generic MoE", when=(("topk", "==", "-1"), ("doweight_stage1", "in", "1|True"))),))
 
@@ -1006,6 +1038,7 @@ class LookupIdentity:
     cu_num: int
     build_targets: tuple[tuple[str, int], ...]
     error: str | None = None  # the Python lookup raises
+    arch: str = ""  # what get_gfx() answers (GPU_ARCHS' last entry, or the GPU): what a MoE op's branches read
     miss_error: str | None = None  # the Python lookup raises on a shape it has no row for
     build_error: str | None = None  # building the compiled table raises
 
@@ -1046,7 +1079,8 @@ def lookup_identity(family: TableFamily, gpu_gfx: str, gpu_cu_num: int, env: dic
         gfx = gpu_gfx
         if error and error.startswith("KeyError") and not (family.moe_op and family.moe_op.calls_get_gfx):
             error, miss_error = None, error if family.gfx_on_miss else None
-    return LookupIdentity(gfx, cu, targets, error=error, miss_error=miss_error, build_error=build_error)
+    arch = gpu_gfx if archs == "native" else archs.split(";")[-1]
+    return LookupIdentity(gfx, cu, targets, error=error, miss_error=miss_error, build_error=build_error, arch=arch)
 
 
 class UnknownFamily(LookupError):

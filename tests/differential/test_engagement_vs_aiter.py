@@ -334,7 +334,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         aiter_fails = out.error or out.lookup_error
         mine = None if art.table is None or art.refused else eng.check(
             family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
-            build_targets=li.build_targets)
+            build_targets=li.build_targets, arch=li.arch)
         refused = art.refused or env_error
         if mine and li.miss_error:  # a shape without a row takes a default path that raises (as verdicts() has it)
             for m in mine:
@@ -363,7 +363,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
             disagreements += log_disagreements(family, [shapes[i] for i in kept],
                                                [theirs[i] if out.raised[i] is None else (False, {"kernelName1": ""})
                                                 for i in kept],
-                                               out.log, gfx)[:4]
+                                               out.log, gfx, li.arch)[:4]
         bad = 0
         for s, m, (h, c), raised in zip(shapes, mine, theirs, out.raised):
             # a row AITER's lookup returned (used or not) must be the row the service found; a shape AITER
@@ -386,7 +386,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
     assert not disagreements, "\n".join(disagreements)
 
 
-def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str) -> list[str]:
+def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str,
+                      arch: str | None = None) -> list[str]:
     """AITER's own log lines of these lookups (AITER_LOG_TUNED_CONFIG=1), read with the service's grammar
     (TableFamily.log_lines): every line is this family's and names a shape probed (as AITER printed it: MoE
     prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
@@ -394,7 +395,7 @@ def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], 
     printed: dict[tuple, bool] = {}
     for s, (_, c) in zip(shapes, theirs):
         found = c is not None and ("us" in c or "kernelName1" in c)
-        s = family.looked_up(s, gfx)  # as the op hands it to the lookup, which prints it
+        s = family.looked_up(s, gfx, arch)  # as the op hands it to the lookup, which prints it
         s.update({c: str(int(s[src]) + off) for c, src, off in family.lookup_derived})  # as the lookup keys it
         for m in (m_candidates(family, s) if family.m_column == "token" else [None]):
             printed[make_shape(family, s if m is None else dict(s, token=str(m)), "probe").key] = found
@@ -620,9 +621,10 @@ def fmoe_activation_dtypes(ident, situv2: bool = True):
     (what a tuner writes for the capture) and on every other activation dtype, with kernels of their own kind.
     The op looks up only the derived one."""
     fp8 = "torch.float8_e4m3fnuz" if ident[0] == "gfx942" else "torch.float8_e4m3fn"
-    bases = [("ActivationType.Swiglu", _FP4, "QuantType.per_1x32"), ("ActivationType.Silu", _FP4, "QuantType.per_1x32"),
-             ("ActivationType.Situv2", _FP4, "QuantType.per_1x32"), ("ActivationType.Silu", fp8, "QuantType.per_1x32"),
-             ("ActivationType.Silu", "torch.int4", "QuantType.per_1x32"), ("ActivationType.Silu", fp8, "QuantType.per_Token")]
+    p1x32 = "QuantType.per_1x32"
+    bases = [("ActivationType.Swiglu", _FP4, p1x32), ("ActivationType.Silu", _FP4, p1x32),
+             ("ActivationType.Situv2", _FP4, p1x32), ("ActivationType.Silu", fp8, p1x32),
+             ("ActivationType.Silu", "torch.int4", p1x32), ("ActivationType.Silu", fp8, "QuantType.per_Token")]
 
     def case(family, header, shapes, pool):
         out, keyed = [], []
