@@ -622,7 +622,10 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
         return bf16_probe(mod)
     if fn == "get_2stage_cfgs" and family.moe_op is not None and "@file" not in family.aiter_args:
         for extra in family.moe_op.sources:  # the modules the op imports from (its grouped path, name parsing)
-            load(extra)
+            try:
+                load(extra)
+            except ImportError:  # an image without FlyDSL: the op's own import of it fails the same way
+                pass
         return moe_op_probe(mod, family, enums.ActivationType, enums.QuantType, gfx)
     if fn == "get_2stage_cfgs":
         return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
