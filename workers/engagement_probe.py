@@ -12,6 +12,7 @@ caller (fused_moe.py:733-904), nothing more.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
 import inspect
@@ -217,9 +218,7 @@ def op_probe(mod: Any, family: Any, importer: Callable[[str], Any],
         if op is None:
             raise ProbeBroken(f"{entry.function} is not the op's own function here")
 
-        def spy(*a, **k):
-            got.append(real(*a, **k))
-            return got[-1]
+        spy = _recording(real, got)
         spy.__dict__ = real.__dict__  # the lookup keeps its table as an attribute of its global name (batched)
 
         def launcher(name: str, libtype: str) -> Callable:
@@ -318,29 +317,281 @@ def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool
     return probe
 
 
-def grouped_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
-    """gfx1250 grouped MoE (grouped_moe_gfx1250.py:1026-1039): the token padded by its own _get_padded_m, the
-    row _find_grouped_config matches (it reads the table the env var names, or AITER_CONFIGS' when unset)."""
+class KernelNotFound(RuntimeError):
+    """A stage launcher handed a kernel name it does not run: what AITER raises at launch ('not find kernel')."""
+
+
+class _RecordUsing:
+    """The module's logger, recording the row fused_moe's lookup settled on at its 'using ... for {keys}' line
+    (fused_moe.py:2460; the row before it is discarded or kept) with the line, held back: only the call the probe
+    takes logs it (lines)."""
+
+    def __init__(self, inner: Any, rows: list):
+        self._inner, self._rows = inner, rows
+
+    def info(self, msg, *a, **k):
+        if str(msg).startswith("[fused_moe] using"):
+            self._rows.append((inspect.currentframe().f_back.f_locals.get("cfg"), (msg, a, k)))
+            return None
+        return self._inner.info(msg, *a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _kernel_cell(v: Any) -> str:
+    s = "" if v is None or v != v else str(v).strip()  # pandas reads an empty cell as NaN
+    return "" if s == "Null" else s
+
+
+def _recording(real: Callable, got: list) -> Callable:
+    """real, recording what it returns in got: what the op's lookup handed back to it."""
+    def spy(*a, **k):
+        got.append(real(*a, **k))
+        return got[-1]
+    return spy
+
+
+def moe_stages_run_row(path: Any, md: Any, cfg: dict | None) -> bool:
+    """Whether the stages the op's metadata holds run the row's kernels (family.moe_op.launchers): a launcher
+    taking a name runs the row where it was handed the row's name, and raises where it was handed a name it
+    does not run; one taking none runs the row where the row names a kernel of its kind."""
+    stages = [(md.stage1, "kernelName1")]
+    if not md.run_1stage and md.stage2 is not None:
+        stages.append((md.stage2, "kernelName2"))
+    ran = []
+    for part, col in stages:
+        fn = getattr(part, "func", part)
+        name = getattr(fn, "__name__", None)
+        la = path.launcher(name)
+        if la is None:
+            raise ProbeBroken(f"the MoE op's stage launcher {name!r} is not in the family's moe_op.launchers")
+        row_name = "" if cfg is None else _kernel_cell(cfg.get(col))
+        if la.kernel_arg:
+            got = _kernel_cell(part.keywords.get(la.kernel_arg, ""))
+            if got and not re.match(la.runs, got):
+                raise KernelNotFound(f"{name}: not find kernel {got!r}")
+            if row_name:
+                ran.append(got == row_name)
+        elif row_name:
+            ran.append(re.match(la.runs, row_name) is not None)
+    return cfg is not None and bool(ran) and all(ran)
+
+
+def undecorated(ns: dict, name: str, beside: str) -> Callable:
+    """The module's function `name` as AITER wrote it, without its decorators, compiled from the file that
+    defines `beside`: torch_compile_guard registers fused_moe_ as a torch custom op whose call with meta tensors
+    runs its FAKE impl (aiter/jit/utils/torch_guard.py wrapper_custom keeps no reference to the function)."""
+    import ast
+    path = inspect.unwrap(ns[beside]).__code__.co_filename
+    tree = ast.parse(Path(path).read_text(), path)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    fn.decorator_list = []
+    kept = ns[name]
+    exec(compile(ast.Module([fn], []), path, "exec"), ns)  # the module's globals: the probe's stubs reach it
+    body, ns[name] = ns[name], kept
+    return body
+
+
+def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx: str) -> Probe:
+    """fused_moe (the entry the server calls) with meta tensors of the shape: hidden_states [token, model_dim] of
+    dtype, w1 [expert, inter_dim * (2 if use_g1u1), model_dim] and w2 [expert, model_dim, inter_dim] of q_dtype_w
+    (marked is_shuffled, as the serving frameworks prepare them), topk ids/weights [token, topk]. The op derives its
+    own lookup arguments (q_dtype_a, quant_remap, the padded token) and builds its stages; the first kernel launch
+    (moe_sorting) ends the call. The row its lookup found, and whether its stages run that row, is the verdict.
+    A capture does not say which of the calls in family.moe_op.call_variants it came from: each is made, and the
+    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). The
+    shared-expert call is _fused_moe_impl with the _q_dtype_a fhmoe_ hands it (aiter/fhmoe.py:563-613, not
+    vendored: its q_dtype_a is the family's data, its metadata transform is not applied)."""
+    import torch
+    ns = vars(mod)
+    path = family.moe_op
+    lookup = ns["get_2stage_cfgs"]
+    params = inspect.signature(ns["fused_moe"]).parameters
+    not_aiters = [n for n in path.needs if not inspect.isfunction(ns.get(n))]
+    if not_aiters:
+        raise ProbeBroken(f"the MoE op's dispatch needs AITER's own {not_aiters} (a stub would decide for it)")
+    body = undecorated(ns, "fused_moe_", "get_inter_dim")
+
+    def call(s: dict, variant: dict) -> tuple[Any, Any, Any, list]:
+        """(the lookup's q_dtype_a argument or None, (hit, row) or None, what AITER raised or None, its log lines)"""
+        rows: list = []
+        got: list = []
+        keyed: list = []
+
+        def spy(*a, **k):
+            keyed.append(str(a[6]))  # get_2stage_cfgs(token, model_dim, inter_dim, expert, topk, dtype, q_dtype_a
+            got.append(lookup(*a, **k))
+            return got[-1]
+
+        def sorting(*a, **k):
+            raise Launched("moe_sorting")
+        M, E, topk = int(s["token"]), int(s["expert"]), int(s["topk"])
+        dim, inter = int(s["model_dim"]), int(s["inter_dim"])
+        w, dtype = _torch_dtype(s["q_dtype_w"]), _torch_dtype(s["dtype"])
+        w1 = torch.empty((E, inter * (2 if int(s["use_g1u1"]) else 1), dim), dtype=w, device="meta")
+        w2 = torch.empty((E, dim, inter), dtype=w, device="meta")
+        for t in (w1, w2):  # what AITER's shuffle_weight marks (the op reads it: is_shuffled)
+            setattr(t, "is_shuffled", True)
+        kw = dict(activation=getattr(ActivationType, s["act_type"].split(".")[1]),
+                  quant_type=getattr(QuantType, s["q_type"].split(".")[1]),
+                  doweight_stage1=bool(int(s["doweight_stage1"])))
+        gate = variant.get("gate_mode", s.get("gate_mode"))
+        if "gate_mode" in params and gate:
+            kw["gate_mode"] = ns["GateMode"][gate.split(".")[1]].value
+        entry = ns["fused_moe"]
+        if variant.get("entry") == "shared":
+            cells = dict(family.remap(s), **variant)
+            arch = ns["get_gfx"]()  # what the op's branches read (GPU_ARCHS)
+            qa = path.q_dtype_a(cells, gfx, arch) if path.variant(cells, gfx, arch) == variant else ""
+            if not qa:
+                return None, None, None, []  # not a call the shared-expert entry makes for these cells
+            entry = functools.partial(ns["_fused_moe_impl"], _q_dtype_a=_torch_dtype(qa))
+            kw.update(activation=kw["activation"].value, quant_type=kw["quant_type"].value)
+        saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
+        ns.update(get_2stage_cfgs=spy, moe_sorting=sorting, logger=_RecordUsing(ns["logger"], rows),
+                  fused_moe_=body)
+        if hasattr(lookup, "cache_clear"):
+            lookup.cache_clear()  # a cached call logs no line: every call looks up anew
+        try:
+            entry(torch.empty((M, dim), dtype=dtype, device="meta"), w1, w2,
+                  torch.empty((M, topk), dtype=torch.float32, device="meta"),
+                  torch.empty((M, topk), dtype=torch.int32, device="meta"), **kw)
+        except Launched:
+            pass
+        except ProbeBroken:
+            raise
+        except Exception as e:  # noqa: BLE001  AITER raised on this call (after its lookup, or before)
+            return (keyed[-1] if keyed else None), None, e, [x for _, x in rows]
+        else:
+            raise ProbeBroken("fused_moe returned without launching moe_sorting")
+        finally:
+            ns.update(saved)
+        if not got or not rows:
+            raise ProbeBroken("fused_moe launched a kernel without its lookup's 'using' line")
+        lines = [x for _, x in rows]
+        try:
+            return keyed[-1], (moe_stages_run_row(path, got[-1], rows[-1][0]), rows[-1][0]), None, lines
+        except KernelNotFound as e:
+            return keyed[-1], None, e, lines
+
     def probe(s):
-        row = grouped._find_grouped_config(
-            token_num=grouped._get_padded_m(int(s["token"])), model_dim=int(s["model_dim"]),
-            inter_dim=int(s["inter_dim"]), experts=int(s["expert"]), topk=int(s["topk"]),
-            activation=getattr(ActivationType, s["act_type"].split(".")[1]), dtype=_torch_dtype(s["dtype"]),
-            q_dtype_a=_torch_dtype(s["q_dtype_a"]), q_dtype_w=_torch_dtype(s["q_dtype_w"]),
-            quant_type=getattr(QuantType, s["q_type"].split(".")[1]))
-        return row is not None, row
+        made = [call(s, dict(v)) for v in path.call_variants]
+        want = str(family.remap(s).get("q_dtype_a"))
+        _, res, raised, lines = next((m for m in made if m[0] == want), made[0])
+        for msg, a, k in lines:  # the server's log: the call it made
+            ns["logger"].info(msg, *a, **k)
+        if raised is not None:
+            raise raised
+        return res
     return probe
 
 
-def gdn_probe(prefill: Any) -> Probe:
-    """The chunk-GDN K5 opt BV table (linear_attention_prefill_kernels.py _tuned_bv): the BV it returns."""
-    ints = ("H", "Hg", "V", "total_chunks", "max_seq_chunks")
+def grouped_op_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
+    """grouped_gemm_gfx1250_a8w4 (the entry fused_moe calls for a gate/up-interleaved call with FlyDSL) with meta
+    tensors of the shape and per-1x32 e8m0 scales: its own eligibility checks, token padding and EP topk, then
+    _find_grouped_config; its TDM launcher (_grouped_a8w4_tdm_moe) ends the call. hit: a row found and the TDM
+    path launched with it; the entry returning None (the caller's generic MoE runs) is a miss."""
+    import torch
+    ns = vars(grouped)
+    real = ns["_find_grouped_config"]
 
     def probe(s):
-        kw = {c: (int(v) if c in ints else v == "True") for c, v in s.items()
-              if c in ints + ("is_varlen", "use_h0", "store_fs", "snapshot_bf16", "state_bf16")}
-        bv = prefill._tuned_bv(**kw)
-        return bv is not None, None if bv is None else {"BV": bv}
+        got: list = []
+        spy = _recording(real, got)
+
+        def tdm(*a, **k):
+            raise Launched("_grouped_a8w4_tdm_moe")
+        M, E, topk = int(s["token"]), int(s["expert"]), int(s["topk"])
+        dim, inter, g1u1 = int(s["model_dim"]), int(s["inter_dim"]), bool(int(s["use_g1u1"]))
+        w, dtype = _torch_dtype(s["q_dtype_w"]), _torch_dtype(s["dtype"])
+        ep = topk == -1  # an expert-parallel call: the lookup keys topk as -1 (grouped_moe_gfx1250.py:1032)
+        topk = 1 if ep else topk
+
+        def meta(*shape, dt=torch.uint8):
+            return torch.empty(shape, dtype=dt, device="meta")
+        n1 = inter * (2 if g1u1 else 1)
+        saved = {n: ns[n] for n in ("_find_grouped_config", "_grouped_a8w4_tdm_moe")}
+        ns.update(_find_grouped_config=spy, _grouped_a8w4_tdm_moe=tdm)
+        try:
+            ns["grouped_gemm_gfx1250_a8w4"](
+                meta(M, dim, dt=dtype), meta(E, n1, dim, dt=w), meta(E, dim, inter, dt=w),
+                meta(M, topk, dt=torch.float32), meta(M, topk, dt=torch.int32), E=E, model_dim=dim, inter_dim=inter,
+                dtype=dtype, activation=getattr(ActivationType, s["act_type"].split(".")[1]),
+                quant_type=getattr(QuantType, s["q_type"].split(".")[1]), q_dtype_a=_torch_dtype(s["q_dtype_a"]),
+                q_dtype_w=w, isG1U1=g1u1, doweight_stage1=bool(int(s["doweight_stage1"])),
+                w1_scale=meta(E, n1, max(1, dim // 32)), w2_scale=meta(E, dim, max(1, inter // 32)),
+                expert_mask=meta(E, dt=torch.int32) if ep else None, hidden_pad=0, intermediate_pad=0, bias1=None,
+                bias2=None)
+        except Launched:
+            launched = True
+        else:
+            launched = False  # None: the caller's generic MoE runs the call
+        finally:
+            ns.update(saved)
+        row = got[-1] if got else None
+        return launched and row is not None, row
+    return probe
+
+
+def gdn_op_probe(prefill: Any) -> Probe:
+    """chunk_gated_delta_rule_fwd_h_flydsl_opt (the K5 opt entry, the one that calls _tuned_bv) with meta tensors of
+    the shape (K=128, chunk 64, as the op requires): dense, B = total_chunks / max_seq_chunks sequences of
+    max_seq_chunks chunks; varlen, one sequence of max_seq_chunks chunks and one-chunk sequences for the rest, with
+    the chunk schedule a serving framework hands it (prefill_metadata). Its kernel build (_get_or_compile_opt)
+    ends the call. hit: the BV it builds is the one its table lookup returned."""
+    import types
+
+    import torch
+    ns = vars(prefill)
+    real = ns["_tuned_bv"]
+
+    def probe(s):
+        got: list = []
+        spy = _recording(real, got)
+
+        def build(*a, **k):
+            raise Launched(f"_get_or_compile_opt BV={a[3]}")
+        H, Hg, V = int(s["H"]), int(s["Hg"]), int(s["V"])
+        total, most = int(s["total_chunks"]), int(s["max_seq_chunks"])
+        varlen, flag = s["is_varlen"] == "True", (lambda c: s[c] == "True")
+        state = torch.bfloat16 if flag("state_bf16") else torch.float32
+        if varlen:
+            seqs = [most] + [1] * (total - most)
+        elif total % most == 0:
+            seqs = [most] * (total // most)
+        else:
+            raise ProbeBroken(f"a dense call has total_chunks a multiple of max_seq_chunks: {s}")
+        B, N, T = (1, len(seqs), 64 * sum(seqs)) if varlen else (len(seqs), len(seqs), 64 * most)
+
+        def meta(*shape, dt=torch.bfloat16):
+            return torch.empty(shape, dtype=dt, device="meta")
+        kw: dict = dict(initial_state=meta(N, H, V, 128, dt=state) if flag("use_h0") else None, state_dtype=state,
+                        output_final_state=flag("store_fs"),
+                        snapshot_dtype=torch.bfloat16 if flag("snapshot_bf16") else torch.float32)
+        if varlen:
+            offs = [0]
+            for n in seqs:
+                offs.append(offs[-1] + n)
+            sched = types.SimpleNamespace(total_chunks=total, chunk_offsets=meta(N + 1, dt=torch.int32),
+                                          kernel_cu_seqlens=meta(N + 1, dt=torch.int32), n_prefill=N,
+                                          max_seq_chunks=max(b - a for a, b in zip(offs, offs[1:])))
+            kw.update(cu_seqlens=meta(N + 1, dt=torch.int32), prefill_metadata=types.SimpleNamespace(
+                validate=lambda **k: None, get_chunk_schedule=lambda *a, **k: sched))
+        saved = {n: ns[n] for n in ("_tuned_bv", "_get_or_compile_opt", "_hipeq_select_bv")}
+        # the default BV rule asks the device (LDS per CU, CU count: _hipeq_compute_bv): 16, a BV it can return
+        ns.update(_tuned_bv=spy, _get_or_compile_opt=build, _hipeq_select_bv=lambda *a, **k: 16)
+        try:
+            ns["chunk_gated_delta_rule_fwd_h_flydsl_opt"](meta(B, T, Hg, 128), meta(B, H, T, 128), meta(B, H, T, V),
+                                                           **kw)
+        except Launched as e:
+            launched = e.kernel
+        else:
+            raise ProbeBroken("the K5 opt entry returned without building its kernel")
+        finally:
+            ns.update(saved)
+        bv = got[-1] if got else None
+        return bv is not None and launched.endswith(f"BV={bv}"), None if bv is None else {"BV": bv}
     return probe
 
 
@@ -461,13 +712,20 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     # where the op is a torch custom op (a real AITER's torch_compile_guard), its lookup, as the op calls it
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
+    if fn == "get_2stage_cfgs" and family.moe_op is not None and "@file" not in family.aiter_args:
+        for extra in family.moe_op.sources:  # the modules the op imports from (its grouped path, name parsing)
+            try:
+                load(extra)
+            except ImportError:  # an image without FlyDSL: the op's own import of it fails the same way
+                pass
+        return moe_op_probe(mod, family, enums.ActivationType, enums.QuantType, gfx)
     if fn == "get_2stage_cfgs":
         return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
                           tuned_file if "@file" in family.aiter_args else None)
     if fn == "_find_grouped_config":
-        return grouped_probe(mod, enums.ActivationType, enums.QuantType)
+        return grouped_op_probe(mod, enums.ActivationType, enums.QuantType)
     if fn == "_tuned_bv":
-        return gdn_probe(mod)
+        return gdn_op_probe(mod)
     op_source = None
     if family.aiter_op:  # the file AITER's lookup was compiled from holds the op
         op_source = Path(inspect.unwrap(vars(mod)[fn]).__code__.co_filename).read_text()

@@ -209,11 +209,12 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
           shapes: list[dict[str, str]], table: Table, flydsl: bool = True,
           cpp_at: tuple[str, int] | None = None,
           build_targets: tuple[tuple[str, int], ...] | None = None,
-          prepared: Lookup | None = None) -> list[ShapeEngagement]:
+          prepared: Lookup | None = None, arch: str | None = None) -> list[ShapeEngagement]:
     """Per captured shape, whether AITER's lookup finds a row it uses. (gfx, cu_num): what the Python lookup keys
     on; cpp_at: the device the compiled table is asked for (default the same); build_targets: the (gfx, cu_num)
     rows it is built from (default cpp_at) - see families.lookup_identity. prepared: prepare() of these
-    arguments, made earlier. Raises LookupRaises where the loader itself would raise on the table."""
+    arguments, made earlier. arch: what get_gfx() answers (families.LookupIdentity.arch), which a MoE op's
+    branches read (default the device's gfx). Raises LookupRaises where the loader itself would raise on the table."""
     cpp_at = cpp_at or (gfx, cu_num)
     lk = prepared or prepare(family, key_columns, gfx, table, build_targets or (cpp_at,))
     if lk.raises is not None:
@@ -228,7 +229,12 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     out: list[ShapeEngagement] = []
     closest: dict[tuple, str] = {}
     for raw in shapes:
-        shape = family.looked_up(raw, cpp_at[0])  # the op's own remaps run on the device's gfx
+        shape = family.looked_up(raw, cpp_at[0], arch)  # the op's own remaps run on the device's gfx
+        refused = family.moe_op.refuses(shape, cpp_at[0], flydsl, arch) if family.moe_op else None
+        if refused is not None:  # the op raises before it looks anything up
+            out.append(ShapeEngagement(raw, False, [], reason=f"AITER raises on this call ({refused.where}: "
+                                                              f"{refused.reason})", fails=True))
+            continue
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
         tried = [m for m, _ in cands]
         res = None
@@ -240,7 +246,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             # bf16's lookup tells a FlyDSL row by its libtype alone (tuned_gemm.py:163), other families by names too
             fly = row.get("libtype") == "flydsl" if family.flydsl_catalog else is_flydsl_row(row)
             if (fly and not (flydsl and family.flydsl_known(row)) and family.flydsl_miss != "ignored"
-                    and not family.other_op(shape)):
+                    and not family.other_op(shape)
+                    and not (family.moe_op and family.moe_op.routes)):  # the op's routes say what runs
                 if family.flydsl_miss == "skip":  # tuned_gemm.py:163-177: next padded-M candidate
                     skipped.append(m)
                     continue
@@ -258,6 +265,11 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 res = ShapeEngagement(raw, False, tried, m, row, reason=f"AITER raises reading the row's {bad[0]}: "
                                                                         f"{bad[1]}", fails=True)
                 break
+            if family.moe_op and family.moe_op.routes:
+                use, why = family.moe_op.row_use(shape, row, cpp_at[0], flydsl, arch)
+                if use != "hit":
+                    res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=why)
+                    break
             use = row_use(family, shape, row)
             if use != "hit":
                 res = ShapeEngagement(raw, False, tried, m, row, fails=use == "fails", reason=(
@@ -301,6 +313,10 @@ def _wildcard(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_nu
     an empty or absent cell matches anything; no match with cu_num, then without it; the lowest us wins (a stable
     sort: ties keep file order)."""
     (m, _), = lookup_keys(family, key_columns, gfx, cu_num, raw)[:1]
+    op = family.moe_op
+    gone = op.declined(family.remap(raw), gfx) if op else None
+    if gone is not None:  # the entry hands the call back to the generic MoE before its lookup
+        return ShapeEngagement(raw, False, [m], reason=f"{gone.reason} ({gone.where}); the generic MoE runs it")
     want = dict(family.remap(raw), gfx=gfx, cu_num=str(cu_num))
     if m is not None:
         want[family.m_column] = str(m)  # type: ignore[index]
@@ -311,6 +327,9 @@ def _wildcard(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_nu
         found = [r for r in rows if fits(r, cols)]
         if found:
             row = min(found, key=lambda r: float(r.get("us") or 0.0))
+            gone = op.declined(family.remap(raw), gfx, after=True) if op else None
+            if gone is not None:
+                return ShapeEngagement(raw, False, [m], m, row, reason=f"{gone.reason} ({gone.where})")
             return ShapeEngagement(raw, True, [m], m, row)
     return ShapeEngagement(raw, False, [m], reason="no row matches (empty cells match anything, cu_num dropped "
                                                     "as a last resort)")

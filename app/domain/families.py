@@ -272,6 +272,158 @@ LOG_MOE = (
             _LOG_MOE + r"\(kernelName1=(?:'(?P<kernel>[^']*)')?.*?\) for (?P<keys>\(.*\))"))
 
 
+def moe_holds(cells: dict[str, str], cond: tuple[str, str, str], gfx: str) -> bool:
+    """holds, where GPU_FP8 in a value is the GPU's own fp8, plus "~" (re.match of the cell), "<" and ">" (an
+    integer cell below / above the value)."""
+    col, op, val = cond
+    val = val.replace(GPU_FP8, gpu_fp8(gfx))
+    cell = str(cells.get(col, "") if cells.get(col) is not None else "").strip()
+    if op == "~":
+        return re.match(val, cell) is not None
+    if op in ("<", ">"):
+        try:
+            n = float(cell)
+        except ValueError:
+            return False
+        return n < int(val) if op == "<" else n > int(val)
+    return holds(cells, (col, op, val))
+
+
+@dataclass(frozen=True)
+class MoeADtype:
+    """One branch of the MoE op's activation-dtype choice: where every `when` condition holds (moe_holds) of the
+    call's cells (the captured shape after remaps, "gfx": get_gfx(), and the op arguments a capture does not
+    carry, MoeOpPath.call_defaults), q_dtype_a becomes `to`: a dtype, "@w" (the weight's dtype) or GPU_FP8."""
+    when: tuple[tuple[str, str, str], ...]
+    to: str
+
+
+@dataclass(frozen=True)
+class MoeLauncher:
+    """A stage launcher the MoE op's metadata may hold (the function a stage partial wraps): the keyword it takes
+    the kernel name in ("" where it takes none and runs its own config), and the kernel names it runs (a regex,
+    re.match): a name it is handed and does not run makes AITER raise at launch ('not find kernel'); a launcher
+    without a name runs a row whose kernel name it matches."""
+    name: str
+    kernel_arg: str
+    runs: str
+
+
+# a stage of a route: one launcher, or the first (regex on the row's kernel name, launcher) that matches
+MoeStage = str | tuple[tuple[str, str], ...] | None
+
+
+@dataclass(frozen=True)
+class MoeRoute:
+    """One branch of the stage choice the MoE op makes for the row its lookup found (get_2stage_cfgs after its
+    'using' line), first that fits: conditions (moe_holds) on the call's cells as looked up, the row's cells
+    (kernelName1/2, run_1stage, ksplit) and "flydsl" ("True" where FlyDSL is importable); the launchers it builds
+    for stage 1 and 2. own_names: the branch names kernels of its own (a heuristic), the row's are not run."""
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    when: tuple[tuple[str, str, str], ...]
+    stage1: MoeStage
+    stage2: MoeStage = None
+    own_names: bool = False
+
+
+@dataclass(frozen=True)
+class MoeOpPath:
+    """What the MoE op (fused_moe -> fused_moe_ -> _fused_moe_impl) does to a call before and after its lookup, as
+    data: the activation dtype it derives from the weight dtype, quant type, activation, gate mode, the raw
+    token count and the GPU (a_dtype, first branch that fits; the captured q_dtype_a is what the lookup is keyed
+    on only where the op derives it), the calls it refuses, and for a row found, the stages it builds (routes)
+    with the launchers they run (launchers)."""
+    where: str  # AITER's file:line of the derivation
+    a_dtype: tuple[MoeADtype, ...]
+    # op arguments a capture does not carry, as the op's signature defaults them (column, value)
+    call_defaults: tuple[tuple[str, str], ...] = ()
+    # the calls a capture cannot tell apart (op arguments it does not carry), the default call first: a captured
+    # q_dtype_a is looked up as captured where one of them derives it (the first that does is the call made),
+    # else as the default call derives it; a_dtype "" marks a call the op cannot make for these cells
+    call_variants: tuple[tuple[tuple[str, str], ...], ...] = ((),)
+    launchers: tuple[MoeLauncher, ...] = ()
+    routes: tuple[MoeRoute, ...] = ()
+    # functions of the op's module its stage dispatch calls that must be AITER's own where it is run (a stub's
+    # answer would route every row)
+    needs: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # AITER files the op's module imports those from (beside the lookup's)
+    # calls the op refuses before its lookup, on the call's cells as a_dtype sees them (q_dtype_a derived) and
+    # "flydsl" (True where FlyDSL is importable)
+    raises: tuple[MissRaises, ...] = ()
+    # the op calls get_gfx() (GPU_ARCHS) on every call, not only on a miss (fused_moe.py:799): a GPU_ARCHS
+    # get_gfx() rejects makes every call raise
+    calls_get_gfx: bool = False
+    # calls the entry hands back to its caller's generic MoE (returns None) before or after its lookup: a miss
+    # of this table (MissRaises.raises is the condition; "a_w" is "<q_dtype_a>/<q_dtype_w>")
+    declines: tuple[MissRaises, ...] = ()
+    declines_after: tuple[MissRaises, ...] = ()  # the same, after its lookup found a row
+
+    def _derive(self, full: dict[str, str], gfx: str) -> str:
+        for b in self.a_dtype:
+            if all(moe_holds(full, c, gfx) for c in b.when):
+                return full.get("q_dtype_w", "") if b.to == "@w" else gpu_fp8(gfx) if b.to == GPU_FP8 else b.to
+        return full.get("q_dtype_a", "")
+
+    def variant(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> dict[str, str]:
+        """The call a captured shape is taken to come from (call_variants). gfx: the device's (its fp8); arch:
+        what get_gfx() answers (GPU_ARCHS' last entry), the "gfx" the conditions read (default gfx)."""
+        base = dict(self.call_defaults) | dict(cells) | {"gfx": arch or gfx}
+        for v in self.call_variants:
+            if self._derive(base | dict(v), gfx) == cells.get("q_dtype_a"):
+                return dict(v)
+        return dict(self.call_variants[0])
+
+    def _cells(self, cells: dict[str, str], gfx: str, flydsl: bool = True, arch: str | None = None) -> dict[str, str]:
+        full = dict(self.call_defaults) | dict(cells) | self.variant(cells, gfx, arch) | {"gfx": arch or gfx,
+                                                                                          "flydsl": str(flydsl)}
+        return full | {"a_w": f"{full.get('q_dtype_a', '')}/{full.get('q_dtype_w', '')}"}
+
+    def declined(self, cells: dict[str, str], gfx: str, after: bool = False) -> MissRaises | None:
+        full = self._cells(cells, gfx)
+        return next((r for r in (self.declines_after if after else self.declines) if r.raises(full)), None)
+
+    def q_dtype_a(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> str:
+        """The activation dtype the lookup is keyed on for a captured call (call_variants)."""
+        base = dict(self.call_defaults) | dict(cells) | {"gfx": arch or gfx}
+        return self._derive(base | self.variant(cells, gfx, arch), gfx)
+
+    def refuses(self, cells: dict[str, str], gfx: str, flydsl: bool, arch: str | None = None) -> MissRaises | None:
+        full = self._cells(cells, gfx, flydsl, arch)
+        return next((r for r in self.raises if r.raises(full)), None)
+
+    def launcher(self, name: str | None) -> MoeLauncher | None:
+        return next((x for x in self.launchers if x.name == name), None)
+
+    def row_use(self, cells: dict[str, str], row: dict[str, str], gfx: str, flydsl: bool,
+                arch: str | None = None) -> tuple[str, str]:
+        """("hit" | "default" | "fails", why) for the row the lookup found, as the op's routes run it."""
+        # a row without run_1stage is 2-stage (cfg.get("run_1stage", False)); an empty cell is NaN, which is true
+        full = self._cells(cells, gfx, flydsl, arch) | {c: str(row.get(c) if row.get(c) is not None else "")
+                                                   for c in ("kernelName1", "kernelName2", "ksplit")}
+        full["run_1stage"] = str(row["run_1stage"] if row.get("run_1stage") is not None else "") \
+            if "run_1stage" in row else "0"
+        route = next((r for r in self.routes if all(moe_holds(full, c, gfx) for c in r.when)), None)
+        if route is None:
+            return "hit", ""
+        if route.own_names:
+            return "default", f"the op runs kernels of its own heuristic here ({route.where}), not the row's"
+        ran = []
+        for stage, col in ((route.stage1, "kernelName1"), (route.stage2, "kernelName2")):
+            name = full[col] if full[col] != "Null" else ""
+            if stage is None or (col == "kernelName2" and not name):
+                continue
+            picked = stage if isinstance(stage, str) else next(la for rx, la in stage if re.match(rx, name))
+            la = self.launcher(picked)
+            assert la is not None, picked
+            if la.kernel_arg and name and not re.match(la.runs, name):
+                return "fails", (f"the op hands {col} {name!r} to {picked} ({route.where}), which does not run it: "
+                                 "AITER raises at launch (not find kernel)")
+            ran.append(bool(name) and re.match(la.runs, name) is not None)
+        if ran and all(ran):
+            return "hit", ""
+        return "default", f"the op's stages ({route.where}) do not run the row's kernels"
+
+
 @dataclass(frozen=True)
 class TableFamily:
     name: str
@@ -392,6 +544,8 @@ class TableFamily:
     # the cells naming the kernel a row runs (joined by '+'): what an image upgrade's triage looks for in the new
     # image's kernel catalog, and what a confirmation race names its incumbent by (workers' kernel_name)
     kernel_columns: tuple[str, ...] = ("kernelName",)
+    # the MoE op's argument path and stage launchers (fused_moe.py); None: not a MoE op
+    moe_op: MoeOpPath | None = None
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -401,12 +555,14 @@ class TableFamily:
                 out[col] = used
         return out
 
-    def looked_up(self, shape: dict[str, str], gfx: str) -> dict[str, str]:
+    def looked_up(self, shape: dict[str, str], gfx: str, arch: str | None = None) -> dict[str, str]:
         """A captured shape as the op on this GPU (get_gfx_runtime) hands it to the lookup: remap, then op_remaps."""
         out = self.remap(shape)
         for r in self.op_remaps:
             if r.column in out:
                 out[r.column] = r.value(out[r.column], gfx)
+        if self.moe_op is not None and "q_dtype_a" in out:  # the op derives the activation dtype itself
+            out["q_dtype_a"] = self.moe_op.q_dtype_a(out, gfx, arch)  # arch: get_gfx() (GPU_ARCHS)
         return out
 
     def op_path(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str) -> OpPath | None:
@@ -538,6 +694,128 @@ _MXSCALE_OP = OpEntry(
     (_t("m", "b", "k", dtype="dtypes.fp8"), _t("b", "n", "k", dtype="dtypes.fp8"),
      _t("m", "b", "(k+127)//128", dtype="torch.uint8"), _t("b", "(n+127)//128", "(k+127)//128", dtype="torch.uint8")),
     (("aiter.ops.opus.bmm_op:bmm_a8w8_mxscale_opus", "opus"),))
+
+_P1X32, _SWIGLU = ("q_type", "==", "QuantType.per_1x32"), ("act_type", "==", "ActivationType.Swiglu")
+_BF16, _FP4X2 = "torch.bfloat16", "torch.float4_e2m1fn_x2"
+# fused_moe.py:759-806 (_fused_moe_impl), env unset (AITER_BF16_FP8_MOE_BOUND and GPTOSS_SWIGLU_MXFP4_BF16_BOUND
+# 256, no AITER_SITUV2_A8W4/A4W4, no AITER_FORCE_A8W4); M is the raw token count; the per_1x128 fp8-input branch
+# (:762-767) needs an fp8 hidden_states with a1_scale, which a bf16/fp16 `dtype` call never is
+_SHARED = ("entry", "==", "shared")
+_FMOE_A_DTYPE = (
+    # fused_moe with shared experts goes to fhmoe_ (fused_moe.py:495-536), which calls _fused_moe_impl with
+    # _q_dtype_a fp8 for interleaved gate/up weights, else fp4x2 (aiter/fhmoe.py:563, :611 at e4048607a5); its
+    # contract (fhmoe.py _validate_fhmoe_contract) is gfx950, per_1x32, Silu and fp4x2 weights
+    *(MoeADtype((_SHARED, ("gfx", "==", "gfx950"), _P1X32, ("act_type", "==", "ActivationType.Silu"),
+                 ("q_dtype_w", "==", _FP4X2)) + g, a)
+      for g, a in (((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), ((), _FP4X2))),
+    MoeADtype((_SHARED,), ""),
+    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),  # :799-803
+    MoeADtype((_P1X32, ("q_dtype_w", "==", "torch.int4")), _BF16),  # :769-771
+    MoeADtype((_P1X32, ("q_dtype_w", "==", GPU_FP8)), GPU_FP8),  # :772-774
+    MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")), _BF16),  # :776-788
+    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"), ("token", "<", "256")), _BF16),  # :789-790
+    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED")), _FP4X2),
+    *(b for cond in (_SWIGLU, ("gate_mode", "==", "GateMode.INTERLEAVE")) for b in (  # :791-795
+        MoeADtype((_P1X32, cond, ("gfx", "!=", "gfx950")), _BF16),
+        MoeADtype((_P1X32, cond, ("token", "<", "256")), _BF16),
+        MoeADtype((_P1X32, cond), GPU_FP8))),
+    MoeADtype((_P1X32,), _FP4X2),  # :796-797
+    MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8),  # :759
+    MoeADtype((), "@w"))
+# the stage launchers get_2stage_cfgs builds (fused_moe.py:2471-2975) and the kernel names each runs
+_FMOE_LAUNCHERS = (
+    MoeLauncher("fused_moe_1stage", "kernelName", r"_ZN"), MoeLauncher("asm_stage1", "kernelName", r"_ZN"),
+    MoeLauncher("ck_moe_stage1", "kernelName", r"moe_ck2stages"),
+    MoeLauncher("ck_moe_stage1_fwd", "kernelName", r"moe_ck2stages"),  # 0.1.7's stage 1
+    MoeLauncher("ck_moe_stage2_fwd", "kernelName", r"moe_ck2stages"),
+    MoeLauncher("_flydsl_stage1_wrapper", "kernelName", r"flydsl_"),
+    MoeLauncher("_flydsl_stage2_wrapper", "kernelName", r"flydsl_"),
+    MoeLauncher("_flydsl_v2_stage2_wrapper", "kernelName", r"flydsl_moe2_layout_"),
+    MoeLauncher("opus_a8w4_stage1_wrapper", "kernelName", r"opus_"),
+    MoeLauncher("opus_a8w4_stage2_wrapper", "kernelName", r"opus_"),
+    MoeLauncher("_mxfp4_a4w4_stage1_fw", "kernelName1", r"flydsl_mxmoe_g1"),
+    MoeLauncher("_mxfp4_a4w4_stage2_fw", "kernelName2", r"flydsl_mxmoe_g2"),
+    MoeLauncher("cktile_moe_stage1", "", r".*cktile"), MoeLauncher("cktile_moe_stage2", "", r".*cktile"))
+_G1U1, _NO_DOWEIGHT = ("use_g1u1", "in", "1|True"), ("doweight_stage1", "in", "0|False")
+_HALF, _FLYDSL = ("dtype", "in", "torch.bfloat16|torch.float16"), ("flydsl", "==", "True")
+_W_FP4 = ("q_dtype_w", "==", _FP4X2)
+_CKTILE = ("cktile_moe_stage1", "cktile_moe_stage2")
+_S2_TAIL = ((r"opus_moe2", "opus_a8w4_stage2_wrapper"), (r"cktile_", "cktile_moe_stage2"), (r"", "ck_moe_stage2_fwd"))
+_S2_FLYDSL = ((r"flydsl_", "_flydsl_stage2_wrapper"),) + _S2_TAIL
+_CK_KN1 = ("kernelName1", "~", r".*ck2stages")
+# get_2stage_cfgs' stage choice for a row found (fused_moe.py:2328-2975), the weights marked is_shuffled as the
+# serving frameworks prepare them, AITER_FLYDSL_FORCE unset (its default "1"); first that fits
+_FMOE_ROUTES = (
+    MoeRoute("fused_moe.py:2341-2351", (("kernelName1", "~", r"opus_"),
+                                        ("act_type", "in", "ActivationType.Gelu|ActivationType.No")), None,
+             own_names=True),  # an Opus row for another activation is discarded
+    *(MoeRoute("fused_moe.py:2471-2491", (c,), "_mxfp4_a4w4_stage1_fw", "_mxfp4_a4w4_stage2_fw") for c in (
+        ("kernelName1", "~", r"flydsl_mxmoe_g"), ("kernelName2", "~", r"flydsl_mxmoe_g"))),
+    MoeRoute("fused_moe.py:2493-2517", (("run_1stage", "nonzero", ""),), "fused_moe_1stage"),
+    *(MoeRoute("fused_moe.py:2523-2614", c, ((r"opus_moe1_", "opus_a8w4_stage1_wrapper"),
+                                             (r"flydsl_", "_flydsl_stage1_wrapper"), (r"", "ck_moe_stage1")),
+               ((r"flydsl_moe2_layout_", "_flydsl_v2_stage2_wrapper"), *_S2_FLYDSL))
+      for c in ((("kernelName1", "~", r"opus_moe1_"),), (("kernelName1", "~", r"flydsl_"), _FLYDSL),
+                (("kernelName2", "~", r"flydsl_"), _FLYDSL))),
+    MoeRoute("fused_moe.py:2617-2645", (("gate_mode", "!=", "GateMode.SEPARATED"), _HALF, _P1X32, _SWIGLU,
+                                        ("q_dtype_w", "!=", GPU_FP8)), *_CKTILE),
+    MoeRoute("fused_moe.py:2652-2690", (_P1X32, ("q_dtype_w", "==", "torch.int4"), _FLYDSL), None, own_names=True),
+    MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("act_type", "==", "ActivationType.Situv2"),
+                                        ("q_dtype_a", "==", _BF16), _W_FP4, _G1U1, _NO_DOWEIGHT, _FLYDSL), None,
+             own_names=True),
+    MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("q_dtype_a", "in", f"{_FP4X2}|{GPU_FP8}"),
+                                        ("q_dtype_w", "in", f"{_FP4X2}|{GPU_FP8}"), _G1U1, _NO_DOWEIGHT, _FLYDSL),
+             None, own_names=True),
+    *(MoeRoute("fused_moe.py:2798-2837", (_HALF, _P1X32, _W_FP4) + c, *_CKTILE) for c in (
+        (("act_type", "!=", "ActivationType.Swiglu"), ("ksplit", ">", "1")),
+        (_SWIGLU, ("q_dtype_a", "!=", _FP4X2), ("ksplit", ">", "1")),
+        (_SWIGLU, ("q_dtype_a", "in", "torch.bfloat16|torch.float16")))),
+    MoeRoute("fused_moe.py:2839-2872", (_SWIGLU, _W_FP4, _P1X32, _HALF, ("kernelName1", "~", "$")), *_CKTILE),
+    *(MoeRoute("fused_moe.py:2874-2933", c + f, "ck_moe_stage1", s2)
+      for c in ((_CK_KN1,), (("kernelName1", "~", "$"), ("q_type", "==", "QuantType.per_1x128"),
+                             ("doweight_stage1", "in", "1|True")),
+                (("kernelName1", "~", "$"), ("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}|"
+                                                                f"{GPU_FP8}")))
+      for f, s2 in (((_FLYDSL,), _S2_FLYDSL), ((), _S2_TAIL))),
+    MoeRoute("fused_moe.py:2935-2975", (), "asm_stage1", _S2_TAIL))
+# amd-aiter 0.1.7 fused_moe.py:642-729
+_FMOE_ROUTES_0_1_7 = (
+    MoeRoute("fused_moe.py:642-654 (0.1.7)", (("run_1stage", "nonzero", ""),), "fused_moe_1stage"),
+    MoeRoute("fused_moe.py:655-676 (0.1.7)", (_HALF, _P1X32, _SWIGLU), *_CKTILE),
+    *(MoeRoute("fused_moe.py:677-704 (0.1.7)", c, "ck_moe_stage1_fwd", "ck_moe_stage2_fwd") for c in (
+        (_CK_KN1,), (("q_type", "==", "QuantType.per_1x128"), ("doweight_stage1", "in", "1|True")),
+        (("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}"),))),
+    MoeRoute("fused_moe.py:706-729 (0.1.7)", (), "asm_stage1", "ck_moe_stage2_fwd"))
+FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE, call_defaults=(("gate_mode", "GateMode.SEPARATED"),),
+                    call_variants=tuple(((("gate_mode", g), ("entry", e))) for e in ("fused_moe", "shared")
+                                        for g in ("GateMode.SEPARATED", "GateMode.INTERLEAVE")),
+                    launchers=_FMOE_LAUNCHERS, needs=("_is_mxfp4_kname", "parse_flydsl_v2_gemm2_kernel"),
+                    sources=("aiter/ops/flydsl/mxfp4_kname.py", "aiter/ops/flydsl/grouped_moe_gfx1250.py"),
+                    calls_get_gfx=True, routes=_FMOE_ROUTES,
+                    raises=(MissRaises(
+                        "fused_moe.py:855-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
+                        "gfx942/gfx950, g1u1 weights and no doweight_stage1",
+                        when=(_P1X32, ("q_dtype_w", "==", _FP4X2), ("q_dtype_a", "==", _BF16),
+                              ("act_type", "==", "ActivationType.Situv2")),
+                        unless=(("gfx", "in", "gfx942|gfx950"), ("flydsl", "==", "True"), ("use_g1u1", "in", "1|True"),
+                                ("doweight_stage1", "in", "0|False"))),))
+# amd-aiter 0.1.7 fused_moe.py:218-221: the weight's dtype (uint32: fp8), fp4x2 for per_1x32
+FMOE_OP_0_1_7 = MoeOpPath("fused_moe.py:218-221 (0.1.7)", (
+    MoeADtype((_P1X32,), _FP4X2), MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8), MoeADtype((), "@w")),
+    launchers=_FMOE_LAUNCHERS, routes=_FMOE_ROUTES_0_1_7)
+
+# grouped_gemm_gfx1250_a8w4 (grouped_moe_gfx1250.py:874-1170), env unset (AITER_USE_GROUPED_GEMM,
+# AITER_DISABLE_GROUPED_A8W4, AITER_FORCE_GFX1250, GPU_ARCHS naming gfx1250 on another GPU): the calls it returns
+# None for, which fused_moe then runs on its generic path; "gfx" is get_gfx()
+GROUPED_OP = MoeOpPath("grouped_moe_gfx1250.py:874-1039", (), declines=(
+    MissRaises("grouped_moe_gfx1250.py:963-1011", "the grouped path serves gfx1250 g1u1 per_1x32 Silu/Swiglu/Situv2 "
+               "calls with fp4 weights and fp4 or fp8 activations only",
+               unless=(("gfx", "==", "gfx1250"), ("use_g1u1", "in", "1|True"), _P1X32,
+                       ("act_type", "in", "ActivationType.Silu|ActivationType.Swiglu|ActivationType.Situv2"),
+                       ("a_w", "in", f"{_FP4X2}/{_FP4X2}|torch.float8_e4m3fn/{_FP4X2}|"
+                                     "torch.float8_e4m3fn/torch.uint8"))),),
+    declines_after=(MissRaises("grouped_moe_gfx1250.py:1072", "an expert-parallel call with doweight_stage1 goes to "
+                               "the generic MoE", when=(("topk", "==", "-1"), ("doweight_stage1", "in", "1|True"))),))
 
 FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
     TableFamily(
@@ -738,6 +1016,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                     ReadCell("xbf16", "int", "fused_moe.py:2445", when=(("run_1stage", "nonzero", ""),)),
                     ReadCell("flat", "int", "fused_moe.py:2449", when=(("run_1stage", "nonzero", ""),))),
         aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_file_attr="AITER_CONFIG_FMOE_FILE", err_max=0.1,
+        moe_op=FMOE_OP,
         tuned_variants=(
             (_FMOE_HEAD + ",tflops,bw", _FMOE_OLD_KEYS),
             # the current release's own default and model_configs files (gfx backfilled from cu_num)
@@ -786,6 +1065,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         gfx_source="get_gfx", duplicate_keys="first", filled=("kernelName1", "kernelName2"), err_max=0.1,
         sentinels=(("topk", "-1"),),  # an expert-parallel call (grouped_moe_gfx1250.py:1032-1033)
         aiter_lookup="aiter/ops/flydsl/grouped_moe_gfx1250.py:_find_grouped_config", env_concat=True,
+        moe_op=GROUPED_OP,
         key_match="wildcard",
         aiter_file_attr="AITER_CONFIG_GROUPED_FMOE_FILE",
         deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "
@@ -816,6 +1096,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # ValueError or KeyError returns {} (no row at all)
         comment_prefix="#", loader_ints=(("cu_num", True), ("H", False), ("Hg", False), ("V", False),
                                          ("total_chunks", False), ("max_seq_chunks", False), ("BV", False)),
+        # chunk_gated_delta_rule_fwd_h_flydsl_opt runs the BV its lookup returns only where it is 16, 32 or 64
+        # (V is 128), and raises ValueError on any other
+        read_cells=(ReadCell("BV", "enum", "ops/flydsl/linear_attention_prefill_kernels.py:1270", ("16", "32", "64")),),
         untuned_variants=("dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs",)),
 ]}
 
@@ -899,7 +1182,8 @@ RELEASE_0_1_7 = AiterRelease(
         ("fmoe", (("read_cells", (ReadCell("block_m", "int", "fused_moe.py:632"),
                                   ReadCell("run_1stage", "int", "fused_moe.py:636"))),
                   ("lookup_ignores", ()), ("duplicate_keys", "raise"), ("backfill_gfx", False),
-                  ("dropped_rows", ()), ("padding", "moe_0_1_7"), ("overlay_first", False))),
+                  ("dropped_rows", ()), ("padding", "moe_0_1_7"), ("overlay_first", False),
+                  ("moe_op", FMOE_OP_0_1_7))),
     ),
 )
 RELEASES = (RELEASE_0_1_7, CURRENT)
@@ -943,6 +1227,7 @@ class LookupIdentity:
     cu_num: int
     build_targets: tuple[tuple[str, int], ...]
     error: str | None = None  # the Python lookup raises
+    arch: str = ""  # what get_gfx() answers (GPU_ARCHS' last entry, or the GPU): what a MoE op's branches read
     miss_error: str | None = None  # the Python lookup raises on a shape it has no row for
     build_error: str | None = None  # building the compiled table raises
 
@@ -981,9 +1266,10 @@ def lookup_identity(family: TableFamily, gpu_gfx: str, gpu_cu_num: int, env: dic
     miss_error = None
     if family.gfx_source != "get_gfx":
         gfx = gpu_gfx
-        if error and error.startswith("KeyError"):
+        if error and error.startswith("KeyError") and not (family.moe_op and family.moe_op.calls_get_gfx):
             error, miss_error = None, error if family.gfx_on_miss else None
-    return LookupIdentity(gfx, cu, targets, error=error, miss_error=miss_error, build_error=build_error)
+    arch = gpu_gfx if archs == "native" else archs.split(";")[-1]
+    return LookupIdentity(gfx, cu, targets, error=error, miss_error=miss_error, build_error=build_error, arch=arch)
 
 
 class UnknownFamily(LookupError):

@@ -229,7 +229,8 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
         checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
                            [x.shape for x in shapes], table, flydsl=ident["flydsl"], cpp_at=cpp_at,
                            build_targets=targets,  # the built form's table is prepared once (Overlay.lookup)
-                           prepared=None if used == "supplied" else ov.lookup(used, ident["lookup_gfx"], targets))
+                           prepared=None if used == "supplied" else ov.lookup(used, ident["lookup_gfx"], targets),
+                           arch=ident["lookup_arch"])
     except eng.LookupRaises as e:
         refused = f"AITER's loader raises on this table: {e}"
         checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
@@ -361,6 +362,7 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
         notes.append(f"the server reports AITER {cap.aiter_version}, the image's worker {img.aiter_version}: "
                      "rows are only valid in the image they were measured in")
     return {"gpu_gfx": camp.gfx, "gpu_cu_num": camp.cu_num, "lookup_gfx": gfx, "lookup_cu_num": cu,
+            "lookup_arch": li.arch,
             "build_targets": [list(t) for t in li.build_targets], "miss_error": li.miss_error,
             # both, where both raise: which one the server meets first depends on what it calls first
             "lookup_error": "; ".join(e for e in (li.error, li.build_error if fam.compiled else None) if e) or None,
@@ -393,12 +395,14 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
         v = verdicts(s, camp.id, form=deploy_form)
         form = v.used
         for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
-            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails))
+            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails, c.row is not None))
     report = []
     for k, c in counts.items():
-        x, hit, fails = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False))
+        x, hit, fails, found = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False, False))
         observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
-        logged = hit or fails  # a row AITER finds is logged as used even where its kernel then raises
+        # a row AITER finds is logged as used even where its kernel then raises, or the op's dispatch then runs
+        # another kernel (a MoE stage route, a libtype the op does not run)
+        logged = hit or fails or found
         report.append({"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
                        "shape_id": x.id if x is not None else None, "state": x.state if x is not None else None,
                        "observed": observed, "predicted_hit": hit, "predicted_fails": fails,

@@ -60,6 +60,14 @@ class AiterRaised(Exception):
     """What one of AITER's statements raised, as "<Error>: <message>"."""
 
 
+class NamedDummy(Dummy):
+    """A stubbed module's attribute (a kernel launcher such as aiter.ck_moe_stage2_fwd): a Dummy that keeps its
+    name, so the MoE op's stage partials can be told apart (TableFamily.moe_op launchers)."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+
 class StubModule(types.ModuleType):
     def __init__(self, name: str, registry: dict, **attrs):
         super().__init__(name)
@@ -71,7 +79,7 @@ class StubModule(types.ModuleType):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         sub = self.__dict__["_registry"].get(f"{self.__name__}.{name}")
-        return sub if sub is not None else Dummy()
+        return sub if sub is not None else NamedDummy(name)
 
 
 # ------------------------------------------------------------------ native pieces (built once, cached)
@@ -206,13 +214,21 @@ class AiterProcess:
             # a catalog entry: every tile parameter the op reads (tuned_gemm.py:489-521) present
             get_flydsl_splitk_hgemm_kernel_params=lambda name: collections.defaultdict(int, name=name)
             if str(name).startswith("flydsl") else None)
+        # the FlyDSL MoE kernel catalog: names built as AITER's heuristics ask, every one known
+        reg["aiter.ops.flydsl.moe_kernels"] = StubModule(
+            "aiter.ops.flydsl.moe_kernels", reg, get_flydsl_kernel_params=lambda name: {"name": name},
+            flydsl_kernel_name=lambda stage, *a: f"flydsl_moe{stage}_" + "_".join(map(str, a)),
+            pick_flydsl_stage2_tile_k=lambda inter_dim: 128)
+        reg["triton"] = StubModule("triton", reg, cdiv=lambda a, b: -(-a // b))  # plain arithmetic the ops use
         reg["flydsl.runtime.device"] = StubModule("flydsl.runtime.device", reg, get_rocm_arch=lambda: ident.gfx)
         reg["aiter.ops.gemm_op_common"] = StubModule(
             "aiter.ops.gemm_op_common", reg, get_padded_m=lambda M, N, K, gl: lib.getPaddedM(M, N, K, gl))
         # kernel support checks of opus stage-2 kernels are a property of the built kernels: supported
+        # and the opus stage-2 catalog: any opus_moe2 name is a built instance (as any flydsl_ name is known)
         reg["aiter.ops.opus.moe_stage2_a8w4"] = StubModule(
             "aiter.ops.opus.moe_stage2_a8w4", reg, cfg_is_supported=lambda *a, **k: (True, ""),
-            is_opus_a8w4_stage2_kernel=lambda name: False)
+            is_opus_a8w4_stage2_kernel=lambda name: str(name).startswith("opus_moe2"),
+            route_bucket_metadata=lambda cfg: {})
         jit = src / "aiter" / "jit"
         utils = jit / "utils"
         if (utils / "build_targets.py").exists():
@@ -231,6 +247,9 @@ class AiterProcess:
         moe_common = src / "aiter" / "ops" / "flydsl" / "moe_common.py"
         if moe_common.exists():  # GateMode, a plain Enum the fhmoe key spells
             self.load("aiter.ops.flydsl.moe_common", moe_common, "aiter.ops.flydsl")
+        mxfp4 = src / "aiter" / "ops" / "flydsl" / "mxfp4_kname.py"
+        if mxfp4.exists():  # plain kernel-name parsing the MoE op routes its stages by (fused_moe.py:2468)
+            self.load("aiter.ops.flydsl.mxfp4_kname", mxfp4, "aiter.ops.flydsl")
         top = reg["aiter"]
         top.__dict__.update(ActivationType=self.ActivationType, QuantType=self.QuantType, dtypes=dt,
                             logger=self.logger)

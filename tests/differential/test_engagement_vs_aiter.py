@@ -107,8 +107,11 @@ def random_shapes(family, base: list[dict[str, str]], rng: random.Random, gfx: s
         s = dict(rng.choice(base))
         if family.m_column:
             s[family.m_column] = str(rng.choice([rng.randint(1, 300), rng.randint(1, 20000)]))
-        else:  # GDN: a batch shape's chunk counts and flags
-            s["total_chunks"] = str(rng.choice([int(s["total_chunks"]), rng.randint(1, 64)]))
+        else:  # GDN: a batch shape's chunk counts and flags, as a call makes them (dense: whole sequences of
+            # max_seq_chunks; varlen: at least the longest sequence)
+            most = int(s["max_seq_chunks"])
+            more = most * rng.randint(1, 8) if s["is_varlen"] == "False" else most + rng.randint(0, 64)
+            s["total_chunks"] = str(rng.choice([int(s["total_chunks"]), more]))
             s["use_h0"] = rng.choice(["True", "False"])
         if "bias" in s:
             s["bias"] = rng.choice(["True", "False"])
@@ -124,7 +127,17 @@ def result_pool(configs: Path, family) -> list[dict[str, str]]:
     """The result cells of AITER's own shipped rows: real kernel names, ids and libtypes (the batched lookups
     parse the kernel name; the op dispatches on the libtype)."""
     keys = set(family.key_columns) | set(family.shape_columns) | {"gfx", "cu_num"}
-    return [{c: v for c, v in r.items() if c not in keys} for p in _tuned_files(configs, family) for r in _rows(p)]
+    return [{c: v for c, v in r.items() if c not in keys} | ({"_kind": moe_kind(r)} if family.moe_op else {})
+            for p in _tuned_files(configs, family) for r in _rows(p)]
+
+
+# a MoE row's kernels are of one kind of call (a tuner writes kernels of the shape's quant/dtypes): the rows
+# made for a shape take their result cells from shipped rows of its kind where there are any
+MOE_KIND = ("act_type", "dtype", "q_dtype_a", "q_dtype_w", "q_type", "use_g1u1", "doweight_stage1")
+
+
+def moe_kind(cells: dict[str, str]) -> tuple[str, ...]:
+    return tuple(str(cells.get(c, "")) for c in MOE_KIND)
 
 
 def result_cells(family, pool: list[dict[str, str]], rng: random.Random) -> dict[str, str]:
@@ -148,7 +161,8 @@ def overlay_for(family, header: tuple[str, ...], shapes: list[dict[str, str]], r
         for gfx, cu in idents:
             if rng.random() < 0.3:
                 continue
-            cells = dict(result_cells(family, pool, rng), **family.remap(s), gfx=gfx, cu_num=str(cu))
+            kin = [p for p in pool if p.get("_kind") == moe_kind(family.remap(s))] if family.moe_op else []
+            cells = dict(result_cells(family, kin or pool, rng), **family.remap(s), gfx=gfx, cu_num=str(cu))
             if (family.aiter_op or family.op_entries) and random.Random(f"{i}{gfx}").random() < 0.2:
                 # libtypes the op may not run (or whose solfunc asserts on this call)
                 cells["libtype"] = random.Random(i).choice(("asm", "triton", "opus", "flydsl", "hipblaslt", "torch",
@@ -268,7 +282,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         pytest.skip(f"{rel_name} ships no {family_name} table")
     if src is None:  # the current release: the first local tree with the lookup (conftest)
         cpp = [f"csrc/{family.tuner_script.split('/')[1]}"] if family.cpp_key and family.tuner_script else []
-        src = tree_with(family.aiter_lookup.split(":")[0], *cpp)
+        src = tree_with(family.aiter_lookup.split(":")[0], *cpp, *(family.moe_op.sources if family.moe_op else ()))
         csrc = src / "csrc"
     gfx, cu = ident
     rng = random.Random(f"{rel_name}-{family_name}")  # the same overlay for every identity and FlyDSL setting
@@ -322,7 +336,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         aiter_fails = out.error or out.lookup_error
         mine = None if art.table is None or art.refused else eng.check(
             family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
-            build_targets=li.build_targets)
+            build_targets=li.build_targets, arch=li.arch)
         refused = art.refused or env_error
         if mine and aiter_fails and all(m.verdict == "raises" for m in mine) and len({m.reason for m in mine}) == 1:
             refused = refused or mine[0].reason  # the op raises on every call (OpPath): read as the loader's by run()
@@ -348,11 +362,13 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         theirs = out.verdicts
         if rel_name == "current":
             # a shape AITER raised on may log its lookup or not (tuned_gemm.py:208 asserts before :232 logs; an op
-            # raises after its lookup logged): its lines are read, not required
-            kept = [i for i, r in enumerate(out.raised) if r is None]
-            disagreements += log_disagreements(family, [shapes[i] for i in kept], [theirs[i] for i in kept],
-                                               out.log, gfx,
-                                               [s for s, r in zip(shapes, out.raised) if r is not None])[:4]
+            # raises after its lookup logged): its lines are read, not required; a MoE stage launcher's 'not find
+            # kernel' comes after its lookup logged (a hit line, read as one)
+            kept = [i for i, r in enumerate(out.raised) if r is None or r.startswith("KernelNotFound")]
+            disagreements += log_disagreements(family, [shapes[i] for i in kept],
+                                               [theirs[i] if out.raised[i] is None else (False, {"kernelName1": ""})
+                                                for i in kept], out.log, gfx,
+                                               [s for i, s in enumerate(shapes) if i not in set(kept)], li.arch)[:4]
         bad = 0
         for s, m, (h, c), raised in zip(shapes, mine, theirs, out.raised):
             # a row AITER's lookup returned (used or not) must be the row the service found; a shape AITER
@@ -376,7 +392,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
 
 
 def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str,
-                      raised: list[dict] = ()) -> list[str]:
+                      raised: list[dict] = (), arch: str | None = None) -> list[str]:
     """AITER's own log lines of these lookups (AITER_LOG_TUNED_CONFIG=1), read with the service's grammar
     (TableFamily.log_lines): every line is this family's and names a shape probed (as AITER printed it: MoE
     prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
@@ -384,11 +400,11 @@ def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], 
     printed: dict[tuple, bool] = {}
     for s, (_, c) in zip(shapes, theirs):
         found = c is not None and ("us" in c or "kernelName1" in c)
-        s = family.looked_up(s, gfx)  # as the op hands it to the lookup, which prints it
+        s = family.looked_up(s, gfx, arch)  # as the op hands it to the lookup, which prints it
         s.update({c: str(int(s[src]) + off) for c, src, off in family.lookup_derived})  # as the lookup keys it
         for m in (m_candidates(family, s) if family.m_column == "token" else [None]):
             printed[make_shape(family, s if m is None else dict(s, token=str(m)), "probe").key] = found
-    maybe = {make_shape(family, family.looked_up(s, gfx), "probe").key for s in raised} - set(printed)
+    maybe = {make_shape(family, family.looked_up(s, gfx, arch), "probe").key for s in raised} - set(printed)
     events = parse_log("\n".join(log)).events
     if not family.log_lines:  # its lookup logs no line of the grammar's (GDN, grouped fmoe; mxscale's logger is
         # `from aiter import logger`, which the harness does not capture)
@@ -579,8 +595,12 @@ def fmoe_one_stage_cells(ident):
         out = shapes[:40]
         kinds = ({"run_1stage": "1", "xbf16": "", "flat": "0"}, {"run_1stage": "1", "xbf16": "0", "flat": ""},
                  {"run_1stage": "1", "xbf16": "0", "flat": "0"},
-                 {"run_1stage": "0", "xbf16": "", "flat": "", "kernelName2": "svc2"}, None)
-        cells = [dict(kinds[i % 5], block_m="32", kernelName1="svc1") if kinds[i % 5] else None
+                 {"run_1stage": "0", "xbf16": "", "flat": ""}, None)
+        # kernel names of the kinds the op's stage launchers run (asm 1-stage, CK 2-stage): a name no launcher
+        # runs raises at launch, which is not what this case is about
+        names = ({"kernelName1": "_ZN5aiter_svc1E", "kernelName2": ""}, {"kernelName1": "moe_ck2stages_gemm1_svc",
+                                                      "kernelName2": "moe_ck2stages_gemm2_svc"})
+        cells = [dict(kinds[i % 5], block_m="32", ksplit="0", **names[i % 5 == 3]) if kinds[i % 5] else None
                  for i in range(len(out))]
         return out, Table(header, crafted_rows(family, header, out, pool, cells, ident), "svc_0123456789ab_" +
                           family.tuned_file)
@@ -656,6 +676,44 @@ OP_CASES = {
 }
 
 
+# ------------------------------------------------------------------ the MoE op's own argument path (fused_moe)
+
+def fmoe_activation_dtypes(ident, situv2: bool = True):
+    """Captured per_1x32 and per_Token shapes whose q_dtype_a is, or is not, the one _fused_moe_impl derives from
+    the weight dtype, activation and raw token count (fused_moe.py:761-806): rows keyed on the captured value
+    (what a tuner writes for the capture) and on every other activation dtype, with kernels of their own kind.
+    The op looks up only the derived one."""
+    fp8 = "torch.float8_e4m3fnuz" if ident[0] == "gfx942" else "torch.float8_e4m3fn"
+    p1x32 = "QuantType.per_1x32"
+    bases = [("ActivationType.Swiglu", _FP4, p1x32), ("ActivationType.Silu", _FP4, p1x32),
+             ("ActivationType.Situv2", _FP4, p1x32), ("ActivationType.Silu", fp8, p1x32),
+             ("ActivationType.Silu", "torch.int4", p1x32), ("ActivationType.Silu", fp8, "QuantType.per_Token")]
+
+    def case(family, header, shapes, pool):
+        out, keyed = [], []
+        for act, w, q in bases:
+            if act == "ActivationType.Situv2" and not situv2:
+                continue
+            for token in ("100", "255", "256", "1000"):
+                for a in ("torch.bfloat16", _FP4, fp8):
+                    s = dict(token=token, model_dim="4096", inter_dim="512", expert="128", topk="8", act_type=act,
+                             dtype="torch.bfloat16", q_dtype_a=a, q_dtype_w=w, q_type=q, use_g1u1="1",
+                             doweight_stage1="0")
+                    kind = [c for c in pool if c.get("_kind") == moe_kind(s) and c.get("run_1stage") != "1"]
+                    out.append(s)
+                    keyed.append(dict(random.Random(token + a).choice(kind)) if kind else None)
+        rows = []
+        for s, cells in zip(out, keyed):
+            if cells is not None:
+                v = {**cells, **s, "gfx": ident[0], "cu_num": str(ident[1]), "us": "10.0"}
+                rows.append({c: v.get(c, "") for c in header})
+        return out, Table(header, rows, "svc_0123456789ab_" + family.tuned_file)
+    return case
+
+
+_FP4 = "torch.float4_e2m1fn_x2"
+
+
 @pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
 @pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
 @pytest.mark.parametrize("name", OP_CASES)
@@ -705,3 +763,32 @@ def test_an_op_that_is_a_torch_custom_op_is_probed_at_its_lookup():
     p.registry.pop(mod.__name__)
     look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None, None, p.import_module)
     assert look.__qualname__.startswith("op_probe.")
+
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("rel", RELEASES, ids=[r[0] for r in RELEASES])
+def test_fmoe_is_looked_up_with_the_activation_dtype_the_op_derives(rel, ident, flydsl, tmp_path):
+    """fused_moe derives q_dtype_a itself (bf16 for a16w4/int4, fp4x2 above the Swiglu bound, the weight's dtype
+    otherwise; 0.1.7: fp4x2 for any per_1x32): a row keyed on another captured q_dtype_a never engages, and the
+    service must say so (TableFamily.moe_op)."""
+    # 0.1.7's ActivationType has no Situv2 (its aiter_enum.h): no server of it calls with one
+    compare(rel, "fmoe", ident, flydsl, tmp_path, case=fmoe_activation_dtypes(ident, rel[0] == "current"),
+            label="fmoe_q_dtype_a")
+
+
+def gdn_bv_cells(ident):
+    """Rows whose BV the K5 opt op does not run (linear_attention_prefill_kernels.py:1270: BV in 16, 32, 64), beside
+    rows it runs: AITER raises on the first, and the service must predict it (TableFamily.read_cells)."""
+    def case(family, header, shapes, pool):
+        bvs = ("8", "128", "16", "64", None)
+        cells = [None if bvs[i % 5] is None else {"BV": bvs[i % 5]} for i in range(len(shapes))]
+        return shapes, Table(header, crafted_rows(family, header, shapes, pool, cells, ident),
+                             "svc_0123456789ab_" + family.tuned_file)
+    return case
+
+
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_gdn_rows_with_a_bv_the_op_does_not_run_are_predicted_to_raise(ident, tmp_path):
+    compare(RELEASES[0], "gdn_k5_opt", ident, True, tmp_path, case=gdn_bv_cells(ident), label="gdn_bv_cells")

@@ -14,7 +14,7 @@ from app.domain.families import CURRENT, get_family
 from tests.conftest import AITER_COMMIT, CONFIGS, DIGEST, capture
 from tests.differential import aiter_exec as ax
 from tests.differential.sources import aiter_src
-from tests.differential.test_engagement_vs_aiter import shipped_shapes
+from tests.differential.test_engagement_vs_aiter import shipped_shapes, tree_with
 from tests.integration.test_leasing_api import tune_all
 from workers import image_tables, verify
 
@@ -28,7 +28,9 @@ def _aiter_sources():
 
 CELLS = {
     "bf16_gemm": dict(libtype="asm", solidx="0", splitK="1", kernelName="_ZN5aiter_svcE", err_ratio="0.0"),
-    "fmoe": dict(block_m="32", ksplit="0", us1="1", kernelName1="svc1", err1="0.0%", us2="1", kernelName2="svc2",
+    # fmoe: CK 2-stage kernel names (a name no stage launcher runs makes AITER raise at launch)
+    "fmoe": dict(block_m="32", ksplit="0", us1="1", kernelName1="moe_ck2stages_gemm1_svc", err1="0.0%", us2="1",
+                 kernelName2="moe_ck2stages_gemm2_svc",
                  err2="0.0%", run_1stage="0", xbf16="0", flat="0", _tag=""),
 }
 
@@ -59,10 +61,14 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
 
     procs = []
 
+    # the MoE op's dispatch parses kernel names with AITER's own module (moe_op.sources)
+    src = tree_with(family.aiter_lookup.split(":")[0], *(family.moe_op.sources if family.moe_op else ())) \
+        if family.moe_op else SRC
+
     def image_aiter():  # the image's AITER, imported after verify set the env var
-        p = ax.AiterProcess(SRC, tree, ax.Identity(gfx, cu, False), "current", SRC / "csrc")
+        p = ax.AiterProcess(src, tree, ax.Identity(gfx, cu, False), "current", src / "csrc")
         procs.append(p)
-        return verify.AiterAtHand(p.module, p, p.core(), SRC / "csrc", gfx, cu, False, AITER_COMMIT, None,
+        return verify.AiterAtHand(p.module, p, p.core(), src / "csrc", gfx, cu, False, AITER_COMMIT, None,
                                   p.import_module)
 
     plan = client.get(f"/v1/overlays/{DIGEST}/{family_name}/deploy").json()
@@ -90,7 +96,8 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
     assert "Proved in the image" in page and AITER_COMMIT in page and "agrees with the prediction" in page
     # a proof that disagrees on one shape is shown as a defect of the model, on the page and the report
     eng = client.get(f"/v1/campaigns/{cid}/engagement", params={"limit": 200}).json()
-    flipped = [{"shape_id": r["shape_id"], "hit": r["proved_hit"] != (i == 0), "raised": r["proved_raised"],
+    j = next(i for i, r in enumerate(eng["report"]) if not r["proved_raised"])  # a raise stays a raise
+    flipped = [{"shape_id": r["shape_id"], "hit": r["proved_hit"] != (i == j), "raised": r["proved_raised"],
                 "row": r["proved_row"]} for i, r in enumerate(eng["report"])]
     client.post(f"/v1/campaigns/{cid}/engagement/proofs", json={"form": eng["form"], "worker_id": "w",
                                                                 "aiter_commit": "f" * 40, "results": flipped})
