@@ -114,7 +114,8 @@ def test_runtime_identity_from_the_server_environment(client):
 
 def test_a_flydsl_row_engages_only_where_flydsl_imports(client):
     cid = capture(client, [{"M": 1, "N": 1280, "K": 8192}], env={"flydsl": "0"}).json()["campaign_id"]
-    tune_all(client, "gfx942", 304, libtype="flydsl")
+    # a kernel of FlyDSL's catalog (tuned_gemm.py:163-177 asks it for the row's kernel; its names are flydsl_...)
+    tune_all(client, "gfx942", 304, libtype="flydsl", kernelName="flydsl_gemm4_abf16_wbf16_bf16_t32x64x128_split_k7")
     eng = client.get(f"/v1/campaigns/{cid}/engagement").json()
     assert eng["hits"] == 0 and "flydsl" in eng["report"][0]["reason"].lower()
     capture(client, [{"M": 1, "N": 1280, "K": 8192}], env={"flydsl": "1"})
