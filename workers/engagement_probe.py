@@ -43,30 +43,6 @@ def outcome(look: Probe, shape: dict[str, str]) -> tuple[bool, dict | None, str 
     return hit, cfg, None
 
 
-class Found(Exception):
-    """Raised from fused_moe's '[fused_moe] using ... for {keys}' log line: the lookup is done, kernel set-up
-    (which needs a GPU) follows."""
-
-    def __init__(self, cfg: Any):
-        self.cfg = cfg
-
-
-class _StopAtUsing:
-    """The module's logger, except that the 'using ... for {keys}' line ends the call with the cfg it found."""
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-
-    def info(self, msg, *a, **k):
-        if str(msg).startswith("[fused_moe] using"):
-            self._inner.info(msg, *a, **k)  # the line a server log carries
-            raise Found(inspect.currentframe().f_back.f_locals.get("cfg"))
-        return self._inner.info(msg, *a, **k)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
 def _torch_dtype(name: str) -> Any:
     import torch
     return getattr(torch, name.removeprefix("torch."), name)
@@ -282,41 +258,6 @@ def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
     return probe
 
 
-def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool,
-               config_file: str | None = None) -> Probe:
-    """fused_moe's get_2stage_cfgs; with config_file (fhmoe: aiter_args "@file") the dedicated table, keyed also
-    on the pads and gate mode (fhmoe.py:345-375 calls it so)."""
-    fn = fused_moe.get_2stage_cfgs
-    params = list(inspect.signature(fn).parameters)
-    fused_moe.__dict__["logger"] = _StopAtUsing(fused_moe.__dict__["logger"])
-
-    def probe(s):
-        q = getattr(QuantType, s["q_type"].split(".")[1])
-        args = dict(token=fused_moe.get_padded_M(int(s["token"])), model_dim=int(s["model_dim"]),
-                    inter_dim=int(s["inter_dim"]), expert=int(s["expert"]), topk=int(s["topk"]),
-                    dtype=_torch_dtype(s["dtype"]), q_dtype_a=_torch_dtype(s["q_dtype_a"]),
-                    q_dtype_w=_torch_dtype(s["q_dtype_w"]), q_type=fused_moe.quant_remap.get(q, q),
-                    use_g1u1=bool(int(s["use_g1u1"])), activation=getattr(ActivationType, s["act_type"].split(".")[1]),
-                    doweight_stage1=bool(int(s["doweight_stage1"])), hidden_pad=0, intermediate_pad=0)
-        if "bias1" in params:
-            args.update(bias1=None, bias2=None)
-        if config_file is not None:
-            gate = vars(fused_moe)["GateMode"][s["gate_mode"].split(".")[1]]
-            args.update(hidden_pad=int(s["hidden_pad"]), intermediate_pad=int(s["intermediate_pad"]),
-                        gate_mode=gate.value, config_file=config_file)
-        try:
-            fn(**args)
-        except Found as f:
-            cfg = f.cfg
-        else:  # a raise (the dedicated FHMoE path without a row: NotImplementedError) is the shape's outcome
-            raise ProbeBroken("fused_moe lookup ended without its 'using' log line")
-        hit = cfg is not None
-        if hit and not flydsl and any(str(cfg.get(c, "")).startswith("flydsl_") for c in ("kernelName1", "kernelName2")):
-            hit = False  # the stage launcher has no FlyDSL to run it: AITER raises ('not find kernel')
-        return hit, cfg
-    return probe
-
-
 class KernelNotFound(RuntimeError):
     """A stage launcher handed a kernel name it does not run: what AITER raises at launch ('not find kernel')."""
 
@@ -472,6 +413,8 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
             entry = functools.partial(ns["_fused_moe_impl"], _q_dtype_a=_torch_dtype(qa))
             kw.update(activation=kw["activation"].value, quant_type=kw["quant_type"].value)
         fh = variant.get("entry") == "fhmoe"
+        if fh and fhmoe is None:
+            raise ProbeBroken("this AITER has no aiter/fhmoe.py: its shared-expert entry cannot be called")
         if fh:
             kw.update(_fhmoe_shared(fhmoe, E, dim, inter))
             vars(fhmoe)["fhmoe_"], kept = fh_body, vars(fhmoe)["fhmoe_"]
