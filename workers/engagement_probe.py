@@ -358,11 +358,11 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
     own lookup arguments (q_dtype_a, quant_remap, the padded token) and builds its stages; the first kernel launch
     (moe_sorting) ends the call. The row its lookup found, and whether its stages run that row, is the verdict.
     A capture does not say which of the calls in family.moe_op.call_variants it came from: each is made, and the
-    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). The
-    shared-expert call is _fused_moe_impl with the _q_dtype_a fhmoe_ hands it (aiter/fhmoe.py:563-613, not
-    vendored: its q_dtype_a is the family's data, its metadata transform is not applied). fhmoe: aiter/fhmoe.py's
-    module, for the call_variant entry "fhmoe" (fused_moe with shared-expert weights: fhmoe_ runs undecorated); its
-    verdict is the lookup of its own table (config_file), a lookup of another is no hit of it."""
+    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). fmoe's
+    "shared" call (a shared-expert call outside the DSV4 contract, which reads tuned_fmoe) is _fused_moe_impl with
+    the _q_dtype_a fhmoe_ hands it (aiter/fhmoe.py:563-613: its q_dtype_a is the family's data, its metadata
+    transform is not applied). fhmoe: aiter/fhmoe.py's module, for the call_variant entry "fhmoe" (fused_moe with
+    shared-expert weights, fhmoe_ run undecorated): its verdict is the lookup of its own table (config_file)."""
     import torch
     ns = vars(mod)
     path = family.moe_op
@@ -379,8 +379,7 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
         rows: list = []
         got: list = []
         keyed: list = []
-
-        own: list = []
+        own: list = []  # per lookup: of the family's own table (config_file)
 
         def spy(*a, **k):
             keyed.append(str(a[6]))  # get_2stage_cfgs(token, model_dim, inter_dim, expert, topk, dtype, q_dtype_a

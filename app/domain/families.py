@@ -829,7 +829,8 @@ FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE, call_defaults=(("gate
 # (_validate_fhmoe_contract, :48-85, get_gfx() first), _q_dtype_a (:563), the dedicated table for the DSV4 I384
 # contract only (:569-586; else tuned_fmoe), a row at every padded tier up to M (:345-385, :579-583) and the
 # two-stage FlyDSL launchers (_use_fhmoe_wrappers, :304-317)
-_FHMOE_RAISES = (("gfx", "!=", "gfx950", "NotImplementedError: Heterogeneous MXFP4/FP8 experts currently require gfx950"),
+_FHMOE_RAISES = (("gfx", "!=", "gfx950", "NotImplementedError: Heterogeneous MXFP4/FP8 experts currently require "
+                                         "gfx950"),
                  ("q_type", "!=", "QuantType.per_1x32", "ValueError: Heterogeneous MXFP4/FP8 experts require per_1x32"),
                  ("act_type", "!=", "ActivationType.Silu", "ValueError: Heterogeneous MXFP4/FP8 experts require SiLU"),
                  ("q_dtype_w", "!=", _FP4X2, "ValueError: Heterogeneous routed weights must use MXFP4"),
