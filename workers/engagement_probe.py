@@ -43,30 +43,6 @@ def outcome(look: Probe, shape: dict[str, str]) -> tuple[bool, dict | None, str 
     return hit, cfg, None
 
 
-class Found(Exception):
-    """Raised from fused_moe's '[fused_moe] using ... for {keys}' log line: the lookup is done, kernel set-up
-    (which needs a GPU) follows."""
-
-    def __init__(self, cfg: Any):
-        self.cfg = cfg
-
-
-class _StopAtUsing:
-    """The module's logger, except that the 'using ... for {keys}' line ends the call with the cfg it found."""
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-
-    def info(self, msg, *a, **k):
-        if str(msg).startswith("[fused_moe] using"):
-            self._inner.info(msg, *a, **k)  # the line a server log carries
-            raise Found(inspect.currentframe().f_back.f_locals.get("cfg"))
-        return self._inner.info(msg, *a, **k)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
 def _torch_dtype(name: str) -> Any:
     import torch
     return getattr(torch, name.removeprefix("torch."), name)
@@ -282,41 +258,6 @@ def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
     return probe
 
 
-def fmoe_probe(fused_moe: Any, ActivationType: Any, QuantType: Any, flydsl: bool,
-               config_file: str | None = None) -> Probe:
-    """fused_moe's get_2stage_cfgs; with config_file (fhmoe: aiter_args "@file") the dedicated table, keyed also
-    on the pads and gate mode (fhmoe.py:345-375 calls it so)."""
-    fn = fused_moe.get_2stage_cfgs
-    params = list(inspect.signature(fn).parameters)
-    fused_moe.__dict__["logger"] = _StopAtUsing(fused_moe.__dict__["logger"])
-
-    def probe(s):
-        q = getattr(QuantType, s["q_type"].split(".")[1])
-        args = dict(token=fused_moe.get_padded_M(int(s["token"])), model_dim=int(s["model_dim"]),
-                    inter_dim=int(s["inter_dim"]), expert=int(s["expert"]), topk=int(s["topk"]),
-                    dtype=_torch_dtype(s["dtype"]), q_dtype_a=_torch_dtype(s["q_dtype_a"]),
-                    q_dtype_w=_torch_dtype(s["q_dtype_w"]), q_type=fused_moe.quant_remap.get(q, q),
-                    use_g1u1=bool(int(s["use_g1u1"])), activation=getattr(ActivationType, s["act_type"].split(".")[1]),
-                    doweight_stage1=bool(int(s["doweight_stage1"])), hidden_pad=0, intermediate_pad=0)
-        if "bias1" in params:
-            args.update(bias1=None, bias2=None)
-        if config_file is not None:
-            gate = vars(fused_moe)["GateMode"][s["gate_mode"].split(".")[1]]
-            args.update(hidden_pad=int(s["hidden_pad"]), intermediate_pad=int(s["intermediate_pad"]),
-                        gate_mode=gate.value, config_file=config_file)
-        try:
-            fn(**args)
-        except Found as f:
-            cfg = f.cfg
-        else:  # a raise (the dedicated FHMoE path without a row: NotImplementedError) is the shape's outcome
-            raise ProbeBroken("fused_moe lookup ended without its 'using' log line")
-        hit = cfg is not None
-        if hit and not flydsl and any(str(cfg.get(c, "")).startswith("flydsl_") for c in ("kernelName1", "kernelName2")):
-            hit = False  # the stage launcher has no FlyDSL to run it: AITER raises ('not find kernel')
-        return hit, cfg
-    return probe
-
-
 class KernelNotFound(RuntimeError):
     """A stage launcher handed a kernel name it does not run: what AITER raises at launch ('not find kernel')."""
 
@@ -393,16 +334,35 @@ def undecorated(ns: dict, name: str, beside: str) -> Callable:
     return body
 
 
-def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx: str) -> Probe:
+def _fhmoe_shared(fh: Any, E: int, dim: int, inter: int) -> dict:
+    """The shared-expert arguments of a fused_moe call fhmoe_ takes (aiter/fhmoe.py:86-141 checks them): fp8 shared
+    weights, e8m0 scales (uint8 storage) of the preshuffled sizes, shared_expert_id E - 1 (any other raises
+    before the lookup, which keys on expert - 1 whatever the call passes)."""
+    import torch
+
+    def meta(*shape, dt=torch.uint8):
+        return torch.empty(shape, dtype=dt, device="meta")
+    up = lambda n, k: (n + k - 1) // k * k  # noqa: E731
+    s2k, fp8 = up(inter, 256), vars(fh)["dtypes"].fp8
+    return dict(shared_w1=meta(1, 2 * inter, dim, dt=fp8), shared_w2=meta(1, dim, inter, dt=fp8),
+                shared_w1_scale=meta(up(2 * inter, 256), up(dim // 32, 8)),
+                shared_w2_scale=meta(up(dim, 256), up(s2k // 32, 8)), w1_scale=meta(E * 2 * inter * (dim // 32)),
+                w2_scale=meta(E * dim * (s2k // 32)), shared_expert_id=E - 1)
+
+
+def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx: str,
+                 fhmoe: Any = None) -> Probe:
     """fused_moe (the entry the server calls) with meta tensors of the shape: hidden_states [token, model_dim] of
     dtype, w1 [expert, inter_dim * (2 if use_g1u1), model_dim] and w2 [expert, model_dim, inter_dim] of q_dtype_w
     (marked is_shuffled, as the serving frameworks prepare them), topk ids/weights [token, topk]. The op derives its
     own lookup arguments (q_dtype_a, quant_remap, the padded token) and builds its stages; the first kernel launch
     (moe_sorting) ends the call. The row its lookup found, and whether its stages run that row, is the verdict.
     A capture does not say which of the calls in family.moe_op.call_variants it came from: each is made, and the
-    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). The
-    shared-expert call is _fused_moe_impl with the _q_dtype_a fhmoe_ hands it (aiter/fhmoe.py:563-613, not
-    vendored: its q_dtype_a is the family's data, its metadata transform is not applied)."""
+    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). fmoe's
+    "shared" call (a shared-expert call outside the DSV4 contract, which reads tuned_fmoe) is _fused_moe_impl with
+    the _q_dtype_a fhmoe_ hands it (aiter/fhmoe.py:563-613: its q_dtype_a is the family's data, its metadata
+    transform is not applied). fhmoe: aiter/fhmoe.py's module, for the call_variant entry "fhmoe" (fused_moe with
+    shared-expert weights, fhmoe_ run undecorated): its verdict is the lookup of its own table (config_file)."""
     import torch
     ns = vars(mod)
     path = family.moe_op
@@ -412,15 +372,18 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
     if not_aiters:
         raise ProbeBroken(f"the MoE op's dispatch needs AITER's own {not_aiters} (a stub would decide for it)")
     body = undecorated(ns, "fused_moe_", "get_inter_dim")
+    fh_body = undecorated(vars(fhmoe), "fhmoe_", "_fhmoe") if fhmoe is not None else None
 
     def call(s: dict, variant: dict) -> tuple[Any, Any, Any, list]:
         """(the lookup's q_dtype_a argument or None, (hit, row) or None, what AITER raised or None, its log lines)"""
         rows: list = []
         got: list = []
         keyed: list = []
+        own: list = []  # per lookup: of the family's own table (config_file)
 
         def spy(*a, **k):
             keyed.append(str(a[6]))  # get_2stage_cfgs(token, model_dim, inter_dim, expert, topk, dtype, q_dtype_a
+            own.append(k.get("config_file") is not None)
             got.append(lookup(*a, **k))
             return got[-1]
 
@@ -448,6 +411,12 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
                 return None, None, None, []  # not a call the shared-expert entry makes for these cells
             entry = functools.partial(ns["_fused_moe_impl"], _q_dtype_a=_torch_dtype(qa))
             kw.update(activation=kw["activation"].value, quant_type=kw["quant_type"].value)
+        fh = variant.get("entry") == "fhmoe"
+        if fh and fhmoe is None:
+            raise ProbeBroken("this AITER has no aiter/fhmoe.py: its shared-expert entry cannot be called")
+        if fh:
+            kw.update(_fhmoe_shared(fhmoe, E, dim, inter))
+            vars(fhmoe)["fhmoe_"], kept = fh_body, vars(fhmoe)["fhmoe_"]
         saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
         ns.update(get_2stage_cfgs=spy, moe_sorting=sorting, logger=_RecordUsing(ns["logger"], rows),
                   fused_moe_=body)
@@ -462,16 +431,21 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
         except ProbeBroken:
             raise
         except Exception as e:  # noqa: BLE001  AITER raised on this call (after its lookup, or before)
-            return (keyed[-1] if keyed else None), None, e, [x for _, x in rows]
+            # fhmoe: the lines of its tier lookups are not this call's (the service reads each as its own tier's)
+            return (keyed[-1] if keyed else None), None, e, [] if fh else [x for _, x in rows]
         else:
             raise ProbeBroken("fused_moe returned without launching moe_sorting")
         finally:
             ns.update(saved)
+            if fh:
+                vars(fhmoe)["fhmoe_"] = kept
         if not got or not rows:
             raise ProbeBroken("fused_moe launched a kernel without its lookup's 'using' line")
-        lines = [x for _, x in rows]
+        # fhmoe's tier lookups (fhmoe.py:345-385, cached per token) come first: the call's own is the last
+        lines = ([x for _, x in rows][-1:] if own[-1] else []) if fh else [x for _, x in rows]
         try:
-            return keyed[-1], (moe_stages_run_row(path, got[-1], rows[-1][0]), rows[-1][0]), None, lines
+            hit = moe_stages_run_row(path, got[-1], rows[-1][0]) and (own[-1] or not fh)
+            return keyed[-1], (hit, rows[-1][0]), None, lines
         except KernelNotFound as e:
             return keyed[-1], None, e, lines
 
@@ -712,16 +686,14 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     # where the op is a torch custom op (a real AITER's torch_compile_guard), its lookup, as the op calls it
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
-    if fn == "get_2stage_cfgs" and family.moe_op is not None and "@file" not in family.aiter_args:
+    if fn == "get_2stage_cfgs" and family.moe_op is not None:
+        loaded = {}
         for extra in family.moe_op.sources:  # the modules the op imports from (its grouped path, name parsing)
             try:
-                load(extra)
+                loaded[extra] = load(extra)
             except ImportError:  # an image without FlyDSL: the op's own import of it fails the same way
                 pass
-        return moe_op_probe(mod, family, enums.ActivationType, enums.QuantType, gfx)
-    if fn == "get_2stage_cfgs":
-        return fmoe_probe(mod, enums.ActivationType, enums.QuantType, flydsl,
-                          tuned_file if "@file" in family.aiter_args else None)
+        return moe_op_probe(mod, family, enums.ActivationType, enums.QuantType, gfx, loaded.get("aiter/fhmoe.py"))
     if fn == "_find_grouped_config":
         return grouped_op_probe(mod, enums.ActivationType, enums.QuantType)
     if fn == "_tuned_bv":

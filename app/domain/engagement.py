@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.domain.families import TableFamily, gfx_from_cu_num
-from app.domain.keys import cpp_m_candidates, lookup_keys, row_key
+from app.domain.families import GPU_FP8, TableFamily, gfx_from_cu_num, gpu_fp8
+from app.domain.keys import cpp_m_candidates, lookup_keys, moe_token, row_key
 from app.domain.row_memo import NO_MEMO, RowMemo
 from app.domain.tables import Table
 
@@ -235,6 +235,19 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             out.append(ShapeEngagement(raw, False, [], reason=f"AITER raises on this call ({refused.where}: "
                                                               f"{refused.reason})", fails=True))
             continue
+        if family.moe_op and not family.moe_op.reads_table(shape, cpp_at[0], arch):
+            # a capture of this family is a lookup of its table (its log line): such a call is one a list posted
+            # by hand holds; what runs it (that table's row or default, then the op's stage check) is not predicted
+            out.append(ShapeEngagement(raw, False, [], reason=f"the op looks this call up in another table "
+                                                              f"({family.moe_op.where}), not this one"))
+            continue
+        lacking = _tier_lacking(family, key_columns, gfx, cu_num, shape, index, flydsl, cpp_at[0], arch)
+        if lacking is not None:
+            assert family.moe_op is not None and family.moe_op.tiers_cover is not None
+            cover = family.moe_op.tiers_cover
+            out.append(ShapeEngagement(raw, False, [lacking], reason=f"AITER raises on this call ({cover.where}: "
+                                       f"{cover.reason}): no row it runs at {family.m_column}={lacking}", fails=True))
+            continue
         cands = lookup_keys(family, key_columns, gfx, cu_num, shape)
         tried = [m for m, _ in cands]
         res = None
@@ -292,6 +305,24 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                                                f"{raising.reason}): " + reason)
         out.append(res)
     return _op_paths(family, cpp_at[0], out)
+
+
+def _tier_lacking(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int, shape: dict[str, str],
+                  index: dict, flydsl: bool, device_gfx: str, arch: str | None) -> int | None:
+    """The first padded token tier up to the call's token (1, 2, 4, ... and its own) the table has no row the op
+    runs at, looked up with moe_op.tier_cells (fhmoe.py:345-385); None: every tier covered, or no such check."""
+    op = family.moe_op
+    if op is None or op.tiers_cover is None or family.m_column is None:
+        return None
+    m = int(shape[family.m_column])
+    at = {c: gpu_fp8(device_gfx) if v == GPU_FP8 else v for c, v in op.tier_cells}
+    for t in sorted({moe_token(1 << e) for e in range(m.bit_length())} | {moe_token(m)}):
+        cells = dict(shape, **at, **{family.m_column: str(t)})
+        row = next((r for _, k in lookup_keys(family, key_columns, gfx, cu_num, cells)
+                    if (r := index.get(k)) is not None), None)
+        if row is None or op.row_use(cells, row, device_gfx, flydsl, arch)[0] != "hit":
+            return t
+    return None
 
 
 def _op_paths(family: TableFamily, device_gfx: str, out: list[ShapeEngagement]) -> list[ShapeEngagement]:

@@ -357,6 +357,16 @@ class MoeOpPath:
     # of this table (MissRaises.raises is the condition; "a_w" is "<q_dtype_a>/<q_dtype_w>")
     declines: tuple[MissRaises, ...] = ()
     declines_after: tuple[MissRaises, ...] = ()  # the same, after its lookup found a row
+    # the calls whose lookup reads this family's table, on the call's cells (all hold); the others look up another
+    # table (fhmoe.py:569-586: AITER_CONFIG_FHMOE for the DSV4 I384 contract only, else tuned_fmoe); empty: every call
+    table_when: tuple[tuple[str, str, str], ...] = ()
+    # before its own lookup the op asks for a row it runs at every padded token tier up to the call's token
+    # (MissRaises: where, what it raises where one lacks), looked up with tier_cells in place of the call's
+    tiers_cover: MissRaises | None = None
+    tier_cells: tuple[tuple[str, str], ...] = ()
+    # the stage launchers (stage 1, stage 2) the op's metadata transform accepts; any other route raises (why)
+    stages: tuple[str, ...] = ()
+    stages_raise: str = ""
 
     def _derive(self, full: dict[str, str], gfx: str) -> str:
         for b in self.a_dtype:
@@ -391,6 +401,10 @@ class MoeOpPath:
         full = self._cells(cells, gfx, flydsl, arch)
         return next((r for r in self.raises if r.raises(full)), None)
 
+    def reads_table(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> bool:
+        full = self._cells(cells, gfx, True, arch)
+        return all(moe_holds(full, c, gfx) for c in self.table_when)
+
     def launcher(self, name: str | None) -> MoeLauncher | None:
         return next((x for x in self.launchers if x.name == name), None)
 
@@ -403,6 +417,8 @@ class MoeOpPath:
         full["run_1stage"] = str(row["run_1stage"] if row.get("run_1stage") is not None else "") \
             if "run_1stage" in row else "0"
         route = next((r for r in self.routes if all(moe_holds(full, c, gfx) for c in r.when)), None)
+        if self.stages and (route is None or route.own_names or self._picked(route, full) != self.stages):
+            return "fails", self.stages_raise
         if route is None:
             return "hit", ""
         if route.own_names:
@@ -422,6 +438,16 @@ class MoeOpPath:
         if ran and all(ran):
             return "hit", ""
         return "default", f"the op's stages ({route.where}) do not run the row's kernels"
+
+    @staticmethod
+    def _picked(route: MoeRoute, full: dict[str, str]) -> tuple[str, ...]:
+        """The launchers a route builds for the row (a 1-stage route: stage 1 only)."""
+        out = []
+        for stage, col in ((route.stage1, "kernelName1"), (route.stage2, "kernelName2")):
+            name = full[col] if full[col] != "Null" else ""
+            if stage is not None:
+                out.append(stage if isinstance(stage, str) else next(la for rx, la in stage if re.match(rx, name)))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -799,6 +825,30 @@ FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE, call_defaults=(("gate
                               ("act_type", "==", "ActivationType.Situv2")),
                         unless=(("gfx", "in", "gfx942|gfx950"), ("flydsl", "==", "True"), ("use_g1u1", "in", "1|True"),
                                 ("doweight_stage1", "in", "0|False"))),))
+# fused_moe with shared experts (fused_moe.py:495-536) -> fhmoe_ (aiter/fhmoe.py:509-625): its contract
+# (_validate_fhmoe_contract, :48-85, get_gfx() first), _q_dtype_a (:563), the dedicated table for the DSV4 I384
+# contract only (:569-586; else tuned_fmoe), a row at every padded tier up to M (:345-385, :579-583) and the
+# two-stage FlyDSL launchers (_use_fhmoe_wrappers, :304-317)
+_FHMOE_RAISES = (("gfx", "!=", "gfx950", "NotImplementedError: Heterogeneous MXFP4/FP8 experts currently require "
+                                         "gfx950"),
+                 ("q_type", "!=", "QuantType.per_1x32", "ValueError: Heterogeneous MXFP4/FP8 experts require per_1x32"),
+                 ("act_type", "!=", "ActivationType.Silu", "ValueError: Heterogeneous MXFP4/FP8 experts require SiLU"),
+                 ("q_dtype_w", "!=", _FP4X2, "ValueError: Heterogeneous routed weights must use MXFP4"),
+                 ("use_g1u1", "!in", "1|True", "ValueError: Heterogeneous MXFP4/FP8 experts require gate and up"))
+FHMOE_OP = MoeOpPath(
+    "fhmoe.py:563-586", (MoeADtype((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), MoeADtype((), _FP4X2)),
+    call_variants=((("entry", "fhmoe"),),), launchers=_FMOE_LAUNCHERS, routes=_FMOE_ROUTES, calls_get_gfx=True,
+    needs=FMOE_OP.needs, sources=("aiter/fhmoe.py",) + FMOE_OP.sources,
+    raises=tuple(MissRaises("fhmoe.py:48-85", why, when=((c, op, v),)) for c, op, v, why in _FHMOE_RAISES),
+    table_when=(("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
+                ("hidden_pad", "==", "0"), ("intermediate_pad", "==", "0"), ("gate_mode", "==", "GateMode.INTERLEAVE"),
+                ("doweight_stage1", "in", "0|False")),
+    tiers_cover=MissRaises("fhmoe.py:345-385,579-583", "NotImplementedError: The active FHMoE config does not cover "
+                                                       "this DSV4 I384 token shape"),
+    tier_cells=(("dtype", _BF16), ("q_dtype_a", GPU_FP8)),
+    stages=("_flydsl_stage1_wrapper", "_flydsl_stage2_wrapper"),
+    stages_raise="NotImplementedError: Heterogeneous MXFP4/FP8 experts require the two-stage FlyDSL path "
+                 "(fhmoe.py:310-317)")
 # amd-aiter 0.1.7 fused_moe.py:218-221: the weight's dtype (uint32: fp8), fp4x2 for per_1x32
 FMOE_OP_0_1_7 = MoeOpPath("fused_moe.py:218-221 (0.1.7)", (
     MoeADtype((_P1X32,), _FP4X2), MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8), MoeADtype((), "@w")),
@@ -1044,7 +1094,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         duplicate_keys="raise_any", backfill_gfx=True, filled=("kernelName1", "kernelName2"), err_max=0.1,
         lookup_derived=(("shared_expert_id", "expert", -1),), dropped_rows=(("_tag", "flydsl_fallback"),),
         flydsl_miss="fails", aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_args=("@file",),
-        aiter_file_attr="AITER_CONFIG_FHMOE_FILE",
+        aiter_file_attr="AITER_CONFIG_FHMOE_FILE", moe_op=FHMOE_OP,
         miss_raises=(MissRaises("fused_moe.py:2369-2374", "NotImplementedError: the dedicated FHMoE path requires an "
                                 "exact tuned config row"),),
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),

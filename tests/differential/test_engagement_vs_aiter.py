@@ -607,6 +607,25 @@ def fmoe_one_stage_cells(ident):
     return case
 
 
+def fhmoe_tiers(ident, kernels: dict[int, str], tokens: tuple[int, ...]):
+    """DSV4 I384 calls above the shipped tiers (1..2048): the shared-expert entry needs a row it runs at every
+    padded tier up to M (fhmoe.py:345-385, :579-583) and both stages FlyDSL (:304-317). kernels: the rows made, by
+    token tier: "fly" (a shipped FlyDSL pair) or "ck" (its stage 1 a CK kernel)."""
+    def case(family, header, shapes, pool):
+        base = next(s for s in shipped_shapes(CONFIGS, family))
+        fly = next(c for c in pool if str(c.get("kernelName1", "")).startswith("flydsl_"))
+        kinds = {"fly": fly, "ck": dict(fly, kernelName1="moe_ck2stages_gemm1_svc")}
+        table = [{c: {**kinds[k], **base, "token": str(t), "gfx": ident[0], "cu_num": str(ident[1])}.get(c, "")
+                  for c in header} for t, k in kernels.items()]
+        return [dict(base, token=str(t)) for t in tokens], Table(header, table, "svc_0123456789ab_" + family.tuned_file)
+    return case
+
+
+FHMOE_TIERS = {"gap_at_16384": ({4096: "fly", 8192: "fly", 32768: "fly"}, (3000, 5000, 8000, 20000, 40000, 64)),
+               "ck_stage_at_131072": ({4096: "fly", 8192: "fly", 16384: "fly", 32768: "fly", 131072: "ck"},
+                                      (20000, 40000, 200000, 64))}
+
+
 CASES = {"a8w8_foreign_fp8": ("a8w8_gemm", a8w8_foreign_fp8), "bf16_bpreshuffle": ("bf16_gemm", bf16_bpreshuffle),
          "fmoe_one_stage_cells": ("fmoe", fmoe_one_stage_cells)}
 
@@ -776,6 +795,16 @@ def test_fmoe_is_looked_up_with_the_activation_dtype_the_op_derives(rel, ident, 
     # 0.1.7's ActivationType has no Situv2 (its aiter_enum.h): no server of it calls with one
     compare(rel, "fmoe", ident, flydsl, tmp_path, case=fmoe_activation_dtypes(ident, rel[0] == "current"),
             label="fmoe_q_dtype_a")
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+@pytest.mark.parametrize("name", FHMOE_TIERS)
+def test_fhmoe_needs_every_tier_and_flydsl_stages_as_its_entry_does(name, ident, flydsl, tmp_path):
+    """fused_moe with shared experts (-> aiter/fhmoe.py fhmoe_) on gfx950 only, a row it runs at every padded tier
+    up to M, two FlyDSL stages (TableFamily.moe_op: FHMOE_OP); 0.1.7 has no fhmoe."""
+    compare(RELEASES[0], "fhmoe", ident, flydsl, tmp_path, case=fhmoe_tiers(ident, *FHMOE_TIERS[name]),
+            label=f"fhmoe_{name}")
 
 
 def gdn_bv_cells(ident):

@@ -82,3 +82,20 @@ def test_an_unseen_header_is_understood_by_its_columns():
     header = fam.tuned_header + ("new_col",)
     schema = tuned_schema(fam, header)
     assert not schema.known and schema.key_columns == fam.key_columns
+
+
+def test_fhmoe_rows_engage_only_for_the_calls_that_read_its_table():
+    """aiter/fhmoe.py:569-586 reads AITER_CONFIG_FHMOE only for the DSV4 I384 contract (interleaved gate, no pads,
+    7168/384/385/7); any other shared-expert call looks up tuned_fmoe, so a row of this table for it never runs
+    (FHMOE_OP.table_when). The same row keyed on the contract's gate mode engages."""
+    from app.domain import engagement as eng
+    from app.domain.tables import Table
+    family = FAMILIES["fhmoe"]
+    table = read_table((CONFIGS / family.tuned_file).read_text(), family.tuned_file)
+    row = next(r for r in table.rows if r["token"] == "64")
+    separated = dict(row, gate_mode="GateMode.SEPARATED", q_dtype_a="torch.float4_e2m1fn_x2")
+    shapes = [{c: r[c] for c in family.shape_columns} for r in (row, separated)]
+    mine = eng.check(family, family.key_columns, "gfx950", 256, shapes,
+                     Table(table.header, table.rows + [separated], table.name))
+    assert [m.hit for m in mine] == [True, False], [m.reason for m in mine]
+    assert "another table" in mine[1].reason and not mine[1].fails
