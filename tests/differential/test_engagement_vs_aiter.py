@@ -431,6 +431,26 @@ def teardown_module(module):
         print("\nfamily x form x identity x flydsl x release -> shapes -> outcome")
         for r in RESULTS:
             print("  " + " | ".join(str(x) for x in r))
+        print(summary(RESULTS))
+
+
+def summary(results: list[tuple]) -> str:
+    """Per family (or case) x release x identity, over forms and FlyDSL on/off: the deploy forms offered, their
+    shape verdicts (hit, raises, disagreements), and the forms refused (each where AITER raised too, or not)."""
+    import collections
+    acc: dict[tuple, collections.Counter] = {}
+    for label, _form, where, _fly, rel, n, *out in results:
+        c = acc.setdefault((label, rel, where), collections.Counter())
+        if out[0].startswith("hits"):
+            nums = {w.split()[0]: int(w.split()[1]) for w in out}
+            c.update(offered=1, shapes=n, hit=nums["hits"], raises=nums.get("raises", 0), disagree=nums["disagree"])
+        else:
+            c["refused, AITER raises" if out == ["refused", "raises"] else "mismatch"] += 1
+    lines = ["| family / case | release | gfx/cu | forms offered | shape verdicts | hit | raises | disagree "
+             "| forms refused (AITER raises too) | refusal mismatches |", "|" + "---|" * 10]
+    lines += [f"| {k[0]} | {k[1]} | {k[2]} | {c['offered']} | {c['shapes']} | {c['hit']} | {c['raises']} "
+              f"| {c['disagree']} | {c['refused, AITER raises']} | {c['mismatch']} |" for k, c in acc.items()]
+    return "\n".join(lines)
 
 
 GDN_HEADER = ("gfx,cu_num,dtype,K,V,BT,H,Hg,is_varlen,use_h0,store_fs,snapshot_bf16,state_bf16,T_flat,N,"
