@@ -139,11 +139,19 @@ def _unpatch(holder: Any, name: str, old: Any) -> None:
         setattr(holder, name, old)
 
 
-def op_function(mod: Any, entry: Any) -> Callable | None:
-    """The op's own Python function, where the module holds it as written (a torch_compile_guard'ed op in a real
-    AITER is a torch custom op: called with meta tensors it runs its fake, never the op; None then)."""
+def op_function(mod: Any, entry: Any, beside: str | None = None) -> Callable | None:
+    """The op's own Python function: as the module holds it, or, where that is a torch_compile_guard'ed op (in a
+    real AITER a torch custom op: called with meta tensors it runs its fake, never the op), its body compiled anew
+    without decorators from the file that defines `beside` (undecorated); None where neither can be had."""
     fn = vars(mod).get(entry.function)
-    return fn if callable(fn) and getattr(fn, "__qualname__", None) == entry.function else None
+    if callable(fn) and getattr(fn, "__qualname__", None) == entry.function:
+        return fn
+    if beside is None:
+        return None
+    try:
+        return undecorated(vars(mod), entry.function, beside)
+    except (OSError, KeyError, StopIteration, SyntaxError, TypeError, AttributeError):
+        return None  # no source beside the module (a compiled-only install)
 
 
 def op_args(entry: Any, s: dict, dtypes: Any) -> tuple[list, dict]:
@@ -185,12 +193,13 @@ def op_probe(mod: Any, family: Any, importer: Callable[[str], Any],
     its kernel is the row's). What AITER raises propagates: the shape's verdict."""
     ns = vars(mod)
     lookup = family.aiter_lookup.split(":")[1]
+    ops = {e.function: op_function(mod, e, lookup) for e in family.op_entries}  # compiled once, not per shape
 
     def probe(s):
         entry = family.op_entry(s)
         if entry is None:
             raise ProbeBroken(f"no op of {family.name} serves {s}")
-        op, real, got = op_function(mod, entry), ns[lookup], []
+        op, real, got = ops[entry.function], ns[lookup], []
         if op is None:
             raise ProbeBroken(f"{entry.function} is not the op's own function here")
 
@@ -681,9 +690,9 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     if family.cpp_key is not None and csrc is not None and (tries := cpp_tries(csrc, family)) is not None:
         cpp = cpp_kernel_of(load("aiter/jit/utils/chip_info.py"), family, tuned_file, gfx, cu_num, tries,
                             compiled_libtype(csrc, family))
-    if family.op_entries and all(op_function(mod, e) is not None for e in family.op_entries):
+    if family.op_entries and all(op_function(mod, e, fn) is not None for e in family.op_entries):
         return op_probe(mod, family, importer, cpp)
-    # where the op is a torch custom op (a real AITER's torch_compile_guard), its lookup, as the op calls it
+    # where the op's own code cannot be had (no source in the image), its lookup, as the op calls it
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
     if fn == "get_2stage_cfgs" and family.moe_op is not None:

@@ -779,29 +779,39 @@ def test_every_gemm_family_is_probed_through_its_op():
         assert all(probe.op_function(mod, e) is not None for e in family.op_entries), family.name
 
 
-def test_an_op_that_is_a_torch_custom_op_is_probed_at_its_lookup():
+def test_an_op_that_is_a_torch_custom_op_is_probed_through_its_own_body(tmp_path):
     """In a real AITER torch_compile_guard makes the op a torch custom op (called with meta tensors it runs its
-    fake): the in-image probe then calls the lookup as the op does, and says nothing of the op's own dispatch."""
+    fake): the in-image probe then compiles the op's body anew without its decorators (undecorated), in the
+    module's own globals, so the same op runs as in the harness and the verdicts are the same."""
     from workers import engagement_probe as probe
     family = get_family("a8w8_blockscale_gemm")
-    src = tree_with(family.aiter_lookup.split(":")[0])
-    p = ax.AiterProcess(src, src, ax.Identity("gfx950", 256, True), "current", src / "csrc")
+    rel = family.aiter_lookup.split(":")[0]
+    src = tree_with(rel)
+    root = sandbox(tmp_path, CONFIGS, family, RELEASES[0])  # AITER's shipped tables beside its code
 
-    def guard(*a, **k):
-        def deco(f):
-            def wrapper_custom(*a, **k):
-                raise AssertionError("a custom op called with meta tensors runs its fake, never the op")
-            return wrapper_custom
-        return deco
-    p.registry["aiter.jit.utils.torch_guard"].__dict__["torch_compile_guard"] = guard
-    mod = p.module(family.aiter_lookup.split(":")[0])
-    assert probe.op_function(mod, family.op_entries[0]) is None
-    look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None, None, p.import_module)
-    assert look.__qualname__.startswith("lookup_probe.")
-    p.registry["aiter.jit.utils.torch_guard"].__dict__["torch_compile_guard"] = lambda *a, **k: (lambda f: f)
-    p.registry.pop(mod.__name__)
-    look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None, None, p.import_module)
-    assert look.__qualname__.startswith("op_probe.")
+    def verdicts(guarded: bool) -> list:
+        p = ax.AiterProcess(src, root, ax.Identity("gfx950", 256, True), "current", src / "csrc")
+        if guarded:
+            def guard(*a, **k):
+                def deco(f):
+                    def wrapper_custom(*a, **k):
+                        raise AssertionError("a custom op called with meta tensors runs its fake, never the op")
+                    return wrapper_custom
+                return deco
+            p.registry["aiter.jit.utils.torch_guard"].__dict__["torch_compile_guard"] = guard
+        core = p.core()
+        mod = p.module(rel)
+        entry = family.op_entries[0]
+        assert (probe.op_function(mod, entry) is None) == guarded  # the module holds the custom op, not the op
+        look = probe.make_probe(family, p.module, p, True, "gfx950", 256, None,
+                                probe.resolved_file(core, family.aiter_file_attr), p.import_module)
+        assert look.__qualname__.startswith("op_probe.")
+        shapes = [{"M": str(m), "N": "7168", "K": "2048"} for m in (1, 16, 128, 5000)]
+        return [probe.outcome(look, s_) for s_ in shapes]
+    with ax._merge_lock():
+        guarded, plain = verdicts(True), verdicts(False)
+    assert guarded == plain and all(r is None for _, _, r in guarded), guarded
+    assert any(hit for hit, _, _ in guarded)  # a shipped row engages: the op ran past its lookup
 
 
 
