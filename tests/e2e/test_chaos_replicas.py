@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -31,7 +32,7 @@ from workers.identity import cpu_count
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.timeout(900)]
 
-N_REPLICAS, N_WORKERS, N_SHAPES, N_OUTAGES = 3, 4, 120, 2
+N_REPLICAS, N_WORKERS, N_SHAPES, N_OUTAGES, N_SWEPT = 3, 4, 120, 2, 3
 SERVER_ENV = {"TUNER_LEASE_TTL_S": "3", "TUNER_LEASE_GRACE_S": "20", "TUNER_MIN_IMPROVEMENT_PCT": "-100",
               "TUNER_MAX_ATTEMPTS": "40"}  # chaos costs tries; none of it may park a shape
 MIGRATED = re.compile(r"aiter-tuner: database migrated to \w+")
@@ -48,8 +49,9 @@ def db_status(srv: LiveServer) -> int:
 class Workers:
     """Worker processes, worker i on replica i % N_REPLICAS; SIGSTOPs from a chaos thread."""
 
-    def __init__(self, tmp: Path, token: str, servers: list[LiveServer]):
-        self.tmp, self.procs, self.stops, self.lock = tmp, {}, 0, threading.Lock()
+    def __init__(self, tmp: Path, token: str, servers: list[LiveServer], db_url: str):
+        self.tmp, self.procs, self.db_url, self.lock = tmp, {}, db_url, threading.Lock()
+        self.stops = self.swept = 0  # swept: leases a SIGSTOPped holder lost to a sweep, seen in the database
         env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=token, OMP_NUM_THREADS="1")
         for i in range(N_WORKERS):
             wid = f"replica-chaos-{i}"
@@ -60,13 +62,55 @@ class Workers:
                  "--compile-budget-s", "0", "--min-improvement-pct", "-100", "--spool-dir", str(tmp / "spool" / wid)],
                 cwd=ROOT, env=env, stdout=open(tmp / f"{wid}.log", "w"), stderr=subprocess.STDOUT)
 
-    def stop_past_ttl(self, rng: random.Random, until: threading.Event) -> None:
-        """A worker SIGSTOPped 1-8 s (past the 3 s TTL about two times in three) every 0.2-1 s, one at a time."""
+    def _query(self, sql: str, *args: object) -> list[tuple]:
+        """Rows from the campaign's database; none while PostgreSQL is down (the outages overlap the stops)."""
+        try:
+            with psycopg.connect(self.db_url, connect_timeout=3) as conn:
+                return conn.execute(sql, args).fetchall()
+        except psycopg.Error:
+            return []
+
+    def _stop(self, wid: str) -> subprocess.Popen:
+        with self.lock:
+            proc = self.procs[wid]
+            proc.send_signal(signal.SIGSTOP)
+            self.stops += 1
+        return proc
+
+    def stop_until_swept(self, until: threading.Event, running: list[str]) -> str | None:
+        """SIGSTOP a running worker that holds an active lease and keep it stopped until that lease has ended: a
+        sweeper or another worker's lease request found it past its TTL (counted in swept), or its last result
+        was already on the wire (not counted). Its shapes cannot be tuned meanwhile, so however fast the
+        machine, the campaign cannot end before the sweep."""
+        while not until.is_set():
+            held = [(w, lid) for w, lid in self._query("SELECT worker_id, id FROM leases WHERE state = 'active'")
+                    if w in running]
+            if not held:
+                until.wait(0.1)
+                continue
+            wid, lid = sorted(held)[0]
+            self._stop(wid)
+            state = "active"
+            while state == "active" and not until.wait(0.2):
+                state = next(iter(self._query("SELECT state FROM leases WHERE id = %s", lid)), ("active",))[0]
+            if state == "expired":
+                self.swept += 1
+                return wid
+            self.procs[wid].send_signal(signal.SIGCONT)
+        return None
+
+    def chaos(self, rng: random.Random, until: threading.Event) -> None:
+        """First N_SWEPT lease holders stopped one after another, each kept stopped until its lease is swept
+        (so the later ones hold the shapes the earlier ones lost); then, until told to stop, a worker stopped
+        1-8 s (past the 3 s TTL about two times in three) every 0.2-1 s."""
+        stopped: list[str] = []
+        while len(stopped) < N_SWEPT and not until.is_set():
+            wid = self.stop_until_swept(until, [w for w in self.procs if w not in stopped])
+            stopped += [wid] if wid else []
+        until.wait(rng.uniform(0.0, 2.0))  # later sweeps of other replicas collide on the ended leases
+        self.continue_all()
         while not until.wait(rng.uniform(0.2, 1.0)):
-            with self.lock:
-                proc = rng.choice(list(self.procs.values()))
-                proc.send_signal(signal.SIGSTOP)
-                self.stops += 1
+            proc = self._stop(rng.choice(list(self.procs)))
             until.wait(rng.uniform(1.0, 8.0))
             proc.send_signal(signal.SIGCONT)
 
@@ -79,7 +123,6 @@ class Workers:
 def test_replicas_on_one_postgresql_through_outages_and_colliding_sweepers(private_pg, tmp_path, capsys):  # noqa: F811
     seed = int(os.environ.get("TUNER_CHAOS_SEED") or random.randrange(2**32))
     rng, t0 = random.Random(seed), time.monotonic()
-    import psycopg
     with psycopg.connect(private_pg.url, autocommit=True) as conn:
         conn.execute("CREATE DATABASE tuner")
     db_url = private_pg.url.rsplit("/", 1)[0] + "/tuner"
@@ -97,11 +140,11 @@ def test_replicas_on_one_postgresql_through_outages_and_colliding_sweepers(priva
                                              "shapes": [{"M": m, "N": 512, "K": 512} for m in range(1, N_SHAPES + 1)]})
             assert r.status_code == 201, r.text
             cid = r.json()["campaign_id"]
-        workers = Workers(tmp_path, servers[1].token("worker", "replica-chaos", DIGEST), servers)
+        workers = Workers(tmp_path, servers[1].token("worker", "replica-chaos", DIGEST), servers, db_url)
 
         def tuned() -> int:
             return max(progress(s.url, cid).get("tuned", 0) for s in servers)
-        chaos = threading.Thread(target=workers.stop_past_ttl, args=(random.Random(rng.random()), stop_chaos))
+        chaos = threading.Thread(target=workers.chaos, args=(random.Random(rng.random()), stop_chaos))
         wait_for(lambda: tuned() >= 5, timeout=300, every=0.5)
         chaos.start()
         for k in range(N_OUTAGES):  # PostgreSQL dies mid-campaign, each time further in
@@ -112,7 +155,8 @@ def test_replicas_on_one_postgresql_through_outages_and_colliding_sweepers(priva
             private_pg.start()
             wait_for(lambda: all(db_status(s) == 200 for s in servers), timeout=180, every=0.5)
             outages.append(tuned())
-        wait_for(lambda: workers.stops >= 6 or tuned() == N_SHAPES, timeout=600, every=0.5)
+        wait_for(lambda: workers.swept >= N_SWEPT and (workers.stops >= 6 or tuned() == N_SHAPES), timeout=600,
+                 every=0.5)  # a hang guard: each sweep holds shapes back from the campaign
         stop_chaos.set()
         chaos.join()
         workers.continue_all()
@@ -170,7 +214,7 @@ def test_replicas_on_one_postgresql_through_outages_and_colliding_sweepers(priva
         f"{max_attempts}; results stored {len(stored)}, finished by workers {len(finished)}, lost {len(lost)}, "
         f"duplicated {duplicated}\n"
         f"  PostgreSQL kill -9 + restarts {private_pg.kills} (tuned at each kill {tuned_at_kill}), SIGSTOPs "
-        f"{workers.stops}, leases expired and swept {expired}\n"
+        f"{workers.stops} ({workers.swept} held until their lease was swept), leases expired and swept {expired}\n"
         f"  requests {len(statuses)}, 503 {statuses.count(503)}, other 5xx {len(not_503)}, tracebacks in replica "
         f"logs {tracebacks}\n"
         f"  workers {N_WORKERS}: exits before asked {len(exited)} {exited or ''}, exit codes on SIGTERM "
@@ -188,4 +232,4 @@ def test_replicas_on_one_postgresql_through_outages_and_colliding_sweepers(priva
     assert not not_503, f"5xx other than 503: {sorted(set(not_503))}"
     assert statuses.count(503) > 0 and private_pg.kills == N_OUTAGES, "the outages must have been felt"
     assert tracebacks == 0, [t[t.index("Traceback") - 500:][:3000] for t in server_logs if "Traceback" in t][0]
-    assert workers.stops >= 3 and expired > 0, "sweepers must have had expired leases to end"
+    assert workers.swept == N_SWEPT and expired >= N_SWEPT, "sweepers must have had expired leases to end"
