@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from app.db.models import CampaignShape, Result
 from app.db.session import Database
-from tests.conftest import ADMIN, DIGEST, start_server
+from tests.conftest import ADMIN, DIGEST, start_server, wait_for
 from workers.client import ServiceClient
 
 N_AGENTS, N_SHAPES = 32, 240
@@ -94,8 +94,14 @@ def test_busy_sqlite_is_503_with_retry_after_and_the_agent_waits(tmp_path):
         r = httpx.post(srv.url + "/v1/captures", json=body, timeout=10,
                        headers={"Authorization": f"Bearer {ADMIN}"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
-        threading.Timer(1.5, lambda: holder.execute("ROLLBACK")).start()
         cl = ServiceClient(srv.url, retry_for_s=30, token=ADMIN)
+
+        def release_once_refused() -> None:  # the lock goes once a request met it, however long that took
+            try:
+                wait_for(lambda: cl.retries >= 1)
+            finally:
+                holder.execute("ROLLBACK")
+        threading.Thread(target=release_once_refused, daemon=True).start()
         out = cl.lease({"worker_id": "w", "image_digest": DIGEST, "gfx": "gfx942", "cu_num": 304,
                         "backends": ["torch"], "budget_s": 10})
         assert out is None and cl.retries >= 1  # it waited for the lock instead of failing
