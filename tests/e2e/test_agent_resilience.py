@@ -102,7 +102,9 @@ def test_results_finished_during_a_database_stall_are_delivered_after_it(server,
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     gate.set()
-    time.sleep(5.0)  # past the 3 s lease TTL: every heartbeat and post got 503
+    wait_for(a.spool.pending)  # finished under the lock: spooled, however long a loaded machine takes to get there
+    wait_for(lambda: a.client.retries > 0)  # and its post (or a heartbeat) met the lock: 503, retried
+    time.sleep(5.0)  # a lower bound, not a state: the lock outlasts the 3 s lease TTL, no heartbeat got through
     assert t.is_alive() and a.spool.pending(), "the finished result must wait in the spool"
     holder.execute("ROLLBACK")
     t.join(timeout=60)
