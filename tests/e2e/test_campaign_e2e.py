@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -32,6 +33,29 @@ def campaign(c, cid):
     return c.get(f"/v1/campaigns/{cid}").json()
 
 
+class Output:
+    """A worker's output, read as it comes (its pipe never fills); `delivered` is set on the agent's own line
+    saying the service took a result. Acting on that line, not on a poll of the campaign, leaves the worker
+    milliseconds, not a poll's round trip, to finish its other shapes: a machine fast enough to race all eight
+    between two polls would have nothing left to kill or release."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self.delivered = threading.Event()
+        self.reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.reader.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line)
+            if ") delivered: result " in line:
+                self.delivered.set()
+
+    def text(self) -> str:
+        self.reader.join(timeout=60)
+        return "".join(self.lines)
+
+
 def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
     c = live_server.client()
     r = c.post("/v1/captures", json={"image_digest": DIGEST, "family": "bf16_gemm", "shapes": SHAPES, **CPU})
@@ -42,7 +66,7 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
     tok = live_server.token("worker", "e2e-workers", DIGEST)
     a = worker(live_server.url, "victim", 600, "--max-batches", "1", token=tok)
     # kill it once it has posted something but still holds unfinished shapes
-    wait_for(lambda: (s := campaign(c, cid))["tuned"] >= 1 and s["leased"] >= 1, timeout=120)
+    assert Output(a).delivered.wait(120), "the worker delivered no result"
     a.send_signal(signal.SIGKILL)
     a.wait()
     mid = campaign(c, cid)
@@ -81,9 +105,11 @@ def test_sigterm_releases_the_lease_at_once(live_server):
     cid = c.post("/v1/captures", json={"image_digest": DIGEST, "family": "bf16_gemm", "shapes": SHAPES,
                                        **CPU}).json()["campaign_id"]
     w = worker(live_server.url, "polite", 600, "--max-batches", "1", token=live_server.token("worker", "w"))
-    wait_for(lambda: campaign(c, cid)["tuned"] >= 1, timeout=120)
+    output = Output(w)
+    assert output.delivered.wait(120), "the worker delivered no result"
     w.send_signal(signal.SIGTERM)
-    out, _ = w.communicate(timeout=60)
+    w.wait(timeout=60)
+    out = output.text()
     assert w.returncode == 0, out
     stats = json.loads(out.strip().splitlines()[-1])
     s = campaign(c, cid)
