@@ -6,10 +6,27 @@ import threading
 
 import pytest
 
+from app import slot_cache
 from app.slot_cache import SlotCache
+from tests.conftest import wait_for
 
 
-def test_concurrent_first_asks_build_once_and_share_the_value():
+@pytest.fixture
+def waiting(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """One entry per asker waiting on a build under way (in its Future's result()): the state the release waits
+    for, so an asker that has not come yet (a loaded machine) neither builds again nor finds the value kept."""
+    from concurrent.futures import Future
+    seen: list[int] = []
+
+    class Counted(Future):
+        def result(self, timeout=None):  # type: ignore[no-untyped-def]
+            seen.append(1)
+            return super().result(timeout)
+    monkeypatch.setattr(slot_cache, "Future", Counted)
+    return seen
+
+
+def test_concurrent_first_asks_build_once_and_share_the_value(waiting):
     cache: SlotCache[object] = SlotCache(10)
     started, release = threading.Event(), threading.Event()
     built: list[object] = []
@@ -25,6 +42,7 @@ def test_concurrent_first_asks_build_once_and_share_the_value():
     assert started.wait(10)  # the first is building: the others come while it does
     for t in threads[1:]:
         t.start()
+    wait_for(lambda: len(waiting) == 7)
     release.set()
     for t in threads:
         t.join(10)
@@ -40,7 +58,7 @@ def test_another_version_rebuilds_and_the_slot_keeps_only_the_newest():
     assert cache.get("s", 1, lambda: "one'") == "one'" and len(cache) == 1
 
 
-def test_a_failed_build_reaches_every_asker_and_is_not_kept():
+def test_a_failed_build_reaches_every_asker_and_is_not_kept(waiting):
     cache: SlotCache[str] = SlotCache(10)
     started, release = threading.Event(), threading.Event()
 
@@ -60,6 +78,7 @@ def test_a_failed_build_reaches_every_asker_and_is_not_kept():
     assert started.wait(10)
     other = threading.Thread(target=wait)
     other.start()
+    wait_for(lambda: waiting)  # it waits on the build under way (else it would build "ok" itself, later)
     release.set()
     first.join(10)
     other.join(10)
