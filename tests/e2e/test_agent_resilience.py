@@ -103,7 +103,7 @@ def test_results_finished_during_a_database_stall_are_delivered_after_it(server,
     holder.execute("BEGIN IMMEDIATE")
     gate.set()
     wait_for(a.spool.pending)  # finished under the lock: spooled, however long a loaded machine takes to get there
-    wait_for(lambda: a.client.retries > 0)  # and its post (or a heartbeat) met the lock: 503, retried
+    wait_for(lambda: a.client.retries > 0)  # and its post met the lock: 503, retried (heartbeats fail unretried)
     time.sleep(5.0)  # a lower bound, not a state: the lock outlasts the 3 s lease TTL, no heartbeat got through
     assert t.is_alive() and a.spool.pending(), "the finished result must wait in the spool"
     holder.execute("ROLLBACK")
