@@ -70,7 +70,7 @@ def test_the_serving_process_checkpoints_every_second(tmp_path):
         # the background checkpointer copies the capture's pages (over 1,000); a hang guard only, no sleep
         wait_for(lambda: _all_copied(path), timeout=120, every=0.1)
         r = httpx.post(srv.url + "/v1/captures", content=head + "1,64,8192,False,torch.bfloat16,torch.bfloat16,"
-                       "False,False\n", params=params, headers={**auth, "content-type": "text/csv"})
+                       "False,False\n", params=params, headers={**auth, "content-type": "text/csv"}, timeout=120)
         assert r.status_code == 201, r.text
         assert _wal_pages(path) < 100  # that write restarted the WAL from its start
     finally:
