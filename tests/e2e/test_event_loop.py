@@ -41,10 +41,11 @@ def test_a_large_capture_does_not_stall_other_requests(tmp_path):
             big.join()
         print(f"capture of 60,000 shapes: {took[0]:.1f} s; /healthz meanwhile: {len(waits)} answers, "
               f"slowest {max(waits) * 1000:.0f} ms")
-        assert took[0] > 1.0, "the capture must be heavy enough to show a stall"
         # the stall is judged against the capture's own length, since load stretches both alike: the slowest
         # answer is ~5% of it (0.23 s of 4 s idle, 0.92 s of 19 s beside eight busy loops, where a fixed 1 s
-        # bound nearly failed); with the work on the loop it is the whole capture (5.5 s of 5.5 s)
+        # bound nearly failed); with the work on the loop it is the whole capture (5.5 s of 5.5 s). Five answers
+        # at least: the capture lasted long enough to be probed (a fixed lower bound on its length would fail a
+        # machine a few times faster than this one)
         assert len(waits) >= 5 and max(waits) < took[0] / 5
     finally:
         srv.proc.kill()
