@@ -184,24 +184,22 @@ def op_args(entry: Any, s: dict, dtypes: Any) -> tuple[list, dict]:
     return args, kw
 
 
-def op_probe(mod: Any, family: Any, importer: Callable[[str], Any],
+def op_probe(mod: Any, family: Any, ops: dict[str, Callable], importer: Callable[[str], Any],
              cpp_kernel: Callable[[dict, dict], Any] | None = None) -> Probe:
     """Call the op a server calls for the shape (family.op_entries) with meta tensors of the shape, its kernel
     launchers stubbed (they raise Launched): the op builds the lookup's arguments itself (its remaps), and its own
     dispatch after the lookup (libtype branches, asserts, defaults) picks the launcher. A hit: the lookup returned a
     tuned row and the launcher reached runs that row's libtype (and, where the compiled table picks the kernel,
-    its kernel is the row's). What AITER raises propagates: the shape's verdict."""
+    its kernel is the row's). What AITER raises propagates: the shape's verdict. ops: each entry's function
+    (op_function), resolved once by make_probe, not per shape."""
     ns = vars(mod)
     lookup = family.aiter_lookup.split(":")[1]
-    ops = {e.function: op_function(mod, e, lookup) for e in family.op_entries}  # compiled once, not per shape
 
     def probe(s):
         entry = family.op_entry(s)
         if entry is None:
             raise ProbeBroken(f"no op of {family.name} serves {s}")
         op, real, got = ops[entry.function], ns[lookup], []
-        if op is None:
-            raise ProbeBroken(f"{entry.function} is not the op's own function here")
 
         spy = _recording(real, got)
         spy.__dict__ = real.__dict__  # the lookup keeps its table as an attribute of its global name (batched)
@@ -690,8 +688,9 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     if family.cpp_key is not None and csrc is not None and (tries := cpp_tries(csrc, family)) is not None:
         cpp = cpp_kernel_of(load("aiter/jit/utils/chip_info.py"), family, tuned_file, gfx, cu_num, tries,
                             compiled_libtype(csrc, family))
-    if family.op_entries and all(op_function(mod, e, fn) is not None for e in family.op_entries):
-        return op_probe(mod, family, importer, cpp)
+    ops = {e.function: op for e in family.op_entries if (op := op_function(mod, e, fn)) is not None}
+    if family.op_entries and len(ops) == len({e.function for e in family.op_entries}):
+        return op_probe(mod, family, ops, importer, cpp)
     # where the op's own code cannot be had (no source in the image), its lookup, as the op calls it
     if fn == "get_GEMM_A16W16_config":
         return bf16_probe(mod)
