@@ -101,12 +101,12 @@ class Workers:
 
     def chaos(self, rng: random.Random, until: threading.Event) -> None:
         """First N_SWEPT lease holders stopped one after another, each kept stopped until its lease is swept
-        (so the later ones hold the shapes the earlier ones lost); then, until told to stop, a worker stopped
+        (the later ones may hold the shapes the earlier ones lost); then, until told to stop, a worker stopped
         1-8 s (past the 3 s TTL about two times in three) every 0.2-1 s."""
         stopped: list[str] = []
         while len(stopped) < N_SWEPT and not until.is_set():
-            wid = self.stop_until_swept(until, [w for w in self.procs if w not in stopped])
-            stopped += [wid] if wid else []
+            if wid := self.stop_until_swept(until, [w for w in self.procs if w not in stopped]):
+                stopped.append(wid)
         until.wait(rng.uniform(0.0, 2.0))  # later sweeps of other replicas collide on the ended leases
         self.continue_all()
         while not until.wait(rng.uniform(0.2, 1.0)):
