@@ -63,7 +63,7 @@ def _wait_up(url: str, timeout_s: float = 60) -> None:
 
 
 def _cpu_count() -> int:
-    from workers.identity import cpu_count  # what a CPU worker reports as its cu_num (not nproc: OMP_NUM_THREADS)
+    from app.aiter_install import cpu_count  # what a CPU worker reports as its cu_num (not nproc: OMP_NUM_THREADS)
     return cpu_count()
 
 

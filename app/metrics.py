@@ -9,7 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.db.models import CampaignShape, Lease, utcnow
+from app.db.models import Campaign, CampaignShape, Lease, utcnow
 
 
 # label values come from a closed set, so no client can grow the exposition (3,000 invented HTTP methods once
@@ -49,7 +49,6 @@ class _DbCollector:
         shapes = GaugeMetricFamily("aiter_tuner_shapes", "Shapes by state", labels=["family", "state"])
         leases = GaugeMetricFamily("aiter_tuner_leases", "Leases by state (active ones past expiry: expired)",
                                    labels=["state"])
-        from app.db.models import Campaign
         with self.db.session(write=False) as s:
             for fam, state, n in s.execute(select(Campaign.family, CampaignShape.state, func.count())
                                            .join(Campaign, Campaign.id == CampaignShape.campaign_id)

@@ -26,8 +26,9 @@ def make_backend(cfg: WorkerSettings, device: str):  # type: ignore[no-untyped-d
 
 def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
     """Tell the service this image's own AITER tables and version, so outputs follow its headers."""
+    from app import aiter_install
     from workers import image_tables
-    pkg = Path(cfg.aiter_package) if cfg.aiter_package else image_tables.aiter_package_dir()
+    pkg = Path(cfg.aiter_package) if cfg.aiter_package else aiter_install.aiter_package_dir()
     if pkg is None or not (pkg / "configs").is_dir():
         logging.info("no AITER package here: not reporting image tables")
         return

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
+
+from app.aiter_install import cpu_count
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,6 @@ def detect(gpu: int | None) -> WorkerIdentity:
         gfx = arch.split(":", 1)[0] if arch.startswith("gfx") else f"sm_{p.major}{p.minor}"
         return WorkerIdentity(gfx, int(p.multi_processor_count), f"cuda:{gpu}", host)
     return WorkerIdentity("cpu", cpu_count(), "cpu", host)
-
-
-def cpu_count() -> int:
-    """The CPUs this process may run on, as `nproc` prints them (a container's share, not the host's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def default_worker_id(ident: WorkerIdentity) -> str:

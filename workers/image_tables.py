@@ -3,23 +3,14 @@ overlays, tuner inputs and engagement checks follow this image's headers (AITER 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
+from app.aiter_install import aiter_commit, aiter_version, flydsl_available
+
 log = logging.getLogger("aiter_tuner.worker")
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # tables go up in batches under the service's body limit
-
-
-def aiter_package_dir() -> Path | None:
-    try:
-        spec = importlib.util.find_spec("aiter")
-    except (ImportError, ValueError):
-        return None
-    return Path(spec.origin).resolve().parent if spec and spec.origin else None
 
 
 def read_tables(configs: Path) -> dict[str, str]:
@@ -40,41 +31,6 @@ def read_tables(configs: Path) -> dict[str, str]:
             continue
         out[str(p.relative_to(configs))] = p.read_text(errors="replace")
     return out
-
-
-def aiter_version(pkg: Path) -> str | None:
-    v = pkg / "_version.py"
-    if v.exists():
-        m = re.search(r"""__version__\s*=\s*['"]([^'"]+)['"]""", v.read_text())
-        if m:
-            return m.group(1)
-    try:
-        from importlib.metadata import version
-        return version("amd-aiter")
-    except Exception:
-        return None
-
-
-def aiter_commit(pkg: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(pkg.parent), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def flydsl_available() -> bool:
-    """AITER's own answer where its flydsl helper imports (flydsl present, new enough, and the arch known:
-    aiter/ops/flydsl/utils.py is_flydsl_available), else whether the flydsl package is there at all."""
-    try:
-        from aiter.ops.flydsl.utils import is_flydsl_available  # type: ignore[import-not-found]
-        return bool(is_flydsl_available())
-    except Exception:  # noqa: BLE001  no aiter, or its import needs a GPU: fall back to the package
-        try:
-            return importlib.util.find_spec("flydsl") is not None
-        except (ImportError, ValueError):
-            return False
 
 
 def batches(tables: dict[str, str], limit: int = MAX_REQUEST_BYTES) -> list[dict[str, str]]:

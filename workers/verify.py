@@ -27,7 +27,7 @@ from typing import Any, Callable
 from app.domain.families import get_family, release_named
 from app.domain.tables import read_table, render_csv
 from workers.backends.aiter_tuner import default_aiter_root, run_config_command
-from workers import image_tables
+from app import aiter_install
 from workers.client import ServiceClient
 from app.domain.engagement import row_identity
 from workers.engagement_probe import ProbeBroken, make_probe, needs_file, outcome, resolved_file
@@ -81,7 +81,7 @@ def import_image_aiter() -> AiterAtHand:
     csrc = next((c for c in (pkg.parent / "aiter_meta" / "csrc", pkg.parent / "csrc") if c.is_dir()), None)
     return AiterAtHand(lambda path: importlib.import_module(path.removesuffix(".py").replace("/", ".")), aiter,
                        importlib.import_module("aiter.jit.core"), csrc, chip.get_gfx_runtime(), chip.get_cu_num(),
-                       image_tables.flydsl_available(), image_tables.aiter_commit(pkg), image_tables.aiter_version(pkg))
+                       aiter_install.flydsl_available(), aiter_install.aiter_commit(pkg), aiter_install.aiter_version(pkg))
 
 
 def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: str | None = None,

@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from app.api.schemas import CaptureIn
+from app.schemas import CaptureIn
+from app.aiter_install import installed_aiter_version
 from app.capture import identity, metrics
 from app.capture.spool import Spool
 from app.capture.tail import FileFollower, Position, StdinFollower
@@ -82,7 +83,7 @@ class Agent:
         tok = args.token or os.environ.get("TUNER_TOKEN")
         self.http = httpx.Client(base_url=args.service.rstrip("/"), timeout=30,
                                  headers={"Authorization": f"Bearer {tok}"} if tok else {})
-        self.version = identity.aiter_version()
+        self.version = installed_aiter_version()
         self.env = identity.serving_env(dict(os.environ))  # the server's GPU_ARCHS/CU_NUM (the same image's)
         if args.log == "-":
             self.reader: Any = StdinFollower()

@@ -4,8 +4,8 @@ of its GPU agents (get_cu_num_custom_op with CU_NUM unset) and what the compiled
 GPU_ARCHS and CU_NUM are not folded into it: they go along as the serving environment (serving_env), from which
 the service predicts what get_gfx() (GPU_ARCHS' last entry) and get_cu_num() (CU_NUM) make of it
 (families.lookup_identity). Only where rocminfo is missing do GPU_ARCHS and CU_NUM stand in for the GPU.
-AITER's version comes from the installed package. The image digest cannot be seen from inside a container: it
-comes from the pod spec or `docker inspect` (flag or TUNER_IMAGE_DIGEST)."""
+AITER's version comes from the installed package (app/aiter_install.py). The image digest cannot be seen from
+inside a container: it comes from the pod spec or `docker inspect` (flag or TUNER_IMAGE_DIGEST)."""
 
 from __future__ import annotations
 
@@ -69,18 +69,6 @@ def _gpu_cu_num(rocminfo: str | None) -> int | None:
                     units.append(int(m.group(1)))
                 break
     return units[0] if units and len(set(units)) == 1 else None
-
-
-def aiter_version() -> str | None:
-    from workers.image_tables import aiter_package_dir, aiter_version as from_package
-    pkg = aiter_package_dir()
-    if pkg is not None:
-        return from_package(pkg)
-    try:
-        from importlib.metadata import version
-        return version("amd-aiter")
-    except Exception:
-        return None
 
 
 def detect(gfx: str | None, cu_num: int | None) -> tuple[str | None, int | None]:

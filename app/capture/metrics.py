@@ -12,7 +12,7 @@ log = logging.getLogger("aiter-tuner.capture")
 
 HISTOGRAM = "vllm:iteration_tokens_total"
 # a bucket's count is a step counter: a float that counts exactly up to 2^53; NaN, Inf, a negative or a bigger
-# value is a broken exporter, skipped (the service takes at most 2^62 steps a bucket, app/api/schemas.py)
+# value is a broken exporter, skipped (the service takes at most 2^62 steps a bucket, app/schemas.py)
 MAX_COUNT = float(2**53)
 _BUCKET = re.compile(r"^" + re.escape(HISTOGRAM) + r"_bucket\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
 _LE = re.compile(r'(?:^|,)\s*le="(?P<le>[^"]+)"')

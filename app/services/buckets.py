@@ -10,7 +10,7 @@ from app.domain import buckets, lease_states
 from app.domain.families import get_family
 from app.domain.roofline import estimate_us
 from app.domain.shapes import flops, make_shape
-from app.services.engagement import campaign_or_404
+from app.services.lookups import campaign_or_404
 from app.services.leasing import set_shape, shape_facts
 
 

@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Build
-from app.services.captures import ensure_image, family_or_422
+from app.services.lookups import ensure_image, family_or_422
 from app.wire import BuildIn
 
 

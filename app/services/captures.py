@@ -6,22 +6,16 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.api.schemas import CaptureIn, CaptureOut
+from app.schemas import CaptureIn, CaptureOut
 from app.db.dialect import add_shape_calls
-from app.db.models import Campaign, CampaignShape, Capture, Image, utcnow
+from app.db.models import Campaign, CampaignShape, Capture, utcnow
 from app.domain import capture_parsing, served
-from app.domain.families import TableFamily, UnknownFamily, get_family
+from app.domain.families import TableFamily
 from app.domain.roofline import estimate_us
 from app.domain.shapes import ShapeError, flops
 from app.errors import Invalid
-
-
-def family_or_422(name: str) -> TableFamily:
-    try:
-        return get_family(name)
-    except UnknownFamily:
-        from app.domain.families import FAMILIES
-        raise Invalid(f"family: unknown table family {name!r}; known: {', '.join(FAMILIES)}", "family") from None
+from app.services.lineage import suggestion_note
+from app.services.lookups import ensure_campaign, ensure_image, family_or_422
 
 
 def parse(body: CaptureIn, limit: int = capture_parsing.MAX_SHAPES
@@ -43,38 +37,6 @@ def parse(body: CaptureIn, limit: int = capture_parsing.MAX_SHAPES
     except ShapeError as e:
         raise Invalid(str(e), e.field) from None
     return fam, fmt, parsed
-
-
-def ensure_image(s: Session, digest: str, version: str | None = None, commit: str | None = None) -> Image:
-    img = s.get(Image, digest)
-    if img is None:
-        img = _insert_or_get(s, Image(digest=digest, aiter_version=version, aiter_commit=commit),
-                             lambda: s.get(Image, digest))
-    else:
-        img.aiter_version = version or img.aiter_version
-        img.aiter_commit = commit or img.aiter_commit
-    return img
-
-
-def ensure_campaign(s: Session, digest: str, gfx: str, cu_num: int, family: str) -> Campaign:
-    q = select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx, Campaign.cu_num == cu_num,
-                               Campaign.family == family)
-    camp = s.scalars(q).first()
-    if camp is None:
-        camp = _insert_or_get(s, Campaign(image_digest=digest, gfx=gfx, cu_num=cu_num, family=family),
-                              lambda: s.scalars(q).first())
-    return camp
-
-
-def _insert_or_get(s: Session, obj, fetch):  # type: ignore[no-untyped-def]
-    """Insert in a savepoint; if a concurrent request inserted the same row first, take theirs."""
-    try:
-        with s.begin_nested():
-            s.add(obj)
-            s.flush()
-        return obj
-    except IntegrityError:
-        return fetch()
 
 
 def _step_delta(body: CaptureIn) -> dict[str, float] | None:
@@ -150,7 +112,6 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
         reweigh(s, camp, fam)
     notes = list(parsed.notes)
     if new:  # new shapes: maybe an image seen for the first time, from a host that ran another one
-        from app.services.upgrades import suggestion_note
         note = suggestion_note(s, body.image_digest)
         if note:
             notes.append(note)

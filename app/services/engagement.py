@@ -6,12 +6,11 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.api.schemas import EngagementProofIn
+from app.schemas import EngagementProofIn
 from app.db.session import Database
 from app.db.models import Campaign, CampaignShape, Capture, EngagementProof, Image
 from app.domain.families import TableFamily, get_family, lookup_identity
@@ -21,16 +20,9 @@ from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
 from app.domain.deploy import FORMS
 from app.domain.tables import Table, read_table, rows_digest
-from app.errors import Invalid, NotFound
+from app.errors import Invalid
 from app.services import campaigns, overlays, page_totals, pages
-from app.services.captures import family_or_422
-
-
-def campaign_or_404(s: Session, campaign_id: int) -> Campaign:
-    camp = s.get(Campaign, campaign_id)
-    if camp is None:
-        raise NotFound(f"campaign_id: no campaign {campaign_id}", "campaign_id")
-    return camp
+from app.services.lookups import campaign_or_404, family_or_422
 
 
 @dataclass
@@ -243,65 +235,6 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
     if refused is not None:  # AITER raises at start: nothing engages
         checks = [eng.ShapeEngagement(c.shape, False, c.tried_m, reason=refused) for c in checks]
     return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks, table)
-
-
-class _Listed(NamedTuple):
-    id: int
-    shape: dict
-    priority: float
-    state: str
-
-
-def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database | None = None,
-                 counts: dict[str, campaigns.StateCounts] | None = None) -> tuple[dict, Callable[[], None] | None]:
-    """For the campaign page: the prediction on the plan's first offered form beside the latest proof in the
-    image, with each listed shape's pair (predicted hit, proved hit or None) by shape id. listed: the page's
-    shapes (campaigns.shapes rows); the totals over every shape (predicted hits, disagreements with the proof)
-    are the engagement report's on that form (_every_or_page: None while counted, with their age once stale);
-    counts: the campaign's campaigns.shape_counts, which the page's summary read. Returns the summary and what
-    starts a due count (run it after the page is sent)."""
-    rows = [_Listed(x["shape_id"], x["shape"], x["served"], x["state"]) for x in listed]
-    v, proof, shown, n = _every_or_page(s, db, campaign_id, rows, counts=counts)
-    proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
-    # (predicted hit, proved verdict or None, predicted verdict, the proof disagrees)
-    by_shape = {x.id: (c.hit, proved_verdict(proved[x.id]) if x.id in proved else None, c.verdict,
-                       proof is not None and disagrees(c, proved.get(x.id), proof, v.refused))
-                for x, c in zip(v.shapes, v.checks)}
-    t = shown.totals or {"hits": None, "disagreements": None}
-    return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
-            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s,
-            "by_shape": by_shape,
-            "proof": None if proof is None else {
-                "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,
-                "created_at": proof.created_at.isoformat(), "worker_id": proof.worker_id,
-                "hits": sum(1 for r in proved.values() if r["hit"]),
-                "raises": sum(1 for r in proved.values() if r.get("raised")), "probed": len(proved),
-                "disagreements": t["disagreements"]}}, shown.start
-
-
-class PageVersion(NamedTuple):
-    """What page_summary shows, known without checking a shape (page_version)."""
-    version: tuple  # the form and everything that decides the verdicts and the totals (_version)
-    totals: dict | None  # a large campaign's totals as shown (None: counting, or a small campaign's: from version)
-    stale_s: float | None  # the shown totals are of an older version, counted that long ago
-    start: Callable[[], None] | None  # starts a due count of the totals (page_summary's)
-
-
-def page_version(s: Session, db: Database | None, campaign_id: int,
-                 counts: dict[str, campaigns.StateCounts]) -> PageVersion:
-    """What page_summary shows, read without checking a shape (the campaign page's tag, app/web/routes.py): a
-    listed shape's verdict follows from the rules and the shape itself, the proof's from the proof; a small
-    campaign's totals from the rules, its shapes and the proof; a large one's are page_totals' count as shown.
-    counts: the campaign's campaigns.shape_counts."""
-    shapes = shapes_version(counts)
-    v = verdicts(s, campaign_id, only=[])
-    proof = latest_proof(s, campaign_id, v.used)
-    version = (v.used, _version(v, shapes, proof))
-    if _inline(db, shapes):
-        return PageVersion(version, None, None, None)
-    assert db is not None
-    shown = _counted(db, v, shapes, proof)
-    return PageVersion(version, shown.totals, shown.stale_s, shown.start)
 
 
 def _kernel(row: dict | None) -> str | None:

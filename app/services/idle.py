@@ -7,7 +7,7 @@ from collections.abc import Collection
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.api.schemas import LeaseIn
+from app.schemas import LeaseIn
 from app.db.models import Campaign, CampaignShape
 
 MAX_LISTED = 5

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.api.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
+from app.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.config import Settings
 from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
 from app.db.models import CampaignShape, Result, utcnow
@@ -24,7 +24,7 @@ from app.domain.improvement import row_helps
 from app.domain.keys import runtime_value
 from app.domain.roofline import ceiling_us, floor_us
 from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
-from app.services import schemas as table_schemas
+from app.services import image_tables
 from app.ttl_cache import TTLCache
 from app.wire import MAX_BUDGET_S, formula_safe
 
@@ -201,7 +201,7 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
                        "exp": p.stamp(lf.expires_at), "state": lf.state.value}),
         *_shape_writes(p, leased, now))
     _all_written(written)
-    tuned, untuned = yield from table_schemas.lease_headers(p, camp.image_digest, camp.family)
+    tuned, untuned = yield from image_tables.lease_headers(p, camp.image_digest, camp.family)
     # every value built here from typed rows: constructed without a second validation
     return LeaseOut.model_construct(
         lease_id=lease_id, campaign_id=camp.id, family=camp.family, image_digest=camp.image_digest, gfx=camp.gfx,
@@ -283,7 +283,7 @@ def release(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,
 def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> dict[str, str]:
     """The winner row must be in the image's schema and key exactly the leased shape."""
     fam = get_family(lease.family)
-    schema = table_schemas.schema_for(s, lease.image_digest, lease.family)
+    schema = image_tables.schema_for(s, lease.image_digest, lease.family)
     cells = {k: "" if v is None else str(v) for k, v in row.items()}
     missing = [c for c in schema.header if c not in cells]
     if missing:
@@ -348,7 +348,7 @@ def _check_times(lease, body: ResultIn, settings: Settings, now: datetime) -> No
 
 def _check_kernel(p: Plain, lease, body: ResultIn, row: dict[str, str] | None) -> None:  # type: ignore[no-untyped-def]
     """The winner must be a kernel the image's tuner races, where the image reported its catalog for the family."""
-    catalog = table_schemas.kernel_catalog(p, lease.image_digest, lease.family)
+    catalog = image_tables.kernel_catalog(p, lease.image_digest, lease.family)
     if catalog is None or body.status == "failed":
         return
     for field, name in (("kernel_name", body.kernel_name), ("row.kernelName", (row or {}).get("kernelName"))):

@@ -24,8 +24,8 @@ from app.domain.headers import Schema
 from app.domain.keys import row_key
 from app.domain.tables import Table, render_csv, rows_digest
 from app.errors import Conflict
-from app.services.captures import family_or_422
-from app.services.schemas import release_of, schema_for, shipped_for
+from app.services.lookups import family_or_422
+from app.services.image_tables import release_of, schema_for, shipped_for
 from app.slot_cache import SlotCache
 
 
@@ -227,7 +227,6 @@ def deployable(s: Session, digest: str, family: str, merged: bool = False, exclu
 
 
 def deploy_plan(s: Session, digest: str, family: str) -> dict:
-    from app.db.models import Image
     ov = build(s, digest, family)
     img = s.get(Image, digest)
     out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name, raced=ov.raced)

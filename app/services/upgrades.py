@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result
+from app.db.models import Campaign, CampaignShape, Image, Lease, Result
 from app.domain import deploy, served
 from app.domain import upgrade as up
 from app.domain.families import get_family
@@ -18,9 +18,10 @@ from app.domain import lease_states as ls
 from app.domain.lease_states import ShapeState
 from app.domain.tables import Table
 from app.errors import Conflict, Invalid, NotFound
-from app.services.captures import ensure_campaign, ensure_image, reweigh
+from app.services.captures import reweigh
+from app.services.lookups import ensure_campaign, ensure_image
 from app.services.leasing import set_shape, shape_facts
-from app.services.schemas import release_of, schema_for, shipped_for
+from app.services.image_tables import release_of, schema_for, shipped_for
 
 
 def _parents(s: Session) -> dict[str, str | None]:
@@ -181,41 +182,3 @@ def counts(s: Session, campaign_id: int) -> dict[str, Any] | None:
             "now_shipped": n(up.Triage.NOW_SHIPPED), "shipped_kept": n(outcome=up.Outcome.SHIPPED_KEPT),
             "ours_kept": n(outcome=up.Outcome.OURS_KEPT),
             "gpu_s": gpu, "parent_gpu_s": parent_gpu, "gpu_ratio": gpu / parent_gpu if parent_gpu else None}
-
-
-def lineage(s: Session, digest: str, may_see: Any = lambda d: True) -> dict[str, Any]:
-    img = s.get(Image, digest)
-    if img is None:
-        raise NotFound(f"image_digest: no image {digest} is known here", "image_digest")
-    children = [d for d, in s.execute(select(Image.digest).where(Image.parent_digest == digest)) if may_see(d)]
-    return {"image_digest": digest, "parent": img.parent_digest if img.parent_digest and may_see(img.parent_digest)
-            else None, "children": children,
-            "suggested_from": [d for d in suggestions(s, digest) if may_see(d)] if not img.parent_digest else []}
-
-
-def suggestions(s: Session, digest: str) -> list[str]:
-    """The digests the hosts now capturing digest reported last before it: the image it most likely upgrades."""
-    hosts = [h for h, in s.execute(select(Capture.host).join(Campaign, Campaign.id == Capture.campaign_id)
-                                   .where(Campaign.image_digest == digest, Capture.host.is_not(None)).distinct())]
-    out: list[str] = []
-    for host in hosts[:20]:
-        first = s.scalar(select(func.min(Capture.id)).join(Campaign, Campaign.id == Capture.campaign_id)
-                         .where(Campaign.image_digest == digest, Capture.host == host))
-        prev = s.scalar(select(Campaign.image_digest).join(Capture, Capture.campaign_id == Campaign.id)
-                        .where(Capture.host == host, Capture.id < first, Campaign.image_digest != digest)
-                        .order_by(Capture.id.desc()).limit(1))
-        if prev and prev not in out:
-            out.append(prev)
-    return out
-
-
-def suggestion_note(s: Session, digest: str) -> str | None:
-    """A capture note for an image seen for the first time from a host that ran another image before."""
-    img = s.get(Image, digest)
-    if img is None or img.parent_digest:
-        return None
-    found = suggestions(s, digest)
-    if not found:
-        return None
-    return (f"image {digest} is new here and its host last ran {found[0]}: an admin can carry that image's tuning "
-            f"over with POST /v1/images/{digest}/inherit {{\"from\": \"{found[0]}\"}} (or `aiter-tuner inherit`)")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.api.schemas import VerificationIn
+from app.schemas import VerificationIn
 from app.db.models import Verification
-from app.services.captures import ensure_image, family_or_422
+from app.services.lookups import ensure_image, family_or_422
 
 
 def record(s: Session, body: VerificationIn) -> dict:

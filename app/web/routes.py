@@ -24,7 +24,7 @@ from app.db.models import Campaign
 from app.db.session import Database
 from app.domain.families import get_family
 from app.errors import Forbidden
-from app.services import campaigns, engagement, overlays, verifications, upgrades
+from app.services import campaign_page as page_engagement, campaigns, lookups, overlays, verifications, upgrades
 from app.domain.roofline import processor
 from app.web.plots import coverage_svg
 
@@ -115,7 +115,7 @@ def home(request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth) -> R
 def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: SettingsDep, who: ReadAuth,
                   after: str | None = None) -> Response:
     with db.session(write=False) as s:
-        who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
+        who.check_digest(lookups.campaign_or_404(s, campaign_id).image_digest)
         head = _campaign_head(s, db, settings, campaign_id, after)
         tag = _shown_tag(request, head.shows())
         if (same := _unchanged(request, tag, head.verdict.start)) is not None:
@@ -133,7 +133,7 @@ class _Head(NamedTuple):
     summary: dict
     checks: list[dict]  # the newest verifications
     listed: tuple  # campaigns.listed_version
-    verdict: engagement.PageVersion
+    verdict: page_engagement.PageVersion
 
     def shows(self) -> list:
         v = self.verdict  # a stale count's age as the page words it: the clock moves the tag once a minute
@@ -146,7 +146,7 @@ def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: in
                "upgrade": upgrades.counts(s, campaign_id)}
     return _Head(counts, summary, verifications.listing(s, summary["image_digest"], summary["family"])[:3],
                  campaigns.listed_version(s, campaign_id, after=after),
-                 engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})))
+                 page_engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})))
 
 
 def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: str | None = None
@@ -157,7 +157,7 @@ def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: st
     fam = get_family(summary["family"])
     name = overlays.overlay_filename(fam, summary["image_digest"])
     # only the listed shapes are checked: the totals over every shape are counted off the request
-    verdict, start_count = engagement.page_summary(s, campaign_id, shapes, db, head.counts.get(campaign_id, {}))
+    verdict, start_count = page_engagement.page_summary(s, campaign_id, shapes, db, head.counts.get(campaign_id, {}))
     return {"verifications": head.checks, "verdict": verdict, "c": summary, "shapes": shapes, "next": nxt,
             "family": fam, "overlay_name": name, "env_line": f"{fam.env_var}=/overlays/{name}",
             "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
@@ -183,7 +183,7 @@ def warm_pages(db: Database, settings: Settings, n: int = WARM_PAGES) -> None:
 @router.get("/campaigns/{campaign_id}/coverage.svg")
 def coverage_plot(campaign_id: IdPath, db: DbDep, who: ReadAuth) -> Response:
     with db.session(write=False) as s:
-        camp = engagement.campaign_or_404(s, campaign_id)
+        camp = lookups.campaign_or_404(s, campaign_id)
         who.check_digest(camp.image_digest)
         pts = campaigns.coverage_points(s, campaign_id)
     return Response(coverage_svg(pts, processor(camp.gfx)), media_type="image/svg+xml")

@@ -267,7 +267,7 @@ def test_a_lease_and_its_release_take_the_same_round_trips_whatever_their_shapes
     trip is a ReadyForQuery from the server (one per query or pipeline sync) in libpq's trace of the connection."""
     from sqlalchemy import event
 
-    from app.api.schemas import LeaseIn
+    from app.schemas import LeaseIn
     from app.services import leasing
     db = client.app.state.db
     if db.is_sqlite:

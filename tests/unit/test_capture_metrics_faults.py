@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from app.api.schemas import CaptureIn
+from app.schemas import CaptureIn
 from app.capture import metrics
 from tests.conftest import DIGEST
 from tests.e2e.test_capture_agent import vllm_metrics

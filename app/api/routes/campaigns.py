@@ -10,16 +10,16 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import DbDep, IdPath, SettingsDep
 from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, EngagementReport, ProofRecorded,
                                Requeued, ShapePage, WorkerInfo, csv_body)
-from app.api.schemas import EngagementProofIn
+from app.schemas import EngagementProofIn
 from app.auth import AdminAuth, Principal, ReadAuth, WorkerAuth
-from app.services import buckets, campaigns, engagement, leasing, pages, upgrades
+from app.services import buckets, campaigns, engagement, leasing, lookups, pages, upgrades
 
 router = APIRouter(tags=["campaigns"])
 
 
 def _scoped(s, who: Principal, campaign_id: int) -> None:  # type: ignore[no-untyped-def]
     """The campaign exists and the token's digest scope covers it (reads and admin actions alike)."""
-    who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
+    who.check_digest(lookups.campaign_or_404(s, campaign_id).image_digest)
 
 
 @router.get("/v1/campaigns", response_model=list[CampaignSummary])
@@ -75,7 +75,7 @@ def _counting_after(report: dict, start, later: BackgroundTasks) -> dict:  # typ
 def post_engagement_proof(campaign_id: IdPath, body: EngagementProofIn, db: DbDep, who: WorkerAuth) -> dict:
     """AITER's own lookup run in the served image (python -m workers.verify --engagement), per captured shape."""
     with db.session() as s:
-        who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
+        who.check_digest(lookups.campaign_or_404(s, campaign_id).image_digest)
         return engagement.record_proof(s, campaign_id, body)
 
 

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from app.api.deps import DbDep, SettingsDep
-from app.api.schemas import CaptureIn, CaptureOut
+from app.schemas import CaptureIn, CaptureOut
 from app.auth import CaptureAuth
 from app.errors import Invalid, field_of
 from app.services import captures

@@ -7,10 +7,10 @@ from fastapi import APIRouter
 from app.api.deps import DbDep
 from app.api.responses import Inherited, Lineage
 from app.api.routes.overlays import _digest
-from app.api.schemas import InheritIn
+from app.schemas import InheritIn
 from app.auth import AdminAuth, ReadAuth
 from app.errors import Forbidden
-from app.services import upgrades
+from app.services import lineage as lineages, upgrades
 
 router = APIRouter(tags=["images"])
 
@@ -34,4 +34,4 @@ def lineage(image_digest: str, db: DbDep, who: ReadAuth) -> dict:
     digest = _digest(image_digest)
     who.check_digest(digest)
     with db.session(write=False) as s:
-        return upgrades.lineage(s, digest, who.may_see)
+        return lineages.lineage(s, digest, who.may_see)

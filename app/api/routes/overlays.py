@@ -7,13 +7,14 @@ from typing import Literal
 from fastapi import APIRouter, Response
 
 from app.api.deps import DbDep
-from app.api.schemas import ImageTablesIn, LogIn, VerificationIn, check_digest
+from app.schemas import ImageTablesIn, LogIn, VerificationIn, check_digest
 from app.api.responses import DeployPlan, FamilySchema, LogReport, OverlayInfo, TablesStored, Verification
 from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
 from app import wire
 from app.services import builds, engagement, overlays, verifications
-from app.services.schemas import schemas_of, store_image_tables
+from app.services.image_tables import schemas_of
+from app.services.table_reports import store_image_tables
 
 router = APIRouter(tags=["overlays"])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from app.api.deps import DbDep
-from app.api.schemas import TokenIn, TokenOut
+from app.schemas import TokenIn, TokenOut
 from app.auth import AdminAuth
 from app.errors import Forbidden
 from app.services import tokens

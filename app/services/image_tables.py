@@ -2,63 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from app.api.schemas import ImageTablesIn
 from app.db.models import Image, ImageTable
 from app.db.dialect import Plain, Rows, Steps, ask
 from app.domain.deploy import Shipped
-from app.domain.families import AiterRelease, TableFamily, family_for_file, get_family, release_for
-from app.domain.headers import HeaderError, Schema, current_schema, parse_header_line, tuned_schema
+from app.domain.families import FAMILIES, AiterRelease, TableFamily, get_family, release_for
+from app.domain.headers import Schema, current_schema, parse_header_line, tuned_schema
 from app.domain.tables import read_table
-from app.errors import Invalid
 from app.ttl_cache import TTLCache
-
-
-def _kind(path: str, default_file: str) -> str:
-    name = path.rsplit("/", 1)[-1]
-    if "untuned" in name:
-        return "untuned"
-    return "default" if path == default_file else "model_config"
-
-
-def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str, int]:
-    from app.services.captures import ensure_image
-    img = ensure_image(s, digest, body.aiter_version, body.aiter_commit)
-    img.configs_dir = body.configs_dir or img.configs_dir
-    if body.flydsl is not None:
-        img.flydsl = body.flydsl
-    if body.kernels is not None:
-        img.kernel_catalog = {**(img.kernel_catalog or {}), **body.kernels}
-    stored: dict[str, int] = {}
-    for path, text in body.tables.items():
-        fam = family_for_file(path)
-        if fam is None or not text.strip():
-            continue  # a table no family reads (asm_a8w8_gemm.csv) is not part of any deploy
-        header = parse_header_line(text.splitlines()[0])
-        kind = _kind(path, fam.tuned_file)
-        if kind != "untuned":
-            try:
-                tuned_schema(fam, header)
-            except HeaderError as e:
-                raise Invalid(f"tables.{path}: {e}", f"tables.{path}") from None
-        old = s.scalars(select(ImageTable).where(ImageTable.image_digest == digest, ImageTable.path == path)).first()
-        sha = hashlib.sha256(text.encode()).hexdigest()
-        if old is None:
-            s.add(ImageTable(image_digest=digest, family=fam.name, path=path, kind=kind, header=",".join(header),
-                             content=text, sha256=sha))
-        else:
-            old.header, old.content, old.sha256, old.kind, old.family = ",".join(header), text, sha, kind, fam.name
-        stored[fam.name] = stored.get(fam.name, 0) + 1
-    _HEADERS.clear()
-    event.listen(s, "after_commit", lambda _s: _HEADERS.clear(), once=True)  # and once others can read them
-    if img.parent_digest:  # rows carried from the parent meet the image's own tables and kernels now
-        from app.services.upgrades import retriage
-        retriage(s, digest)
-    return stored
 
 
 def image_tables(s: Session, digest: str, family: str, kinds: tuple[str, ...] = ("default", "model_config")
@@ -95,6 +48,13 @@ def shipped_for(s: Session, digest: str, family: str, release: AiterRelease | No
     untuned = next((parse_header_line(t.header) for t in tables if t.path == fam.untuned_file),
                    None if fam.name in release.no_untuned_file else fam.untuned_header)
     return Shipped(default, mcs, untuned, bool(tables))
+
+
+def tables_changed(s: Session) -> None:
+    """The image's tables were written in s: the headers read of them are forgotten now and once others can read
+    them (s committed)."""
+    _HEADERS.clear()
+    event.listen(s, "after_commit", lambda _s: _HEADERS.clear(), once=True)
 
 
 # Headers every lease and result reads: kept per (database, image, family, kind); a PUT of the image's tables
@@ -165,7 +125,6 @@ def lease_headers(p: Rows, digest: str, family: str) -> Steps[tuple[list[str], l
 
 
 def schemas_of(s: Session, digest: str) -> list[dict]:
-    from app.domain.families import FAMILIES
     out = []
     for name in FAMILIES:
         sch = schema_for(s, digest, name)
