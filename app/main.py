@@ -33,7 +33,7 @@ from app.limits import BodyLimit
 from app.auth import ClosedDocs, ReadAuth
 from app.metrics import LatencyMiddleware, Metrics
 from app.web import routes as web
-from app.services import leasing, tokens
+from app.services import caches, leasing, tokens
 from app.ttl_cache import TTLCache
 
 log = logging.getLogger("aiter_tuner")
@@ -162,6 +162,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
                          favicon_url="/static/favicon.svg", redoc_url=None,  # _offline_redoc: no CDN logo
                          responses=responses.errors(400, 401, 403, 404, 409, 413, 422, 503))
     app.state.settings, app.state.db = settings, db
+    app.state.caches = caches.install(db)  # the services' caches, this app's own (app/services/caches.py)
     _bearer_in_openapi(app)
     _offline_redoc(app)
     app.state.lease_limiter = (anyio.CapacityLimiter(settings.lease_threads)

@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Engine, func, make_url, select
 from sqlalchemy.orm import Session
@@ -220,10 +220,12 @@ _ANSWERS = frozenset(k for k, v in PLAIN_SQL.items() if v.startswith("SELECT") o
 class Rows:
     """The value conversions SQLAlchemy's column types would do, for PLAIN_SQL's rows on either driver: SQLite
     keeps UTC datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' text and JSON as text, PostgreSQL's driver converts both
-    itself. key: names the database, for per-database caches."""
+    itself. key: names the database, for per-database caches. state: what the app keeps per database
+    (Database.state; app/services/caches.py), shared by every Plain of that database."""
 
-    def __init__(self, pg: bool, key: str):
+    def __init__(self, pg: bool, key: str, state: dict[str, Any] | None = None):
         self.pg, self.key = pg, key
+        self.state: dict[str, Any] = {} if state is None else state
 
     def stamp(self, when: datetime) -> object:
         return when if self.pg else _bind("sqlite")(when)
@@ -259,11 +261,12 @@ class Plain(Rows):
     """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
     opens itself, or a session's own, Plain.of)."""
 
-    def __init__(self, dbapi, pg: bool, key: str, begin: bool = False):  # type: ignore[no-untyped-def]
+    def __init__(self, dbapi, pg: bool, key: str, begin: bool = False,  # type: ignore[no-untyped-def]
+                 state: dict[str, Any] | None = None):
         """begin (PostgreSQL, a connection in autocommit): this Plain opens its transaction itself, with a BEGIN
         sent together with its first statements (psycopg's own BEGIN, even in a pipeline, waits for its answer:
         a round trip of its own)."""
-        super().__init__(pg, key)
+        super().__init__(pg, key, state)
         self.dbapi, self._sql, self._begin = dbapi, _RENDERED[pg], begin
 
     @classmethod
@@ -272,7 +275,8 @@ class Plain(Rows):
         if isinstance(s, Plain):
             return s
         conn = s.connection()
-        return cls(conn.connection.dbapi_connection, conn.dialect.name == "postgresql", db_key(conn.engine))
+        return cls(conn.connection.dbapi_connection, conn.dialect.name == "postgresql", db_key(conn.engine),
+                   state=s.info.get("state"))  # a Database's session carries its state (Database.__init__)
 
     def batch(self, *stmts: Stmt) -> list[Sent]:
         """Statements that do not need each other's answers, sent at once (on PostgreSQL in one round trip,
@@ -322,8 +326,8 @@ class AsyncPlain(Rows):
     steps without a thread hop. The connection is in autocommit and this opens the transaction with its first
     batch, as Plain does."""
 
-    def __init__(self, conn, key: str):  # type: ignore[no-untyped-def]
-        super().__init__(True, key)
+    def __init__(self, conn, key: str, state: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+        super().__init__(True, key, state)
         self.conn, self._sql, self._begin = conn, _RENDERED[True], True
 
     async def batch(self, *stmts: Stmt) -> list[Sent]:

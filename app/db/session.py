@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from contextlib import asynccontextmanager, contextmanager
 
 from sqlalchemy import Engine, create_engine, event
@@ -137,8 +138,11 @@ class Database:
         self.read_engine = (make_engine(url, sqlite_busy_ms, immediate=False,
                                         background_checkpoints=background_checkpoints)
                             if self.is_sqlite else self.engine)
-        self._factory = sessionmaker(self.engine, expire_on_commit=False)
-        self._read_factory = sessionmaker(self.read_engine, expire_on_commit=False)
+        # what the app keeps per database (its caches: app/services/caches.py), reached by the services through
+        # the sessions and Plains they are given: each session's info holds this very dict
+        self.state: dict[str, Any] = {}
+        self._factory = sessionmaker(self.engine, expire_on_commit=False, info={"state": self.state})
+        self._read_factory = sessionmaker(self.read_engine, expire_on_commit=False, info={"state": self.state})
         self._writer, self._busy_s = threading.RLock(), sqlite_busy_ms / 1000
         self.loop_conns = None if self.is_sqlite else LoopConnections(
             self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False), loop_connections)
@@ -180,7 +184,7 @@ class Database:
                     conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 else:  # psycopg would send its BEGIN as a round trip of its own: the Plain sends it with its first
                     conn.autocommit = True  # statements (commit and rollback still end what it began)
-                yield Plain(conn, not self.is_sqlite, self.key, begin=not self.is_sqlite)
+                yield Plain(conn, not self.is_sqlite, self.key, begin=not self.is_sqlite, state=self.state)
                 fairy.commit()
             except BaseException as e:
                 if isinstance(e, driver_error) and engine.dialect.is_disconnect(e, conn, None):
@@ -210,7 +214,7 @@ class Database:
         except psycopg.Error as e:
             raise DBAPIError.instance(None, None, e, psycopg.Error) from e
         try:
-            yield AsyncPlain(conn, self.key)
+            yield AsyncPlain(conn, self.key, self.state)
             await conn.commit()
         except Exception as e:
             if not conn.broken:

@@ -22,6 +22,7 @@ from app.domain.deploy import FORMS
 from app.domain.tables import Table, read_table, rows_digest
 from app.errors import Invalid
 from app.services import campaigns, overlays, page_totals, pages
+from app.services.caches import caches_of
 from app.services.lookups import campaign_or_404, family_or_422
 
 
@@ -113,7 +114,7 @@ def _every_or_page(s: Session, db: Database | None, campaign_id: int, page: list
                    counts: dict[str, campaigns.StateCounts] | None = None
                    ) -> tuple[Verdicts, EngagementProof | None, page_totals.Shown, int]:
     """The verdicts and the totals over every shape: within the request for a small campaign (or without a
-    database to count in), else for the page's shapes only, the totals from page_totals.TOTALS. counts: the
+    database to count in), else for the page's shapes only, the totals from the app's caches.totals (app/services/caches.py). counts: the
     campaign's campaigns.shape_counts where the caller has them. Returns (verdicts, latest proof,
     page_totals.Shown, the number of shapes)."""
     if counts is None:
@@ -135,9 +136,9 @@ def _inline(db: Database | None, shapes: tuple) -> bool:
 
 def _counted(db: Database, v: Verdicts, shapes: tuple, proof: EngagementProof | None,
              table_csv: str | None = None) -> page_totals.Shown:
-    """A large campaign's totals over every shape, as page_totals.TOTALS keeps them for v's slot."""
+    """A large campaign's totals over every shape, as the app's caches.totals keeps them for v's slot."""
     what = v.used if table_csv is None else "supplied:" + hashlib.sha256(table_csv.encode()).hexdigest()
-    return page_totals.TOTALS.get(db, (v.camp.id, what), _version(v, shapes, proof), _count(
+    return caches_of(db).totals.get(db, (v.camp.id, what), _version(v, shapes, proof), _count(
         v.camp.id, v.used if table_csv is None else None, table_csv))
 
 

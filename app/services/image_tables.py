@@ -11,7 +11,7 @@ from app.domain.deploy import Shipped
 from app.domain.families import FAMILIES, AiterRelease, TableFamily, get_family, release_for
 from app.domain.headers import Schema, current_schema, parse_header_line, tuned_schema
 from app.domain.tables import read_table
-from app.ttl_cache import TTLCache
+from app.services.caches import caches_of
 
 
 def image_tables(s: Session, digest: str, family: str, kinds: tuple[str, ...] = ("default", "model_config")
@@ -53,21 +53,21 @@ def shipped_for(s: Session, digest: str, family: str, release: AiterRelease | No
 def tables_changed(s: Session) -> None:
     """The image's tables were written in s: the headers read of them are forgotten now and once others can read
     them (s committed)."""
-    _HEADERS.clear()
-    event.listen(s, "after_commit", lambda _s: _HEADERS.clear(), once=True)
+    headers = caches_of(s).headers
+    headers.clear()
+    event.listen(s, "after_commit", lambda _s: headers.clear(), once=True)
 
 
-# Headers every lease and result reads: kept per (database, image, family, kind); a PUT of the image's tables
-# clears it here, and another process's PUT shows within the TTL.
-_HEADERS = TTLCache(30.0)
-
-
+# Headers every lease and result reads: kept per (database, image, family, kind) in the app's caches
+# (app/services/caches.py); a PUT of the image's tables clears them here, and another process's PUT shows within
+# the TTL.
 def _header_steps(p: Rows, digest: str, family: str, kind: str) -> Steps[list[tuple[str, str]]]:
     """(path, header line) of the image's tables of one kind, without their contents."""
     key = (p.key, digest, family, kind)
-    hit = _HEADERS.get(key)
+    headers = caches_of(p).headers
+    hit = headers.get(key)
     if hit is None:
-        hit = _HEADERS.put(key, [tuple(r) for r in (yield from ask("headers", {"digest": digest, "family": family,
+        hit = headers.put(key, [tuple(r) for r in (yield from ask("headers", {"digest": digest, "family": family,
                                                                                "kind": kind}))])
     return hit  # type: ignore[no-any-return]
 
@@ -76,11 +76,12 @@ def kernel_catalog(p: Plain, digest: str, family: str) -> frozenset[str] | None:
     """The kernel names the image's tuner may race for the family, as its worker reported them (None: not
     reported); cached with the headers (a PUT of the image's tables clears both)."""
     key = (p.key, digest, "catalog")
-    hit = _HEADERS.get(key)
+    headers = caches_of(p).headers
+    hit = headers.get(key)
     if hit is None:
         found = p.rows("catalog", {"digest": digest})
         doc = p.doc(found[0][0]) if found else None
-        hit = _HEADERS.put(key, {f: frozenset(names) for f, names in (doc or {}).items()})
+        hit = headers.put(key, {f: frozenset(names) for f, names in (doc or {}).items()})
     return hit.get(family)  # type: ignore[no-any-return]
 
 
@@ -115,12 +116,13 @@ def untuned_header_for(s: Session | Plain, digest: str, family: str) -> tuple[st
 def lease_headers(p: Rows, digest: str, family: str) -> Steps[tuple[list[str], list[str]]]:
     """The tuned and untuned headers a lease carries, parsed once per TTL (the lease route's share of the above)."""
     key = (p.key, digest, family, "lease")
-    hit = _HEADERS.get(key)
+    headers = caches_of(p).headers
+    hit = headers.get(key)
     if hit is None:
         fam = get_family(family)
         defaults = yield from _header_steps(p, digest, family, "default")
         untuned = yield from _header_steps(p, digest, family, "untuned")
-        hit = _HEADERS.put(key, (list(_schema(fam, defaults).header), list(_untuned(fam, untuned))))
+        hit = headers.put(key, (list(_schema(fam, defaults).header), list(_untuned(fam, untuned))))
     return hit  # type: ignore[no-any-return]
 
 

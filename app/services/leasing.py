@@ -25,7 +25,7 @@ from app.domain.keys import runtime_value
 from app.domain.roofline import ceiling_us, floor_us
 from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
 from app.services import image_tables
-from app.ttl_cache import TTLCache
+from app.services.caches import caches_of
 from app.wire import MAX_BUDGET_S, formula_safe
 
 
@@ -134,27 +134,25 @@ def _add_worker(body: LeaseIn, touch: tuple[str, dict]) -> Steps[None]:
 
 # Measured cost per (database, campaign, backend): a result posted here drops its entry; other processes'
 # results show within the TTL.
-_COSTS = TTLCache(10.0)
-_LAST_SWEEP: dict[object, float] = {}  # per database: when a lease request last swept
 
 
 def _sweep_due(p: Rows, settings: Settings) -> bool:
     """A lease request sweeps at most every TTL/10 (1 s at most) per database; the background sweeper covers
     an idle queue, so a busy one does not pay a sweep per lease."""
-    key, t = p.key, time.monotonic()
-    if t - _LAST_SWEEP.get(key, -math.inf) < min(1.0, settings.lease_ttl_s / 10):
+    key, t, last_sweep = p.key, time.monotonic(), caches_of(p).last_sweep
+    if t - last_sweep.get(key, -math.inf) < min(1.0, settings.lease_ttl_s / 10):
         return False
-    _LAST_SWEEP[key] = t
+    last_sweep[key] = t
     return True
 
 
 def shape_cost(p: Rows, campaign_id: int, backend: str, default: float) -> Steps[float]:
     """Median measured seconds per shape in this campaign for this backend (successful results only: a try that
     failed at once says nothing of what a shape costs); the default until measured."""
-    key = (p.key, campaign_id, backend)
-    hit = _COSTS.get(key)
+    key, costs = (p.key, campaign_id, backend), caches_of(p).costs
+    hit = costs.get(key)
     if hit is None:
-        hit = _COSTS.put(key, [c for c, in (yield from ask("costs", {"cid": campaign_id, "backend": backend}))
+        hit = costs.put(key, [c for c, in (yield from ask("costs", {"cid": campaign_id, "backend": backend}))
                                if c is not None])
     return statistics.median(hit) if hit else default
 
@@ -439,7 +437,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         row = None
     result_id = _add_result(p, shape, lease, body, now, row, verified,
                             "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status)
-    _COSTS.pop((p.key, lease.campaign_id, body.backend))
+    caches_of(p).costs.pop((p.key, lease.campaign_id, body.backend))
     if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
         # the default path measured on this identity replaces the roofline estimate in the served time
         p.run("measured_default", {"sid": shape.id, "us": body.default_us,

@@ -24,9 +24,10 @@ from app.domain.headers import Schema
 from app.domain.keys import row_key
 from app.domain.tables import Table, render_csv, rows_digest
 from app.errors import Conflict
+from app.services.caches import caches_of
 from app.services.lookups import family_or_422
-from app.services.image_tables import release_of, schema_for, shipped_for
 from app.slot_cache import SlotCache
+from app.services.image_tables import release_of, schema_for, shipped_for
 
 
 @dataclass
@@ -151,16 +152,14 @@ def live_gfx(s: Session, digest: str, family: str) -> str:
     return camp.gfx if camp else ""
 
 
-# Overlays as built, per process: for an image with big shipped tables (a blockscale image: 39k rows) building
+# Overlays as built, kept in the app's caches (app/services/caches.py: built): for an image with big shipped tables (a blockscale image: 39k rows) building
 # one from scratch takes seconds, and every engagement view, deploy plan and campaign page reads one. Kept per
 # (database, image, family, serving gfx), rebuilt when what determines it changes (_inputs): a new result's build
 # starts from the slot's kept Shipped (its parsed tables and what is made of each row: deploy.Shipped.memo), so it
 # costs about the overlay's share (0.3-0.5 s for that image against 9-11 s from scratch); the least recently used
-# go first past MAX_MB. ROW_KB: that image held 148 MB after a rebuild with every form built, its lookups and
+# go first past caches.OVERLAYS_MAX_MB. ROW_KB: that image held 148 MB after a rebuild with every form built, its lookups and
 # digests and the kept memo, 0.95 kB per row counted by weight_kb (benchmarks/overlay_build.py, 2026-12-03).
-MAX_MB = 512
 ROW_KB = 0.95
-_BUILT: SlotCache[Overlay] = SlotCache(MAX_MB * 1000, Overlay.weight_kb)
 
 
 def _inputs(s: Session, digest: str, family: str) -> tuple:
@@ -190,18 +189,19 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
     inputs = _inputs(s, digest, fam.name)
     version = (release.name, schema, inputs)  # read before what it versions
     slot = (Plain.of(s).key, digest, fam.name, gfx)
+    built: SlotCache[Overlay] = caches_of(s).built
 
     def make() -> Overlay:
         rows, raced, carried = best_rows(s, digest, fam.name, schema)
         table = Table(schema.header, rows, overlay_filename(fam, digest))
         # a new result leaves what shipped_for reads as it was: the slot's last build keeps it, with what is
         # made of it (Shipped.memo)
-        tables, old = (release.name, inputs[0]), _BUILT.kept(slot)
+        tables, old = (release.name, inputs[0]), built.kept(slot)
         shipped = (old.shipped if old is not None and old.tables == tables
                    else shipped_for(s, digest, fam.name, release))
         return Overlay(release.family(fam.name), release, schema, table, shipped, gfx, tables, carried, inputs[2],
                        raced)
-    return _BUILT.get(slot, version, make)
+    return built.get(slot, version, make)
 
 
 def deployable(s: Session, digest: str, family: str, merged: bool = False, exclude_shipped: bool = False,

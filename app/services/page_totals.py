@@ -3,12 +3,12 @@ hits and disagreements with the latest proof, the engagement report's hits, miss
 disagreements (app/services/engagement.py).
 
 Each needs AITER's lookup rebuilt for every captured shape (seconds at 100k shapes), so a large campaign's page
-never waits for them: they are counted in a background thread (one count at a time per process), kept per
-slot (a campaign and what its verdict is on: a deploy form, or a supplied table's hash) with the version they
-were counted at (everything that decides them: the caller's key), and recounted at most every REFRESH_S while
-someone views the page. Until the first count of a slot lands the page has none ("counting", or null with
-`totals_pending`); after that, a page of a newer version shows the last count with its age. A small campaign
-is counted within the request (INLINE_MAX).
+never waits for them: they are counted in a background thread (one count at a time per app: its caches.totals,
+app/services/caches.py), kept per slot (a campaign and what its verdict is on: a deploy form, or a supplied
+table's hash) with the version they were counted at (everything that decides them: the caller's key), and
+recounted at most every REFRESH_S while someone views the page. Until the first count of a slot lands the page
+has none ("counting", or null with `totals_pending`); after that, a page of a newer version shows the last count
+with its age. A small campaign is counted within the request (INLINE_MAX).
 """
 
 from __future__ import annotations
@@ -98,6 +98,3 @@ class PageTotals:
             with self._lock:
                 self._running.discard(key)
 
-
-# one per process: the campaign page's count is the engagement report's on the same form, and the reverse
-TOTALS = PageTotals()

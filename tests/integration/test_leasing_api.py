@@ -184,11 +184,10 @@ def test_expired_lease_gives_its_shapes_back(client, settings):
     client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, body["shapes"][0]))
     time.sleep(0.8)
     assert client.post(f"/v1/leases/{body['lease_id']}/heartbeat").status_code == 409
-    from app.services import leasing
     # only the dead lease expires: "alive"'s lives past this test however slow its requests (at 0.5 s a sweep
     # could end it before the checks below), and its request still sweeps (no 1 s throttle since the last one)
     settings.lease_ttl_s = 30
-    leasing._LAST_SWEEP.clear()
+    client.app.state.caches.last_sweep.clear()  # this app's (app/services/caches.py)
     again = lease(client, worker="alive").json()
     assert [x["shape_id"] for x in again["shapes"]] == [body["shapes"][1]["shape_id"]]
     assert again["shapes"][0]["attempts"] == 2

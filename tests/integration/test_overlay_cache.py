@@ -40,8 +40,9 @@ def test_a_new_result_is_in_the_next_view(client):
                            {"M": 2, "N": 1280, "K": 8192}]).json()["campaign_id"]
     url = f"/v1/campaigns/{cid}/engagement"
     assert client.get(url).json()["hits"] == 0
-    builds = overlays._BUILT.builds
-    assert client.get(url).json()["hits"] == 0 and overlays._BUILT.builds == builds  # kept while nothing moved
+    built = client.app.state.caches.built  # this app's (app/services/caches.py)
+    builds = built.builds
+    assert client.get(url).json()["hits"] == 0 and built.builds == builds  # kept while nothing moved
     tune_one(client)
     assert client.get(url).json()["hits"] == 1
     assert len(rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)) == 1
@@ -103,7 +104,7 @@ def test_a_new_result_builds_on_the_kept_shipped_tables_a_changed_table_does_not
 
     def built(scratch: bool = False) -> overlays.Overlay:
         if scratch:
-            overlays._BUILT.clear()
+            client.app.state.caches.built.clear()
         with db.session(write=False) as s:
             ov = overlays.build(s, DIGEST, fam)
             for form in ("layer", "merged", "model_configs_dropin"):  # made while the session is open

@@ -55,7 +55,7 @@ def test_a_campaign_page_reads_its_shapes_once(sqlite_client, monkeypatch):
     c = sqlite_client
     db = c.app.state.db
     monkeypatch.setattr(page_totals, "INLINE_MAX", 100)  # the page checks its own shapes only, at both sizes
-    monkeypatch.setattr(page_totals.TOTALS, "_start", lambda *a: None)  # and no background count runs meanwhile
+    monkeypatch.setattr(c.app.state.caches.totals, "_start", lambda *a: None)  # and no background count runs meanwhile
     cid = capture(c, shapes(1, 1500)).json()["campaign_id"]
     body = lease(c, max_shapes=4, budget_s=1000).json()  # results to find: some race time, a cost measured
     for item in body["shapes"]:
@@ -154,19 +154,17 @@ def test_after_a_restart_the_newest_campaign_pages_are_made_before_their_first_v
     from fastapi.testclient import TestClient
 
     from app.main import create_app, ready_to_serve
-    from app.services import overlays, page_totals
 
     cid = capture(client, shapes(1, 30)).json()["campaign_id"]
-    overlays._BUILT.clear()  # as in a new process
-    app = create_app(settings)  # the restart: a new process's database and caches
+    app = create_app(settings)  # the restart: a new process's database and caches (app.state.caches)
     try:
         ready_to_serve(app).join(60)
     finally:
         gc.unfreeze()
-    assert not page_totals.TOTALS._running  # no count started by the warming
-    engine = app.state.db.read_engine
-    built, compiled = overlays._BUILT.builds, len(engine._compiled_cache)
-    assert len(overlays._BUILT) == 1 and compiled > 0
+    assert not app.state.caches.totals._running  # no count started by the warming
+    engine, overlays_built = app.state.db.read_engine, app.state.caches.built
+    built, compiled = overlays_built.builds, len(engine._compiled_cache)
+    assert len(overlays_built) == 1 and compiled > 0
     with TestClient(app) as c:
         assert c.get(f"/campaigns/{cid}").status_code == 200
-    assert (overlays._BUILT.builds, len(engine._compiled_cache)) == (built, compiled)
+    assert (overlays_built.builds, len(engine._compiled_cache)) == (built, compiled)

@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 from app.db.models import CampaignShape, Lease, utcnow
 from app.main import create_app
 from app.services import leasing
+from app.services.caches import caches_of
 from app.wire import LeaseIn
 from tests.conftest import DIGEST, capture
 
@@ -73,7 +74,7 @@ def test_two_sweepers_ending_one_expired_lease(expired, settings):
 
 def test_a_lease_request_whose_sweep_collides_with_a_sweeper_gets_its_lease(expired, settings):
     db, lease_id = expired
-    leasing._LAST_SWEEP.clear()  # this lease request sweeps
+    caches_of(db).last_sweep.clear()  # this lease request sweeps (the app's throttle: app/services/caches.py)
     with db.plain() as p:
         request = leasing.lease_batch(p, LeaseIn(**BODY, worker_id="alive"), settings)
         pending = upto(request, p, "end_lease")
