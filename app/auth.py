@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from app.errors import Forbidden, Unauthorized
+from app.errors import DomainError, Forbidden, Unauthorized, problem_response
 from app.services import tokens
 from app.ttl_cache import TTLCache
 
@@ -35,7 +35,7 @@ class Principal:
 
     def covers(self, digests: Collection[str] | None) -> bool:
         """Whether a token scoped to `digests` (None: every image) reaches only images this one may act on."""
-        return self.digests is None or (bool(digests) and set(digests) <= set(self.digests))
+        return self.digests is None or (bool(digests) and set(digests or ()) <= set(self.digests))
 
 
 OPEN = Principal(None, "admin", "auth disabled", None)
@@ -110,9 +110,6 @@ class ClosedDocs:
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if (scope["type"] == "http" and self.settings.auth and not self.settings.read_open
                 and scope["path"].startswith(self.PATHS)):
-            from starlette.requests import Request
-
-            from app.errors import DomainError, problem_response
             try:
                 if await _principal(Request(scope)) is None:
                     raise Unauthorized("authorization: a token is required", "authorization")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,7 +48,7 @@ class Forbidden(DomainError):
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "constrained-str", "list", "dict", "is-instance"}
 
 
-def field_of(loc: tuple | list) -> str | None:
+def field_of(loc: Sequence[Any]) -> str | None:
     """A validation error's location as a dotted field name, without pydantic's union member tags."""
     parts = [str(p) for p in loc if str(p) not in _TYPE_TAGS and "[" not in str(p)]
     if parts and parts[0] in ("body", "path", "query", "header"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -68,7 +69,7 @@ class _DbCollector:
 class LatencyMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app, self.metrics = app, metrics
-        self._children: dict[tuple, object] = {}  # bounded: routes x closed methods x status codes
+        self._children: dict[tuple, Any] = {}  # bounded: routes x closed methods x status codes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

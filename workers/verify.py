@@ -50,7 +50,9 @@ def verify(client: ServiceClient, digest: str, family: str, root: Path, worker_i
             p = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout_s)
             rc, out = p.returncode, (p.stdout + p.stderr)
         except subprocess.TimeoutExpired as e:
-            rc, out = 124, f"{e.stdout or ''}{e.stderr or ''}\n[verify] timed out after {timeout_s}s"
+            # as subprocess kept them: str, or bytes where it had not decoded them yet (shown as they are)
+            shown = f"{e.stdout or ''}{e.stderr or ''}"  # type: ignore[str-bytes-safe]
+            rc, out = 124, f"{shown}\n[verify] timed out after {timeout_s}s"
     body = {"image_digest": digest, "family": fam.name, "worker_id": worker_id, "aiter_commit": aiter_commit,
             "rows": len(overlay.rows), "exit_code": rc, "command": shlex.join(cmd)[:4000],
             "output_tail": out[-20_000:]}
@@ -77,11 +79,12 @@ class AiterAtHand:
 def import_image_aiter() -> AiterAtHand:
     aiter = importlib.import_module("aiter")
     chip = importlib.import_module("aiter.jit.utils.chip_info")
-    pkg = Path(aiter.__file__).resolve().parent
+    pkg = Path(aiter.__file__).resolve().parent  # type: ignore[arg-type]  # a package imported from files
     csrc = next((c for c in (pkg.parent / "aiter_meta" / "csrc", pkg.parent / "csrc") if c.is_dir()), None)
     return AiterAtHand(lambda path: importlib.import_module(path.removesuffix(".py").replace("/", ".")), aiter,
                        importlib.import_module("aiter.jit.core"), csrc, chip.get_gfx_runtime(), chip.get_cu_num(),
-                       aiter_install.flydsl_available(), aiter_install.aiter_commit(pkg), aiter_install.aiter_version(pkg))
+                       aiter_install.flydsl_available(), aiter_install.aiter_commit(pkg),
+                       aiter_install.aiter_version(pkg))
 
 
 def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: str | None = None,
@@ -126,7 +129,8 @@ def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: st
             error, results = None, []
             try:
                 # a lookup that resolves its table itself does so inside the probe, as in the server
-                tuned_file = resolved_file(at.core, fam.aiter_file_attr) if needs_file(fam) else None
+                tuned_file = (resolved_file(at.core, fam.aiter_file_attr)  # type: ignore[arg-type]  # named by a
+                              if needs_file(fam) else None)  # family whose probe needs its file
                 look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file,
                                   at.importer)
                 for r in rows:  # a shape AITER raises on is its verdict; the next shapes are still probed

@@ -9,6 +9,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 1 << 20
 HEAD = 256  # bytes at the start of the file that identify its content (see _same_head)
@@ -30,7 +31,7 @@ class FileFollower:
     def __init__(self, path: str, pos: Position | None = None, max_bytes: int = 16 << 20):
         self.path = Path(path)
         self.max_bytes = max_bytes
-        self.fh = None
+        self.fh: BinaryIO | None = None
         self.pos = pos or Position(None, 0)
         self.notes: list[str] = []
 

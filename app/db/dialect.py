@@ -12,9 +12,10 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from sqlalchemy import Engine, func, make_url, select
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session
 
 from app.db.models import CampaignShape
@@ -45,7 +46,7 @@ def add_shape_calls(s: Session, campaign_id: int, rows: Sequence[ShapeRow], now:
     if not rows:
         return 0
     conn = s.connection()
-    dbapi = conn.connection.dbapi_connection
+    dbapi = cast(DBAPIConnection, conn.connection.dbapi_connection)  # the session's: never None
     if conn.dialect.name == "postgresql":
         return _pg_copy_upsert(dbapi, campaign_id, rows, now)
     # SQLite: BEGIN IMMEDIATE holds the only write lock, so counting before and after is exact
@@ -179,17 +180,25 @@ def _render(sql: str, pg: bool) -> str:
 
 
 _RENDERED = {pg: {k: _render(v, pg) for k, v in PLAIN_SQL.items()} for pg in (False, True)}
+
+
+def _row_type(name: str, fields: list[str], defaults: tuple[None, ...] | None = None) -> Any:
+    """A row type with the fields of a statement's own column list (one source for both); mypy cannot read
+    fields made at run time, so its rows are typed Any."""
+    return namedtuple(name, fields, defaults=defaults)
+
+
 # a lease row; from "lease" also its campaign's family, image_digest, gfx and cu_num
-_LEASE_ROW = namedtuple("_LEASE_ROW", _LEASE_COLS.split(", ") + ["family", "image_digest", "gfx", "cu_num"],
-                        defaults=(None,) * 4)
-_SHAPE_ROW = namedtuple("_SHAPE_ROW", _SHAPE_FACTS.split(", "))
+_LEASE_ROW = _row_type("_LEASE_ROW", _LEASE_COLS.split(", ") + ["family", "image_digest", "gfx", "cu_num"],
+                       defaults=(None,) * 4)
+_SHAPE_ROW = _row_type("_SHAPE_ROW", _SHAPE_FACTS.split(", "))
 _CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num top")
 
 
 class Sent(NamedTuple):
     """One statement of a batch: its rows (None for a write) and how many rows it changed."""
     rows: list | None  # type: ignore[type-arg]
-    count: int
+    count: int  # type: ignore[assignment]  # the rows it changed; shadows tuple.count on purpose
 
 
 Stmt = tuple[str, dict]

@@ -10,10 +10,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 from contextlib import asynccontextmanager, contextmanager
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -94,7 +95,8 @@ class LoopConnections:
     leaving the thread saves."""
 
     def __init__(self, conninfo: str, size: int):
-        self._conninfo, self._idle, self._slots = conninfo, [], asyncio.Semaphore(size)
+        self._conninfo, self._slots = conninfo, asyncio.Semaphore(size)
+        self._idle: list[Any] = []  # psycopg.AsyncConnection (psycopg is imported where it is used)
 
     async def get(self):  # type: ignore[no-untyped-def]
         import psycopg
@@ -178,7 +180,7 @@ class Database:
                 fairy = engine.raw_connection()
             except driver_error as e:  # the pool's connect, unwrapped by SQLAlchemy here: refused, or starting up
                 raise DBAPIError.instance(None, None, e, driver_error) from e
-            conn = fairy.dbapi_connection
+            conn = cast(DBAPIConnection, fairy.dbapi_connection)  # checked out: the driver's connection, never None
             try:
                 if self.is_sqlite:  # as the engines' "begin" hook does: writers queue for the one write lock
                     conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -244,7 +246,8 @@ class Database:
             return 0, 0
         fairy = self.read_engine.raw_connection()
         try:
-            _busy, log, done = fairy.dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            _busy, log, done = cast(DBAPIConnection, fairy.dbapi_connection).execute(  # checked out: never None
+                "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             return log, done
         except sqlite3.Error as e:  # as SQLAlchemy raises it (as plain() does): the caller's busy or locked
             raise DBAPIError.instance(None, None, e, sqlite3.Error) from e

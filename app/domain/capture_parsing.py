@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.domain.families import TableFamily, lookup_identity
@@ -39,7 +40,7 @@ def _count(raw: object, where: str) -> int:
     return int(s)
 
 
-def from_json(family: TableFamily, shapes: list[dict[str, object]], limit: int = MAX_SHAPES) -> ParsedCapture:
+def from_json(family: TableFamily, shapes: Sequence[Mapping[str, object]], limit: int = MAX_SHAPES) -> ParsedCapture:
     out = ParsedCapture(limit=limit)
     if not shapes:
         raise ShapeError("shapes", "empty: a capture needs at least one shape")

@@ -99,7 +99,8 @@ def build(release: AiterRelease, family: TableFamily, form: str, shipped: Shippe
                             overlay=t)
         return Artifact(form, [t.name], t, overlay=t)
     if form == "layer":
-        files = ([shipped.default] if shipped.default is not None else []) + list(shipped.model_configs) + [overlay]
+        files: list[Table | None] = [*([shipped.default] if shipped.default is not None else []),
+                                     *shipped.model_configs, overlay]
         names = ([default_name] if shipped.default is not None else []) + mc_names + [overlay.name]
     else:  # model_configs drop-in, env var unset: the default, every model_configs file, then ours
         if not shipped.known:

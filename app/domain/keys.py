@@ -73,8 +73,8 @@ def lookup_keys(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_
                 shape: dict[str, str]) -> list[tuple[int | None, tuple]]:
     """(M tried, key tuple) for each candidate, in the order AITER tries them."""
     base = dict(shape, gfx=gfx, cu_num=str(cu_num))
-    cands = m_candidates(family, shape) or [None]
-    out = []
+    cands: list[int | None] = [*m_candidates(family, shape)] or [None]
+    out: list[tuple[int | None, tuple]] = []
     for m in cands:
         cells = dict(base)
         if m is not None:

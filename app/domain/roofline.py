@@ -77,7 +77,7 @@ def work(family: TableFamily, shape: dict[str, str]) -> tuple[float, float]:
     b = _BYTES[_math(family, shape)]
     mnk = [shape.get(c) for c in ("M", "N", "K", "B", "b")]
     if all(isinstance(v, str) and v.isdigit() for v in mnk[:3]):  # the GEMMs without a dict per shape (ingest)
-        m, n, k = (int(v) for v in mnk[:3])
+        m, n, k = (int(v) for v in mnk[:3])  # type: ignore[arg-type]  # each a digit string: all() above
         batch = next((int(v) for v in mnk[3:] if isinstance(v, str) and v.isdigit()), 1)
         return 2.0 * batch * m * n * k, batch * ((m * k + n * k) * b + m * n * 2.0)
     g = _dims(shape)

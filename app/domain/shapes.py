@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -93,7 +94,7 @@ def _cell(col: str, raw: object) -> str:
     return s
 
 
-def make_shape(family: TableFamily, raw: dict[str, object], where: str = "shape") -> Shape:
+def make_shape(family: TableFamily, raw: Mapping[str, object], where: str = "shape") -> Shape:
     cols = family.shape_columns
     for k in raw:
         if k not in cols:

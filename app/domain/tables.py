@@ -139,14 +139,17 @@ def as_pandas_writes(files: list[list[dict[str, str]]], header: tuple[str, ...],
     all is float everywhere: 128 -> 128.0. A loader that int()s cells (TableFamily.loader_ints) fails on them.
     memo: each file's column dtypes and written rows, kept for the files it holds."""
     live = [rows for rows in files if rows]  # empty frames stay out of the concat
-    kinds = [[memo.value(("dtype", col), (rows,), lambda rows=rows, col=col: _dtype([r[col] for r in rows]))
+    # a lambda's default arguments bind this loop's rows and column (mypy cannot infer such a lambda: misc)
+    kinds = [[memo.value(("dtype", col), (rows,),
+                         lambda rows=rows, col=col: _dtype([r[col] for r in rows]))  # type: ignore[misc]
               for col in header] for rows in live]
     merged_float = [all(k[j] != "object" for k in kinds) and any(k[j] == "float" for k in kinds)
                     for j in range(len(header))]
     written = []
     for rows, ks in zip(live, kinds):
         plan = tuple((col, k, k == "float" or (mf and k == "int")) for col, k, mf in zip(header, ks, merged_float))
-        written.append(memo.rows(("written", plan), (rows,), lambda rows=rows, plan=plan: _written(rows, plan)))
+        written.append(memo.rows(("written", plan), (rows,),
+                                 lambda rows=rows, plan=plan: _written(rows, plan)))  # type: ignore[misc]  # as above
     out = iter(written)
     return [next(out) if rows else [] for rows in files]
 

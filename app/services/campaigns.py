@@ -113,13 +113,13 @@ def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after
             best[r.shape_id] = r
     out = []
     for x in rows:
-        r = best.get(x.id)
+        got = best.get(x.id)
         out.append({"shape_id": x.id, "shape": x.shape, "calls": x.calls, "flops": x.flops,
                     "steps": x.steps, "default_us_est": None if x.default_measured else x.default_us,
                     "served": x.priority, "state": x.state, "attempts": x.attempts, "last_error": x.last_error,
-                    "kernel": r.kernel_name if r else None, "us": r.us if r else None,
-                    "default_us": r.default_us if r else None, "backend": r.backend if r else None,
-                    "gpu_s": r.elapsed_s if r else None})
+                    "kernel": got.kernel_name if got else None, "us": got.us if got else None,
+                    "default_us": got.default_us if got else None, "backend": got.backend if got else None,
+                    "gpu_s": got.elapsed_s if got else None})
     return out, nxt
 
 
@@ -173,5 +173,5 @@ def aiter_claims(s: Session) -> dict[str, list[str]]:
     q = (select(Campaign.image_digest, Capture.aiter_version).join(Capture, Capture.campaign_id == Campaign.id)
          .where(Capture.aiter_version.is_not(None)).distinct().order_by(Campaign.image_digest, Capture.aiter_version))
     for digest, version in s.execute(q):
-        out.setdefault(digest, []).append(version)
+        out.setdefault(digest, []).append(version)  # type: ignore[arg-type]  # not null: the query's where
     return out

@@ -102,7 +102,8 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
         rows.append((key, d, count, flops(fam, d), est, served.priority(count, None, est)))
     new = add_shape_calls(s, camp.id, rows, utcnow())
     if new and max_campaign_shapes is not None:  # checked after the insert; raising rolls it all back
-        held = s.scalar(select(func.count()).select_from(CampaignShape).where(CampaignShape.campaign_id == camp.id))
+        held = s.scalar(select(func.count()).select_from(CampaignShape)
+                        .where(CampaignShape.campaign_id == camp.id)) or 0
         if held > max_campaign_shapes:
             raise Invalid(f"shapes: campaign {camp.id} would hold {held} shapes, above the cap of "
                           f"{max_campaign_shapes}; tune or prune it first", "shapes")
