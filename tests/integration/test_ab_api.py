@@ -28,8 +28,10 @@ def seed_overlay(c):
     """Shapes at M = 1, 2, 32, 64 tuned (rows in the overlay), the image's shipped bf16 table reported."""
     default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
     assert c.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}}).status_code == 200
-    assert capture(c, [{"M": m, "N": N, "K": K} for m in (1, 2, 32, 64)]).status_code == 201
+    r = capture(c, [{"M": m, "N": N, "K": K} for m in (1, 2, 32, 64)])
+    assert r.status_code == 201
     tune_all(c)
+    return r.json()["campaign_id"]
 
 
 def drive_synthetic(c, run, planted, rng, noise=0.004, ranks=("0", "1"), b_hits=True, skip=()):
@@ -57,7 +59,7 @@ def overlay_rows(text):
 
 def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
     c = live_server.client()
-    seed_overlay(c)
+    cid = seed_overlay(c)
     r = c.post("/v1/ab/versions", json={"image_digest": DIGEST})
     assert r.status_code == 201, r.text
     v = r.json()
@@ -122,6 +124,15 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
     hist = {x["id"]: x for x in c.get("/v1/ab/versions", params={"image_digest": DIGEST}).json()}
     assert [x["verdict"] for x in hist[v["id"]]["runs"]] == ["regression"]
     assert [x["verdict"] for x in hist[rb["id"]]["runs"]] == ["gain"]
+
+    page = c.get(f"/ab/{run['id']}").text  # the dashboard: per band, the control, engagement per rank
+    assert 'id="ab-verdict" class="verdict-regression"' in page and "c2-i16-o32" in page
+    assert f"Rollback proposed: version {rb['id']}" in page and 'id="ab-ranks"' in page
+    svg = c.get(f"/ab/{run['id']}/bands.svg")
+    assert svg.headers["content-type"].startswith("image/svg+xml") and svg.text.count("<circle") == 3
+    camp = c.get(f"/campaigns/{cid}").text
+    assert 'id="versions"' in camp and f'<a href="/ab/{run2["id"]}">run {run2["id"]}</a>: gain' in camp
+    assert f'promoted (run {run2["id"]})' in camp
 
 
 def test_a_noisy_control_or_an_arm_that_did_not_engage_voids_the_run(live_server):
