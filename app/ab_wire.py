@@ -5,7 +5,7 @@ only, like app/wire.py, so the driver runs in a serving image without the servic
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -75,7 +75,7 @@ class VersionIn(BaseModel):
 
     image_digest: str = Field(max_length=80)
     form: Literal["layer", "merged"] = "layer"
-    families: list[str] | None = Field(default=None, max_length=64)
+    families: list[Annotated[str, Field(max_length=64)]] | None = Field(default=None, max_length=64)
 
 
 class RunIn(BaseModel):
@@ -85,7 +85,7 @@ class RunIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     image_digest: str = Field(max_length=80)
-    version_id: int = Field(ge=1)
+    version_id: int = Field(ge=1, le=2**62)
     baseline: str = Field(default="promoted", pattern=r"^(shipped|promoted|[0-9]{1,12})$")
     points: list[OperatingPoint] | None = Field(default=None, min_length=1, max_length=32)
     input_len: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -135,7 +135,7 @@ class ArmIn(BaseModel):
 
     arm: Arm
     logs: dict[str, str] = Field(default_factory=dict, max_length=512)
-    first_tokens: list[list[str]] | None = Field(default=None, max_length=256)
+    first_tokens: list[list[Annotated[str, Field(max_length=1000)]]] | None = Field(default=None, max_length=256)
 
     _logs = field_validator("logs")(PassIn._logs.__func__)  # type: ignore[attr-defined]
 

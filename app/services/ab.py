@@ -75,6 +75,8 @@ def make_version(s: Session, digest: str, form: str, families: list[str] | None)
         base = overlays.build(s, digest, name)
         plan = overlays.deploy_plan(s, digest, name)
         if form == "layer":
+            if not plan["layer"]["offered"]:  # e.g. the image's tables unknown: the value would replace them
+                raise Conflict(f"{name}: the layer form is not offered: {plan['layer']['why_not']}", "form")
             own = ov.csv()
             paths = [OVERLAY_MARK if p == plan["layer"]["overlay"] else p for p in plan["layer"]["files"]]
             fname = base.table.name

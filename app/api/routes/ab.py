@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.ab_wire import ArmIn, FaultIn, PassIn, RunIn, VersionIn
-from app.api.deps import DbDep
+from app.api.deps import DbDep, IdPath
 from app.api.schemas import check_digest
 from app.auth import AdminAuth, CaptureAuth, ReadAuth
 from app.errors import Invalid
@@ -41,7 +41,7 @@ def list_versions(image_digest: str, db: DbDep, who: ReadAuth) -> list[dict]:
 
 
 @router.get("/v1/ab/versions/{version_id}")
-def get_version(version_id: int, db: DbDep, who: ReadAuth) -> dict:
+def get_version(version_id: IdPath, db: DbDep, who: ReadAuth) -> dict:
     with db.session(write=False) as s:
         v = ab.get_version(s, version_id)
         who.check_digest(v.image_digest)
@@ -49,7 +49,7 @@ def get_version(version_id: int, db: DbDep, who: ReadAuth) -> dict:
 
 
 @router.get("/v1/ab/versions/{version_id}/{family}.csv", response_class=Response)
-def version_csv(version_id: int, family: str, db: DbDep, who: ReadAuth) -> Response:
+def version_csv(version_id: IdPath, family: str, db: DbDep, who: ReadAuth) -> Response:
     """The file the version deploys for a family, byte for byte (its sha256 is the version's)."""
     with db.session(write=False) as s:
         v, f = ab.version_file(s, version_id, family)
@@ -75,19 +75,19 @@ def list_runs(db: DbDep, who: ReadAuth, image_digest: str | None = None) -> list
         return [r for r in ab.runs(s, image_digest) if who.may_see(r["image_digest"])]
 
 
-def _run(s, run_id: int, who) -> None:  # type: ignore[no-untyped-def]
+def _run(s, run_id: IdPath, who) -> None:  # type: ignore[no-untyped-def]
     who.check_digest(ab.get_run(s, run_id).image_digest)
 
 
 @router.get("/v1/ab/runs/{run_id}")
-def get_run(run_id: int, db: DbDep, who: ReadAuth) -> dict:
+def get_run(run_id: IdPath, db: DbDep, who: ReadAuth) -> dict:
     with db.session(write=False) as s:
         _run(s, run_id, who)
         return ab.run_dict(s, ab.get_run(s, run_id))
 
 
 @router.post("/v1/ab/runs/{run_id}/start")
-def start_run(run_id: int, db: DbDep, who: CaptureAuth) -> dict:
+def start_run(run_id: IdPath, db: DbDep, who: CaptureAuth) -> dict:
     """A driver begins or resumes the run (an interrupted run's fault is cleared; its passes stay)."""
     with db.session() as s:
         _run(s, run_id, who)
@@ -95,7 +95,7 @@ def start_run(run_id: int, db: DbDep, who: CaptureAuth) -> dict:
 
 
 @router.post("/v1/ab/runs/{run_id}/passes", status_code=201)
-def post_pass(run_id: int, body: PassIn, response: Response, db: DbDep, who: CaptureAuth) -> dict:
+def post_pass(run_id: IdPath, body: PassIn, response: Response, db: DbDep, who: CaptureAuth) -> dict:
     with db.session() as s:
         _run(s, run_id, who)
         out, stored = ab.post_pass(s, run_id, body)
@@ -105,21 +105,21 @@ def post_pass(run_id: int, body: PassIn, response: Response, db: DbDep, who: Cap
 
 
 @router.post("/v1/ab/runs/{run_id}/arms")
-def post_arm(run_id: int, body: ArmIn, db: DbDep, who: CaptureAuth) -> dict:
+def post_arm(run_id: IdPath, body: ArmIn, db: DbDep, who: CaptureAuth) -> dict:
     with db.session() as s:
         _run(s, run_id, who)
         return ab.post_arm(s, run_id, body)
 
 
 @router.post("/v1/ab/runs/{run_id}/interrupt")
-def interrupt_run(run_id: int, body: FaultIn, db: DbDep, who: CaptureAuth) -> dict:
+def interrupt_run(run_id: IdPath, body: FaultIn, db: DbDep, who: CaptureAuth) -> dict:
     with db.session() as s:
         _run(s, run_id, who)
         return ab.interrupt(s, run_id, body.reason)
 
 
 @router.post("/v1/ab/runs/{run_id}/finish")
-def finish_run(run_id: int, db: DbDep, who: CaptureAuth) -> dict:
+def finish_run(run_id: IdPath, db: DbDep, who: CaptureAuth) -> dict:
     """Book the run once every pass is measured: verdicts per band, the control, engagement, accuracy."""
     with db.session() as s:
         _run(s, run_id, who)
@@ -127,7 +127,7 @@ def finish_run(run_id: int, db: DbDep, who: CaptureAuth) -> dict:
 
 
 @router.post("/v1/ab/runs/{run_id}/promote")
-def promote(run_id: int, db: DbDep, who: AdminAuth) -> dict:
+def promote(run_id: IdPath, db: DbDep, who: AdminAuth) -> dict:
     """Promote the run's version: only when the run is booked, not void, and no band regresses or is void."""
     with db.session() as s:
         _run(s, run_id, who)
