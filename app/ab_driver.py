@@ -198,7 +198,7 @@ class Driver:
                     if self.max_passes is not None and done >= self.max_passes:
                         return await self._svc(c, "GET", f"/v1/ab/runs/{self.run_id}")
                     await self._pass(c, load, points[todo["band"]], todo["band"], todo["repeat"], todo["arm"],
-                                     run["seed"], run["requests_per_pass"])
+                                     run["seed"], todo["n_requests"])
                     done += 1
             except (Fault, httpx.ConnectError) as e:
                 reason = str(e) if isinstance(e, Fault) else f"unreachable: {e}"

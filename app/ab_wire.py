@@ -80,7 +80,8 @@ class VersionIn(BaseModel):
 
 class RunIn(BaseModel):
     """POST /v1/ab/runs. points: the bands (default: from the image's captured served load, else 1/16/64 at
-    input_len/output_len). repeats: rounds per band, even (ABBA: A B A' then A' B A, so linear drift cancels)."""
+    input_len/output_len). repeats: rounds per band, even (ABBA: A B A' then A' B A, so linear drift cancels).
+    requests_per_pass: per pass, at least the band's concurrency (the service raises it to that)."""
 
     model_config = ConfigDict(extra="forbid")
 

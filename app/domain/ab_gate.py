@@ -133,10 +133,12 @@ def accuracy(tokens: Mapping[str, Sequence[Sequence[str]] | None]) -> str | None
     return None
 
 
-def batch_sizes(point: OperatingPoint) -> list[int]:
-    """The batch sizes a band serves: its decode steps run `concurrency` sequences (requests are kept in flight
-    at that level and every request decodes output_len tokens, so the steady state is the whole band)."""
-    return [point.concurrency]
+def batch_sizes(point: OperatingPoint, points: Sequence[OperatingPoint]) -> list[int]:
+    """The batch sizes a band serves: the bands split the batch axis at their concurrencies, each taking the sizes
+    above the next lower band's up to its own. A band keeps `concurrency` requests in flight, so its decode steps
+    run that many sequences, and fewer while a pass starts and drains (down to 1 in the lowest band)."""
+    below = [p.concurrency for p in points if p.concurrency < point.concurrency]
+    return list(range(max(below, default=0) + 1, point.concurrency + 1))
 
 
 def rows_serving(family: TableFamily, rows: Sequence[Mapping[str, str]], sizes: Iterable[int]) -> list[int]:

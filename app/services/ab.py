@@ -222,6 +222,12 @@ def _passes_done(s: Session, rid: int) -> list[tuple[str, int, str]]:
                                         .where(AbPass.run_id == rid).order_by(AbPass.id))]
 
 
+def n_requests(per_pass: int, point: OperatingPoint) -> int:
+    """Requests in one pass of a band: the run's, and at least the band's concurrency, so the band is measured at
+    its concurrency (fewer requests than that would never put `concurrency` in flight)."""
+    return max(per_pass, point.concurrency)
+
+
 def schedule(r: AbRun) -> list[tuple[str, int, str]]:
     """Every pass of the run in the order the driver measures them: band by band, rounds in ABBA order."""
     out = []
@@ -236,6 +242,7 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
     done = set(_passes_done(s, r.id))
     arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == r.id))}
     sched = schedule(r)
+    per_pass = {OperatingPoint(**p).name: n_requests(r.requests_per_pass, OperatingPoint(**p)) for p in r.points}
     verdict, reason = _verdict(r)
     return {"id": r.id, "image_digest": r.image_digest, "version_id": r.version_id,
             "baseline_version_id": r.baseline_version_id, "state": r.state, "verdict": verdict, "reason": reason,
@@ -244,7 +251,8 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "min_requests": r.min_requests, "seed": r.seed,
             "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
             "passes_total": len(sched), "passes_done": len(done),
-            "todo": [{"band": b, "repeat": k, "arm": a} for b, k, a in sched if (b, k, a) not in done],
+            "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched
+                     if (b, k, a) not in done],
             "arms_posted": {a: {"first_tokens": x.first_tokens is not None} for a, x in arms.items()},
             "result": r.result, "rollback_version_id": r.rollback_version_id,
             "created_at": r.created_at.isoformat() if r.created_at else None}
@@ -389,16 +397,17 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     r.result = result
     regressing = [p for p, b in zip(points, res.bands) if b.verdict is ab_stats.Verdict.REGRESSION]
     if res.verdict is not ab_stats.Verdict.VOID and regressing:
-        r.rollback_version_id = _rollback(s, v, regressing, r.id).id
+        r.rollback_version_id = _rollback(s, v, regressing, points, r.id).id
     if result["promotable"] is not None and v.state == st.VersionState.CANDIDATE.value:
         v.state = st.reject(st.VersionState(v.state)).value
     s.flush()
     return run_dict(s, r)
 
 
-def _rollback(s: Session, v: OverlayVersion, bands: list[OperatingPoint], rid: int) -> OverlayVersion:
+def _rollback(s: Session, v: OverlayVersion, bands: list[OperatingPoint], points: list[OperatingPoint], rid: int
+              ) -> OverlayVersion:
     """A new version without the rows whose padded-M buckets serve the regressing bands' batch sizes."""
-    sizes = sorted({b for p in bands for b in ab_gate.batch_sizes(p)})
+    sizes = sorted({b for p in bands for b in ab_gate.batch_sizes(p, points)})
     files, withdrawn = [], []
     for f in v.files:
         fam = get_family(f["family"])
@@ -417,7 +426,7 @@ def _rollback(s: Session, v: OverlayVersion, bands: list[OperatingPoint], rid: i
             files.append(_file(f["family"], f["env_var"], f["name"], content, own_csv, f["paths"]))
     names = ", ".join(p.name for p in bands)
     note = (f"rollback of version {v.id} after run {rid}: without the {len(withdrawn)} row(s) whose padded-M "
-            f"buckets serve batch size(s) {sizes} (band(s) {names})")
+            f"buckets serve batch sizes {sizes[0]}..{sizes[-1]} (band(s) {names})")
     same = _same_version(s, v.image_digest, v.form, files) if files else None
     if same is not None:
         return same

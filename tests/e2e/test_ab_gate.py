@@ -82,7 +82,7 @@ def test_the_gate_finds_the_planted_bands_rolls_back_and_promotes(gate, tmp_path
     assert got["result"]["control_flagged"] == [] and got["result"]["engagement"]["ok"]
     assert [r["rank"] for r in got["result"]["engagement"]["ranks"]] == [str(r) for r in range(RANKS)]
     rb = c.get(f"/v1/ab/versions/{got['rollback_version_id']}").json()
-    assert [w["row"]["M"] for w in rb["withdrawn"]] == ["2"]  # exactly the row serving batch size 2
+    assert [w["row"]["M"] for w in rb["withdrawn"]] == ["1", "2"]  # exactly the rows serving batch sizes 1..2
     run2 = new_run(c, rb["id"])
     out = drive(srv, run2["id"], tmp_path / "d2", launch())
     assert out.returncode == 0, out.stderr[-3000:]

@@ -45,6 +45,7 @@ def drive_synthetic(c, run, planted, rng, noise=0.004, ranks=("0", "1"), b_hits=
     for p in run["todo"]:
         if (p["band"], p["repeat"], p["arm"]) in skip:
             continue
+        p = {k: p[k] for k in ("band", "repeat", "arm")}
         eff = planted.get(p["band"], 0.0) if p["arm"] == "B" else 0.0
         tok = 1000.0 * (1 + eff) * math.exp(rng.gauss(0, noise))
         recs = [r.model_dump() for r in records(p["arm"], p["band"], p["repeat"], tok, t0=float(t))]
@@ -83,7 +84,8 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
     assert r.status_code == 409 and "1 pass(es) not measured yet" in r.json()["detail"]
     got = c.get(f"/v1/ab/runs/{run['id']}").json()
     assert got["state"] == "driving" and got["result"] is None and got["todo"] == [
-        {"band": "c32-i16-o32", "repeat": 3, "arm": "A"}]  # nothing booked, resumable from the missing pass
+        {"band": "c32-i16-o32", "repeat": 3, "arm": "A", "n_requests": 32}]  # nothing booked, resumable from the missing pass
+    assert got["todo"][0].pop("n_requests") == 32  # at least the band's concurrency
     last = dict(got["todo"][0], records=[x.model_dump() for x in records("A", "c32-i16-o32", 3, 1000.0)])
     assert c.post(f"/v1/ab/runs/{run['id']}/passes", json=last).status_code == 201
     assert c.post(f"/v1/ab/runs/{run['id']}/passes", json=last).status_code == 200  # a re-post: acknowledged
@@ -101,9 +103,9 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
     assert c.post(f"/v1/ab/runs/{run['id']}/promote").status_code == 409
 
     rb = c.get(f"/v1/ab/versions/{booked['rollback_version_id']}").json()
-    assert rb["parent_id"] == v["id"] and [w["row"]["M"] for w in rb["withdrawn"]] == ["2"]
+    assert rb["parent_id"] == v["id"] and [w["row"]["M"] for w in rb["withdrawn"]] == ["1", "2"]
     kept = overlay_rows(c.get(f"/v1/ab/versions/{rb['id']}/bf16_gemm.csv").text)
-    assert sorted(int(x["M"]) for x in kept) == [1, 32, 64]
+    assert sorted(int(x["M"]) for x in kept) == [32, 64]
     assert c.get(f"/v1/ab/versions/{v['id']}").json()["state"] == "rejected"
 
     run2 = c.post("/v1/ab/runs", json=dict(body, version_id=rb["id"])).json()
@@ -116,7 +118,7 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
 
     served = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")  # the promoted version by default, naming its A/B
     assert served.headers["x-aiter-version"] == str(rb["id"]) and served.headers["x-aiter-ab-run"] == str(run2["id"])
-    assert sorted(int(x["M"]) for x in overlay_rows(served.text)) == [1, 32, 64]
+    assert sorted(int(x["M"]) for x in overlay_rows(served.text)) == [32, 64]
     latest = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"})
     assert latest.headers["x-aiter-version"] == "latest" and len(overlay_rows(latest.text)) == 4
     plan = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()

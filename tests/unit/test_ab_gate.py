@@ -82,6 +82,14 @@ def test_rows_serving_a_band_follow_aiters_padded_m_tries():
     assert G.rows_serving(BF16, [row(2, n=1024)], [2]) == [0]
 
 
+def test_bands_split_the_batch_axis_at_their_concurrencies():
+    pts = [OperatingPoint(concurrency=c, input_len=8, output_len=8) for c in (2, 8, 32)]
+    assert [G.batch_sizes(p, pts) for p in pts] == [[1, 2], list(range(3, 9)), list(range(9, 33))]
+    assert G.rows_serving(BF16, ROWS, G.batch_sizes(pts[0], pts)) == [0, 1]  # M=1 and M=2, not 32 or 64
+    assert G.rows_serving(BF16, ROWS, G.batch_sizes(pts[1], pts)) == []
+    assert G.rows_serving(BF16, ROWS, G.batch_sizes(pts[2], pts)) == [2]  # 9..16 pad to 16, 17..32 to 32
+
+
 def test_default_points_from_the_captured_tokens_per_step_histogram():
     hist = {"1": 100, "8": 10, "16": 500, "64": 300, "+Inf": 90}
     pts = G.default_points(hist, 256, 64)
