@@ -5,15 +5,14 @@ rolled-back version promotable on its re-run?
 Everything is real processes on this machine: the service (SQLite), the driver (app/ab_driver.py, in this
 process) and, per arm, the planted-effect stand-in server (tests/fixtures/ab_standin_server.py: +8% output tok/s
 at concurrency >= 16 and -3% at <= 2 when its AITER_CONFIG_* files hold rows serving those batch sizes, none
-between, with noise and slow drift). The overlay: bf16 GEMM rows at M = 1, 2, 32, 64 (N = K = 4096); the bands
-c2 (batch sizes 1..2: the M=1 and M=2 rows serve it, -3%), c8 (3..8: no row serves them, 0) and c32 (9..32: the
-M=32 row, +8%); the M=64 row serves none of them.
+between, with noise and slow drift). The overlay and bands: tests/e2e/test_ab_gate.py (rows at M = 1, 2, 16, 64;
+bands c2: -3%, c8: none, c16: +8%; the rollback of c2 withdraws M = 1, 2 and 16, whose padded bucket serves 1..2).
 
 Each gate: a run of the version against the shipped tables; its regressing band proposes a rollback version; a
 run of that version. Prints one JSON line per gate and a summary (rates with Wilson 95% intervals, the effect
 estimates' spread), which goes to benchmarks/RESULTS.md.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/ab_gate.py [--gates 20] [--repeats 4] [--requests 12]
+    PYTHONPATH=. .venv/bin/python benchmarks/ab_gate.py [--gates 20] [--repeats 8] [--requests 8] [--standin-args '--token-ms 40']
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.ab_driver import Driver, Fault  # noqa: E402
 from tests.conftest import DIGEST, start_server  # noqa: E402
-from tests.e2e.test_ab_gate import BANDS, MODEL, POINTS, RANKS, launch  # noqa: E402
+from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, POINTS, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
 from tests.integration.test_ab_api import seed_overlay  # noqa: E402
 
 ADMIN = "atk_test-admin-token"
@@ -76,12 +75,12 @@ def run_once(c, url: str, version_id: int, seed: int, args, work: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--gates", type=int, default=20)
-    p.add_argument("--repeats", type=int, default=4)
-    p.add_argument("--requests", type=int, default=12)
-    p.add_argument("--standin-args", default="", help="more flags for the stand-in server")
+    p.add_argument("--repeats", type=int, default=GATE["repeats"])
+    p.add_argument("--requests", type=int, default=GATE["requests_per_pass"])
+    p.add_argument("--standin-args", default=GATE["token_ms"], help="more flags for the stand-in server")
     p.add_argument("--points", default=",".join(f"{x['concurrency']}:{x['input_len']}:{x['output_len']}"
                                                  for x in POINTS),
-                   help="the bands, CONCURRENCY:INPUT_LEN:OUTPUT_LEN,... (concurrencies 2, 8, 32: the planted ones)")
+                   help="the bands, CONCURRENCY:INPUT_LEN:OUTPUT_LEN,... (concurrencies 2, 8, 16: the planted ones)")
     args = p.parse_args()
     args.points = [dict(zip(("concurrency", "input_len", "output_len"), map(int, x.split(":"))))
                    for x in args.points.split(",")]
@@ -92,7 +91,7 @@ def main() -> int:
     rows = []
     try:
         c = srv.client()
-        seed_overlay(c)
+        seed_overlay(c, ROWS_M)
         v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
         for g in range(args.gates):
             first = run_once(c, srv.url, v["id"], 1000 + g, args, tmp / f"g{g}a")
@@ -115,6 +114,7 @@ def main() -> int:
                 res2 = second.get("result") or {}
                 row["rerun_bands"] = {b["band"]: b["verdict"] for b in res2.get("bands", [])}
                 row["rerun_promotable"] = second.get("state") == "booked" and res2.get("promotable") is None
+                row["rerun_verdict"], row["rerun_reason"] = second.get("verdict"), second.get("reason")
                 row["rerun_seconds"] = round(second["seconds"], 1)
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -125,12 +125,12 @@ def main() -> int:
     exact = sum(r["exact"] for r in rows)
     flagged = sum(bool(r["control_flagged"]) for r in rows)
     rollbacks = sum("withdrawn_M" in r for r in rows)
-    withdrew = sum(r.get("withdrawn_M") == [1, 2] for r in rows)
+    withdrew = sum(r.get("withdrawn_M") == sorted(map(int, WITHDRAWN_M)) for r in rows)
     promoted = sum(bool(r.get("rerun_promotable")) for r in rows)
     summary = {
         "gates": n, "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
         "exact_bands": [exact, n, wilson(exact, n)], "control_flagged": [flagged, n, wilson(flagged, n)],
-        "rollback_withdrew_exactly_M1_M2": [withdrew, rollbacks], "rollback_promotable_on_rerun": [promoted, rollbacks],
+        "rollback_withdrew_exactly_the_rows_serving_c2": [withdrew, rollbacks], "rollback_promotable_on_rerun": [promoted, rollbacks],
         "effect_by_band": {b: {"mean": statistics.mean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
                                "min": min(xs), "max": max(xs)}
                            for b in expected for xs in [[r["effects"][b] for r in rows if b in r["effects"]]] if xs},

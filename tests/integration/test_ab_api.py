@@ -24,11 +24,11 @@ PLANTED = {"c2-i16-o32": -0.03, "c8-i16-o32": 0.0, "c32-i16-o32": 0.08}
 TOKENS = [["Paris", "."], ["\n", "if"]]
 
 
-def seed_overlay(c):
-    """Shapes at M = 1, 2, 32, 64 tuned (rows in the overlay), the image's shipped bf16 table reported."""
+def seed_overlay(c, ms=(1, 2, 32, 64)):
+    """Shapes at these Ms (N = K = 4096) tuned (rows in the overlay), the image's shipped bf16 table reported."""
     default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
     assert c.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}}).status_code == 200
-    r = capture(c, [{"M": m, "N": N, "K": K} for m in (1, 2, 32, 64)])
+    r = capture(c, [{"M": m, "N": N, "K": K} for m in ms])
     assert r.status_code == 201
     tune_all(c)
     return r.json()["campaign_id"]
