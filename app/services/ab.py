@@ -379,14 +379,15 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     b_logs = dict(arms["B"].logs) if "B" in arms else {}
     for rank, text in windows.items():
         b_logs[rank] = b_logs.get(rank, "") + text
-    eng = ab_gate.engagement(fams, b_logs, windows)
+    sizes = sorted({b for p in points for b in ab_gate.batch_sizes(p, points)})
+    eng = ab_gate.engagement(fams, b_logs, windows, sizes)
     void = [eng.reason] if eng.reason else []
     acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
     if acc:
         void.append(acc)
     res = ab_stats.run_verdict(bands, void)
     result = res.as_dict() | {
-        "engagement": {"ok": eng.ok, "reason": eng.reason,
+        "engagement": {"ok": eng.ok, "reason": eng.reason, "note": eng.note,
                        "ranks": [{"rank": x.rank, "hits": x.hits, "rows_hit": x.rows_hit, "other_hits": x.other_hits,
                                   "misses": x.misses, "jit": x.jit} for x in eng.ranks]},
         "accuracy": {"ok": acc is None, "reason": acc,
