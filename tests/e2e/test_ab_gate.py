@@ -83,8 +83,10 @@ def gate(live_server):
     return live_server, c, v
 
 
+@pytest.mark.skipif(not os.environ.get("TUNER_AB_GATE_E2E"), reason="statistical, opt-in (TUNER_AB_GATE_E2E=1): on a "
+                    "loaded 2-core VM the bands' MDE exceeds the planted 3-8% (benchmarks/RESULTS.md, issue 32)")
 def test_the_gate_finds_the_planted_bands_rolls_back_and_promotes(gate, tmp_path):
-    """Statistical: wrong at the rate benchmarks/ab_gate.py reports (a noisy node voids it by the control)."""
+    """Statistical: right at the rate benchmarks/ab_gate.py reports; run it on a quiet machine."""
     srv, c, v = gate
     run = new_run(c, v["id"], repeats=GATE["repeats"], requests_per_pass=GATE["requests_per_pass"])
     out = drive(srv, run["id"], tmp_path / "d1", launch(GATE["token_ms"]))
