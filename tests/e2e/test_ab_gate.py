@@ -138,6 +138,9 @@ def test_a_server_that_dies_mid_run_interrupts_it_without_half_a_pass(gate, tmp_
     assert out.returncode == 0, out.stderr[-3000:]
     done = c.get(f"/v1/ab/runs/{run['id']}").json()
     assert done["state"] == "booked" and done["passes_done"] == done["passes_total"]
+    # the cut pass was not stored: a stored pass with its failed requests would void the band ("requests failed")
+    (b,) = done["result"]["bands"]
+    assert b["verdict"] != "void", b["reason"]
 
 
 def test_an_arm_whose_files_did_not_take_is_void_not_neutral(gate, tmp_path):
