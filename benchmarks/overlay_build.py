@@ -35,7 +35,7 @@ from app.config import Settings  # noqa: E402
 from app.domain.families import get_family  # noqa: E402
 from app.domain.tables import read_table  # noqa: E402
 from app.main import create_app  # noqa: E402
-from app.services import overlays  # noqa: E402
+from app.services.caches import OVERLAYS_MAX_MB  # noqa: E402
 from tests.conftest import DIGEST, capture  # noqa: E402
 from tests.integration.test_leasing_api import lease, ok_row, plausible_us  # noqa: E402
 
@@ -90,7 +90,7 @@ def measure(a: argparse.Namespace) -> dict:
         c.get(f"/campaigns/{cid + 1000}")  # the page templates compiled before anything is timed
         out = {}
         for name, path in views.items():
-            overlays._BUILT.clear()
+            app.state.caches.built.clear()
             first = timed(c, path)
             again = [timed(c, path) for _ in range(a.repeat)]
             out[name] = {"first": first, "repeat": (statistics.median(x[0] for x in again),
@@ -99,18 +99,18 @@ def measure(a: argparse.Namespace) -> dict:
             moved = []
             for _ in range(a.repeat):
                 tune(c, 1, fam.name)
-                builds = overlays._BUILT.builds
+                builds = app.state.caches.built.builds
                 moved.append(timed(c, path))
-                assert overlays._BUILT.builds == builds + 1
+                assert app.state.caches.built.builds == builds + 1
             out[name]["moved"] = (statistics.median(x[0] for x in moved), statistics.median(x[1] for x in moved))
-        overlays._BUILT.clear()
+        app.state.caches.built.clear()
         tracemalloc.start()
         timed(c, views["engagement"])
         tune(c, 1, fam.name)
         timed(c, views["engagement"])  # what is held after a rebuild: the kept tables and the new overlay
         held = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
-        weighed = overlays._BUILT.weight
+        weighed = app.state.caches.built.weight
     return {"views": out, "held": held, "weighed": weighed, "rows": rows, "tables": len(tables), "conf": str(conf)}
 
 
@@ -148,7 +148,7 @@ def main() -> None:
                   f"after a new result {mw:6.0f} ms ({mc:6.0f} ms CPU)")
         print(f"{'kept':>14}: {m['held'] / 1e6:.0f} MB for this image's overlay with its artifacts, lookups and "
               f"digests, after one rebuild (tracemalloc, {m['held'] / max(m['rows'], 1) / 1e3:.1f} kB per shipped "
-              f"row); weighed as {m['weighed'] / 1e3:.0f} MB of overlays.MAX_MB={overlays.MAX_MB}")
+              f"row); weighed as {m['weighed'] / 1e3:.0f} MB of OVERLAYS_MAX_MB={OVERLAYS_MAX_MB}")
     if a.before:
         then = list(runs.values())[0]
         for name, v in now["views"].items():

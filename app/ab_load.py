@@ -1,0 +1,139 @@
+"""The serving A/B's load generator (issue 32): closed-loop streaming /v1/completions at a band's concurrency,
+one RequestRecord per request (TTFT, every inter-token gap, tokens, error). httpx and pydantic only, so it runs
+in a serving image beside the servers, like the capture agent.
+
+Why a small httpx loop and not a load generator of the field (measured on this VM, 2-core x86, Python 3.11, 19:10
+on 2026-12-04; `pip download` / `pip install --dry-run --report`):
+- inference-perf: no release installs on Python 3.11 (every version, 0.1.1-0.7.0, requires Python >= 3.12).
+- guidellm 0.8.1 (544 kB wheel) requires torch, transformers, datasets, numpy>=2, sanic, uvloop, ... : its
+  synthetic prompts are sized with a Hugging Face tokenizer/processor it loads by name, which needs the model hub
+  (not reachable here, nor from a serving node in general); per-request timings come back only inside its own
+  benchmark report file after the whole run, not as a per-arm, per-pass record we can interleave ABBA.
+- aiperf 0.13.0 (6.8 MB wheel) requires ~50 packages (transformers, huggingface-hub, datasets, pandas, scipy,
+  matplotlib, plotly, dash, kubernetes-asyncio, pyzmq, textual, ...) and a tokenizer too; it runs as a multi-process
+  service (ZMQ) whose start-up alone is seconds per invocation, once per band x arm x pass.
+- vLLM's `vllm bench serve` client ships only inside vLLM (hundreds of MB with torch) and also takes a tokenizer.
+None of them fits "light deps beside a server, no hub, per-request records per pass"; the loop below is ~150 lines
+and measures exactly the quantities the gate reads. (Install-closure figures: see benchmarks/RESULTS.md, issue 32.)
+
+Prompts are synthetic words ("w0123 w0456 ..."): a word is one token to the stand-in and ~1-2 to a BPE tokenizer;
+the server's own usage count (stream_options.include_usage) is recorded when it gives one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import httpx
+
+from app.ab_wire import Arm, OperatingPoint, RequestRecord
+
+_ERR_MAX = 2000
+
+
+def synthetic_prompt(n_tokens: int, rng: random.Random) -> str:
+    return " ".join(f"w{rng.randrange(10000):04d}" for _ in range(n_tokens))
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, point: OperatingPoint, prompt: str, *, arm: Arm,
+               repeat: int, started_at: float, timeout_s: float, headers: dict[str, str] | None) -> RequestRecord:
+    body = {"model": model, "prompt": prompt, "max_tokens": point.output_len,
+            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.monotonic()
+    rec = RequestRecord(arm=arm, band=point.name, repeat=repeat, started_s=max(0.0, t0 - started_at),
+                        input_tokens=point.input_len)
+    stamps: list[float] = []
+    usage_out: int | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("POST", url, json=body, headers=headers) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode("utf-8", "replace")
+                    rec.error = f"HTTP {resp.status_code}: {text}"[:_ERR_MAX]
+                    return rec
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if chunk.get("error"):
+                        rec.error = f"server error: {chunk['error']}"[:_ERR_MAX]
+                        break
+                    now = time.monotonic()
+                    usage = chunk.get("usage")
+                    if usage:
+                        usage_out = usage.get("completion_tokens")
+                        rec.input_tokens = int(usage.get("prompt_tokens") or rec.input_tokens)
+                    for ch in chunk.get("choices") or []:
+                        if ch.get("text"):
+                            stamps.append(now)
+    except httpx.ConnectError:
+        if not stamps:
+            raise  # the server cannot be reached: the caller's fault to handle, not a request's
+        rec.error = "connection lost mid-stream"
+    except TimeoutError:
+        rec.error = f"timed out after {timeout_s:g} s"
+    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as e:
+        rec.error = f"{type(e).__name__}: {e}"[:_ERR_MAX]
+    if stamps:
+        rec.ttft_s = stamps[0] - t0
+        rec.itl_s = [b - a for a, b in zip(stamps, stamps[1:])]
+        rec.latency_s = stamps[-1] - t0
+    rec.output_tokens = usage_out if usage_out is not None else len(stamps)
+    if rec.error is None and rec.output_tokens < point.output_len:
+        rec.error = f"stream ended after {rec.output_tokens} of {point.output_len} tokens"
+    return rec
+
+
+async def drive_band(base_url: str, model: str, point: OperatingPoint, *, arm: Arm, repeat: int,
+                     n_requests: int, seed: int, started_at: float, timeout_s: float = 60.0,
+                     headers: dict[str, str] | None = None) -> list[RequestRecord]:
+    """n_requests streaming completions, point.concurrency in flight at all times (closed loop: a worker starts its
+    next request when one ends). A failed request is a record with `error`; an unreachable server raises
+    httpx.ConnectError (checked once up front, so nothing is half-driven)."""
+    url = base_url.rstrip("/") + "/v1/completions"
+    rng = random.Random(seed)
+    prompts = [synthetic_prompt(point.input_len, rng) for _ in range(n_requests)]
+    limits = httpx.Limits(max_connections=point.concurrency + 4, max_keepalive_connections=point.concurrency + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)), limits=limits,
+                                 headers=headers) as client:
+        await client.get(base_url.rstrip("/") + "/v1/models")  # raises httpx.ConnectError when nothing listens
+        out: list[RequestRecord | None] = [None] * n_requests
+        next_i = 0
+
+        async def worker() -> None:
+            nonlocal next_i
+            while next_i < n_requests:
+                i = next_i
+                next_i += 1
+                try:
+                    out[i] = await _one(client, url, model, point, prompts[i], arm=arm, repeat=repeat,
+                                        started_at=started_at, timeout_s=timeout_s, headers=None)
+                except httpx.ConnectError as e:  # the server went away between requests: a failed request
+                    out[i] = RequestRecord(arm=arm, band=point.name, repeat=repeat,
+                                           started_s=max(0.0, time.monotonic() - started_at),
+                                           input_tokens=point.input_len, error=f"ConnectError: {e}"[:_ERR_MAX])
+
+        await asyncio.gather(*(worker() for _ in range(min(point.concurrency, n_requests))))
+    return [r for r in out if r is not None]
+
+
+async def greedy_first_tokens(base_url: str, model: str, prompts: list[str], n_tokens: int) -> list[list[str]]:
+    """The accuracy check: each prompt's first n_tokens at temperature 0, as the server's text pieces (one per
+    token), sequentially. Raises on any failure: an accuracy check that did not run is not a pass."""
+    url = base_url.rstrip("/") + "/v1/completions"
+    out = []
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        for p in prompts:
+            r = await client.post(url, json={"model": model, "prompt": p, "max_tokens": n_tokens, "temperature": 0.0,
+                                             "logprobs": 1, "ignore_eos": True})
+            r.raise_for_status()
+            ch = r.json()["choices"][0]
+            lp = ch.get("logprobs") or {}
+            out.append(list(lp.get("tokens") or []) or [ch.get("text", "")])
+    return out
