@@ -80,9 +80,11 @@ def standins(tmp_path):
 
 
 def rate(recs) -> list[float]:
-    """Output tokens per second of each request, start to last token (robust to a client that reads late)."""
+    """Each request's decode rate, tokens after the first over the time after the first: the plant is on decode
+    (TTFT carries the connection set-up, 100-250 ms for 32 at once on this loaded VM, and dilutes a rate taken
+    from the request's start)."""
     assert all(r.error is None for r in recs), [r.error for r in recs if r.error][:3]
-    return [r.output_tokens / r.latency_s for r in recs]
+    return [(r.output_tokens - 1) / (r.latency_s - r.ttft_s) for r in recs]
 
 
 async def ab_ratio(a: Standin, b: Standin, point: OperatingPoint, passes: int, n: int) -> float:
@@ -110,7 +112,7 @@ PLANT = ("--gain-pct", "50", "--regression-pct", "30")
 @pytest.mark.parametrize("conc,token_ms,n,lo,hi", [
     (2, 10.0, 32, 0.6, 0.85),    # planted -30%: rows M=1 and M=2 serve batch sizes 1 and 2
     (8, 20.0, 32, 0.9, 1.1),     # nothing planted: no row serves 8 (AITER tries 8, 16, 8)
-    (32, 60.0, 64, 1.1, 1.6),    # planted +50% (diluted: see test docstring): the M=32 row serves 17..32
+    (32, 60.0, 64, 1.3, 1.6),    # planted +50%: the M=32 row serves 17..32 (gl0/gl1 padding)
 ])
 def test_planted_effect_per_band(standins, tmp_path, conc, token_ms, n, lo, hi):
     ov = overlay(tmp_path / "ov.csv", (1, 2, 32, 64))
