@@ -5,7 +5,7 @@ only, like app/wire.py, so the driver runs in a serving image without the servic
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -60,3 +60,90 @@ class RequestRecord(BaseModel):
         if any(not (x >= 0) or x == float("inf") for x in v):
             raise ValueError("inter-token latencies are finite and >= 0")
         return v
+
+
+# ---- the service's A/B API bodies (the driver posts them) ---------------------------------------------------------
+
+MAX_LOG_CHARS = 8_000_000  # one rank's log of one measured window
+MAX_RECORDS = 100_000  # one pass
+
+
+class VersionIn(BaseModel):
+    """POST /v1/ab/versions: freeze the image's overlay as deployed in `form` (every family with rows, or these)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_digest: str = Field(max_length=80)
+    form: Literal["layer", "merged"] = "layer"
+    families: list[Annotated[str, Field(max_length=64)]] | None = Field(default=None, max_length=64)
+
+
+class RunIn(BaseModel):
+    """POST /v1/ab/runs. points: the bands (default: from the image's captured served load, else 1/16/64 at
+    input_len/output_len). repeats: rounds per band, even (ABBA: A B A' then A' B A, so linear drift cancels).
+    requests_per_pass: per pass, at least the band's concurrency (the service raises it to that)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_digest: str = Field(max_length=80)
+    version_id: int = Field(ge=1, le=2**62)
+    baseline: str = Field(default="promoted", pattern=r"^(shipped|promoted|[0-9]{1,12})$")
+    points: list[OperatingPoint] | None = Field(default=None, min_length=1, max_length=32)
+    input_len: int | None = Field(default=None, ge=1, le=1_000_000)
+    output_len: int | None = Field(default=None, ge=1, le=1_000_000)
+    repeats: int = Field(default=6, ge=2, le=200)
+    requests_per_pass: int = Field(default=32, ge=1, le=100_000)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    power: float = Field(default=0.8, gt=0.5, lt=1)
+    min_requests: int = Field(default=4, ge=1, le=100_000)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    @field_validator("repeats")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError("repeats must be even: rounds come in ABBA pairs so a linear drift cancels")
+        return v
+
+
+class PassIn(BaseModel):
+    """POST /v1/ab/runs/{id}/passes: one arm's measured window of one band in one round, whole."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    band: str = Field(max_length=64)
+    repeat: int = Field(ge=0, le=10_000)
+    arm: Arm
+    records: list[RequestRecord] = Field(max_length=MAX_RECORDS)
+    logs: dict[str, str] = Field(default_factory=dict, max_length=512)  # rank -> the window's server log
+
+    @field_validator("logs")
+    @classmethod
+    def _logs(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, text in v.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", k):
+                raise ValueError("a rank is 1-32 of A-Z a-z 0-9 _ . -")
+            if len(text) > MAX_LOG_CHARS:
+                raise ValueError(f"rank {k}: a window's log is at most {MAX_LOG_CHARS} characters")
+        return v
+
+
+class ArmIn(BaseModel):
+    """POST /v1/ab/runs/{id}/arms: an arm's server log from its start through warm-up (AITER logs a tuned hit once
+    per shape per process, so it may come before any window) and its greedy first tokens on the fixed prompts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arm: Arm
+    logs: dict[str, str] = Field(default_factory=dict, max_length=512)
+    first_tokens: list[list[Annotated[str, Field(max_length=1000)]]] | None = Field(default=None, max_length=256)
+
+    _logs = field_validator("logs")(PassIn._logs.__func__)  # type: ignore[attr-defined]
+
+
+class FaultIn(BaseModel):
+    """POST /v1/ab/runs/{id}/interrupt: why the drive stopped (the run's void reason until it is resumed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=2000)

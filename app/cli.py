@@ -157,6 +157,51 @@ def inherit_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def ab_cmd(args: argparse.Namespace) -> int:
+    """The serving A/B against a running service (light: httpx and pydantic, like `capture`)."""
+    import httpx
+    if args.action == "drive":
+        from app.ab_driver import drive
+        args.token = _token(args)
+        return drive(args)
+    url = args.service.rstrip("/")
+    tok = _token(args)
+    headers = {"Authorization": f"Bearer {tok}"} if tok else {}
+    c = httpx.Client(base_url=url, headers=headers, timeout=120)
+    if args.action == "version":
+        body = {"image_digest": args.image_digest, "form": args.form}
+        if args.family:
+            body["families"] = args.family
+        r = c.post("/v1/ab/versions", json=body)
+    elif args.action == "create":
+        body = {"image_digest": args.image_digest, "version_id": args.version, "baseline": args.baseline,
+                "repeats": args.repeats, "requests_per_pass": args.requests, "confidence": args.confidence,
+                "seed": args.seed, "min_requests": args.min_requests}
+        if args.point:
+            pts = []
+            for p in args.point:
+                try:
+                    conc, inp, out = (int(x) for x in p.split(":"))
+                except ValueError:
+                    print(f"--point: expected CONCURRENCY:INPUT_LEN:OUTPUT_LEN, got {p!r}", file=sys.stderr)
+                    return 2
+                pts.append({"concurrency": conc, "input_len": inp, "output_len": out})
+            body["points"] = pts
+        r = c.post("/v1/ab/runs", json=body)
+    elif args.action == "show":
+        r = c.get(f"/v1/ab/runs/{args.run}")
+    elif args.action == "finish":
+        r = c.post(f"/v1/ab/runs/{args.run}/finish")
+    elif args.action == "promote":
+        r = c.post(f"/v1/ab/runs/{args.run}/promote")
+    elif args.action == "versions":
+        r = c.get("/v1/ab/versions", params={"image_digest": args.image_digest})
+    else:
+        r = c.get("/v1/ab/runs", params={"image_digest": args.image_digest} if args.image_digest else {})
+    print(json.dumps(r.json(), indent=1))
+    return 0 if r.status_code < 400 else 1
+
+
 def capture(args: argparse.Namespace) -> int:
     from app.capture.agent import run  # light: httpx and pydantic only, for serving images
     return run(args)
@@ -202,6 +247,44 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("image", help="the new image's digest (sha256:...)")
     i.add_argument("--from", dest="from_", required=True, help="the image it upgrades")
     i.set_defaults(fn=inherit_cmd)
+    ab = sub.add_parser("ab", help="the serving A/B: versions, runs, the driver beside the servers, promotion")
+    ab.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
+    ab.add_argument("--token", default=None, help="default TUNER_TOKEN, then the admin token file")
+    asub = ab.add_subparsers(dest="action", required=True)
+    v = asub.add_parser("version", help="freeze the image's overlay as deployed (each file's sha256)")
+    v.add_argument("image_digest")
+    v.add_argument("--form", default="layer", choices=["layer", "merged"])
+    v.add_argument("--family", action="append")
+    cr = asub.add_parser("create", help="a run: VERSION against the baseline, per band")
+    cr.add_argument("image_digest")
+    cr.add_argument("--version", type=int, required=True)
+    cr.add_argument("--baseline", default="promoted", help="shipped | promoted (default) | a version id")
+    cr.add_argument("--point", action="append", help="CONCURRENCY:INPUT_LEN:OUTPUT_LEN (default: from the "
+                                                     "image's captured served load)")
+    cr.add_argument("--repeats", type=int, default=6, help="rounds per band, even (ABBA)")
+    cr.add_argument("--requests", type=int, default=32, help="requests per pass")
+    cr.add_argument("--confidence", type=float, default=0.95)
+    cr.add_argument("--min-requests", type=int, default=4)
+    cr.add_argument("--seed", type=int, default=0)
+    dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
+    dr.add_argument("run", type=int)
+    dr.add_argument("--model", required=True)
+    dr.add_argument("--endpoint", action="append", help="ARM=URL of a running server (A's serves A_prime too)")
+    dr.add_argument("--log", action="append", help="ARM=its server log path (per rank: PATH.rank<N>)")
+    dr.add_argument("--launch", help="a command starting one arm's server; {port}, {log}, {arm}, {ranks}, {model} "
+                                     "are filled in, the arm's AITER_CONFIG_* set in its environment")
+    dr.add_argument("--ranks", type=int, default=1)
+    dr.add_argument("--workdir", default=".ab-drive")
+    dr.add_argument("--health-timeout", type=float, default=120.0)
+    dr.add_argument("--max-passes", type=int, default=None, help="stop after this many passes (resume later)")
+    for name in ("show", "finish", "promote"):
+        x = asub.add_parser(name)
+        x.add_argument("run", type=int)
+    ls = asub.add_parser("list")
+    ls.add_argument("image_digest", nargs="?")
+    vs = asub.add_parser("versions")
+    vs.add_argument("image_digest")
+    ab.set_defaults(fn=ab_cmd)
     args = p.parse_args(argv)
     return args.fn(args)
 

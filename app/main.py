@@ -25,6 +25,7 @@ from sqlalchemy.orm import configure_mappers
 from app import errors
 from app.api import responses
 from app.api.routes import campaigns, captures, health, images, leases, overlays, tokens as token_routes
+from app.api.routes import ab as ab_routes
 from app.config import Settings
 from app.db import migrate
 from app.db.dialect import start_lock
@@ -170,7 +171,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     errors.install(app, settings.retry_after_s, web.error_page)
     # the lease routes first: the fleet's requests match at the first routes tried
     for r in (leases.router, health.router, captures.router, campaigns.router, overlays.router, images.router,
-              token_routes.router,
+              token_routes.router, ab_routes.router,
               web.router):
         app.include_router(r)
     app.mount("/static", StaticFiles(directory=str(web.STATIC)), name="static")

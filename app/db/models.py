@@ -261,3 +261,76 @@ class EngagementProof(Base):
     error: Mapped[str | None] = mapped_column(Text)  # what AITER raised while resolving the table
     results: Mapped[list] = mapped_column(JSON, default=list)  # [{shape_id, hit, kernel}]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class OverlayVersion(Base):
+    """An overlay as deployed and A/B'd (issue 32): the files of one deploy form, each with its sha256, frozen
+    when made (later results make a new version, never change this one)."""
+
+    __tablename__ = "overlay_versions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    image_digest: Mapped[str] = mapped_column(ForeignKey("images.digest"), index=True)
+    form: Mapped[str] = mapped_column(String(32))  # app/domain/deploy.py FORMS
+    state: Mapped[str] = mapped_column(String(16), default="candidate")  # app/domain/ab_states.py VersionState
+    # [{family, env_var, name, sha256, rows, content, own}]: own = the overlay's own rows (what a rollback drops
+    # rows from; for a merged file the deployed content also holds the shipped rows)
+    files: Mapped[list] = mapped_column(JSON)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("overlay_versions.id"))  # a rollback's source
+    note: Mapped[str] = mapped_column(Text, default="")
+    withdrawn: Mapped[list | None] = mapped_column(JSON)  # [{family, row}] a rollback left out
+    promoted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    promoted_run_id: Mapped[int | None] = mapped_column(Integer)  # ab_runs.id whose A/B promoted it
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AbRun(Base):
+    """A serving A/B of a version against a baseline (shipped tables only, or a promoted version)."""
+
+    __tablename__ = "ab_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    image_digest: Mapped[str] = mapped_column(ForeignKey("images.digest"), index=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("overlay_versions.id"), index=True)
+    baseline_version_id: Mapped[int | None] = mapped_column(ForeignKey("overlay_versions.id"))  # None: shipped
+    state: Mapped[str] = mapped_column(String(16), default="created")  # app/domain/ab_states.py RunState
+    points: Mapped[list] = mapped_column(JSON)  # [OperatingPoint]
+    points_source: Mapped[str] = mapped_column(String(32))  # captured | default | given
+    repeats: Mapped[int] = mapped_column(Integer)  # rounds per band (each round: every arm once)
+    requests_per_pass: Mapped[int] = mapped_column(Integer)
+    confidence: Mapped[float] = mapped_column(Float)
+    power: Mapped[float] = mapped_column(Float)
+    min_requests: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+    fault: Mapped[str | None] = mapped_column(Text)  # why the drive stopped (state interrupted)
+    result: Mapped[dict | None] = mapped_column(JSON)  # verdicts, per band, control, engagement, accuracy
+    rollback_version_id: Mapped[int | None] = mapped_column(Integer)  # proposed when a band regresses
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class AbPass(Base):
+    """One arm's measured window of one band in one round: its requests and every rank's server log lines of the
+    window, stored together or not at all."""
+
+    __tablename__ = "ab_passes"
+    __table_args__ = (UniqueConstraint("run_id", "band", "repeat", "arm"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("ab_runs.id"))
+    band: Mapped[str] = mapped_column(String(64))
+    repeat: Mapped[int] = mapped_column(Integer)
+    arm: Mapped[str] = mapped_column(String(16))
+    records: Mapped[list] = mapped_column(JSON)  # [RequestRecord]
+    logs: Mapped[dict] = mapped_column(JSON)  # rank -> the window's log text
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AbArm(Base):
+    """What an arm's server logged from its start through warm-up, and its greedy first tokens (accuracy)."""
+
+    __tablename__ = "ab_arms"
+    __table_args__ = (UniqueConstraint("run_id", "arm"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("ab_runs.id"))
+    arm: Mapped[str] = mapped_column(String(16))
+    logs: Mapped[dict] = mapped_column(JSON)  # rank -> start and warm-up log text
+    first_tokens: Mapped[list | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -57,3 +57,55 @@ def coverage_svg(points: list[tuple[float, float]], processor: str = "GPU", widt
             f'{escape(label)}</text>'
             f'<text x="14" y="{(top + height - bottom) / 2}" transform="rotate(-90 14 {(top + height - bottom) / 2})"'
             f' text-anchor="middle" class="ylabel">share of served time covered</text></svg>')
+
+
+VERDICT_COLOURS = {"gain": "#2f855a", "neutral": "#718096", "regression": "#c53030", "void": "#b7791f"}
+
+
+def ab_svg(bands: list[dict], metric: str = "output_tok_s", width: int = 560, row_h: int = 44) -> str:
+    """Per band: B's effect against A on the metric with its interval (a bar), the identical-arm control's
+    (a thin grey bar below it), +-MDE ticks, coloured by the band's verdict."""
+    left, right, top = 150, 24, 24
+    height = top + row_h * max(1, len(bands)) + 36
+    vals = [0.0]
+    for b in bands:
+        for side in ("effect", "control"):
+            d = b.get(side, {}).get(metric) or {}
+            vals += [x for x in (d.get("lo"), d.get("hi"), d.get("mde")) if x is not None]
+    span = max(0.02, max(abs(v) for v in vals) * 1.15)
+    step = _nice_step(2 * span, 4)
+    span = math.ceil(span / step) * step
+
+    def x(v: float) -> float:
+        return left + (width - left - right) * (v + span) / (2 * span)
+
+    parts = []
+    t = -span
+    while t <= span + 1e-12:
+        parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 6}" y2="{height - 30}" class="grid"/>'
+                     f'<text x="{x(t):.1f}" y="{height - 16}" text-anchor="middle">{100 * t:+.0f}%</text>')
+        t += step
+    parts.append(f'<line x1="{x(0):.1f}" x2="{x(0):.1f}" y1="{top - 6}" y2="{height - 30}" class="zero"/>')
+    for i, b in enumerate(bands):
+        y = top + row_h * i + 12
+        colour = VERDICT_COLOURS.get(b.get("verdict", ""), "#000")
+        parts.append(f'<text x="{left - 8}" y="{y + 4}" text-anchor="end">{escape(b["band"])}</text>'
+                     f'<text x="{left - 8}" y="{y + 18}" text-anchor="end" style="fill:{colour}">'
+                     f'{escape(b.get("verdict", ""))}</text>')
+        e = (b.get("effect") or {}).get(metric) or {}
+        if e.get("lo") is not None:
+            parts.append(f'<line x1="{x(e["lo"]):.1f}" x2="{x(e["hi"]):.1f}" y1="{y}" y2="{y}" '
+                         f'style="stroke:{colour};stroke-width:6"/>'
+                         f'<circle cx="{x(e["effect"]):.1f}" cy="{y}" r="5" style="fill:{colour}"/>')
+            for m in (-e["mde"], e["mde"]):
+                parts.append(f'<line x1="{x(m):.1f}" x2="{x(m):.1f}" y1="{y - 8}" y2="{y + 8}" class="mde"/>')
+        ctl = (b.get("control") or {}).get(metric) or {}
+        if ctl.get("lo") is not None:
+            parts.append(f'<line x1="{x(ctl["lo"]):.1f}" x2="{x(ctl["hi"]):.1f}" y1="{y + 14}" y2="{y + 14}" '
+                         f'class="control"/>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" class="plot" '
+            f'aria-label="effect of B against A on {escape(metric)} per band, with intervals">'
+            f'<style>.grid{{stroke:#eee}} .zero{{stroke:#333}} .mde{{stroke:#999;stroke-dasharray:2,2}} '
+            f'.control{{stroke:#a0aec0;stroke-width:3}} text{{font:11px sans-serif;fill:#555}}</style>'
+            f'{"".join(parts)}<text x="{(left + width - right) / 2}" y="{height - 2}" text-anchor="middle">'
+            f'{escape(metric)}: B vs A (bar: interval, dot: effect, dashes: +-MDE, grey: A\' vs A)</text></svg>')

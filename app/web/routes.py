@@ -24,9 +24,9 @@ from app.db.models import Campaign
 from app.db.session import Database
 from app.domain.families import get_family
 from app.errors import Forbidden
-from app.services import campaigns, engagement, overlays, verifications, upgrades
+from app.services import ab, campaigns, engagement, overlays, verifications, upgrades
 from app.domain.roofline import processor
-from app.web.plots import coverage_svg
+from app.web.plots import ab_svg, coverage_svg
 
 log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
@@ -59,6 +59,16 @@ def _shape_text(shape: dict) -> str:
 
 
 templates.env.filters["shape_text"] = _shape_text
+
+
+def _pct_iv(d: dict | None) -> str:
+    """An effect with its interval, in percent: '+8.1% [+6.9, +9.3]'."""
+    if not d or d.get("effect") is None:
+        return "-"
+    return f"{100 * d['effect']:+.1f}% [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
+templates.env.filters["pct_iv"] = _pct_iv
 for _name in templates.env.list_templates():  # compiled at start, not on the first view (~40 ms)
     templates.env.get_template(_name)  # base.html too: the pages extend it, and it compiles when first rendered
 
@@ -134,10 +144,12 @@ class _Head(NamedTuple):
     checks: list[dict]  # the newest verifications
     listed: tuple  # campaigns.listed_version
     verdict: engagement.PageVersion
+    versions: list[dict]  # the image's overlay versions holding this family, with their A/B runs (issue 32)
 
     def shows(self) -> list:
         v = self.verdict  # a stale count's age as the page words it: the clock moves the tag once a minute
-        return [self.summary, self.checks, self.listed, v.version, v.totals, v.stale_s is not None and _ago(v.stale_s)]
+        return [self.summary, self.checks, self.listed, v.version, v.totals, v.stale_s is not None and _ago(v.stale_s),
+                self.versions]
 
 
 def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None) -> _Head:
@@ -146,7 +158,9 @@ def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: in
                "upgrade": upgrades.counts(s, campaign_id)}
     return _Head(counts, summary, verifications.listing(s, summary["image_digest"], summary["family"])[:3],
                  campaigns.listed_version(s, campaign_id, after=after),
-                 engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})))
+                 engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})),
+                 [v for v in ab.versions(s, summary["image_digest"])
+                  if any(f["family"] == summary["family"] for f in v["files"])])
 
 
 def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: str | None = None
@@ -158,7 +172,7 @@ def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: st
     name = overlays.overlay_filename(fam, summary["image_digest"])
     # only the listed shapes are checked: the totals over every shape are counted off the request
     verdict, start_count = engagement.page_summary(s, campaign_id, shapes, db, head.counts.get(campaign_id, {}))
-    return {"verifications": head.checks, "verdict": verdict, "c": summary, "shapes": shapes, "next": nxt,
+    return {"verifications": head.checks, "verdict": verdict, "versions": head.versions, "c": summary, "shapes": shapes, "next": nxt,
             "family": fam, "overlay_name": name, "env_line": f"{fam.env_var}=/overlays/{name}",
             "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
             "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"}, start_count
@@ -187,6 +201,25 @@ def coverage_plot(campaign_id: IdPath, db: DbDep, who: ReadAuth) -> Response:
         who.check_digest(camp.image_digest)
         pts = campaigns.coverage_points(s, campaign_id)
     return Response(coverage_svg(pts, processor(camp.gfx)), media_type="image/svg+xml")
+
+
+@router.get("/ab/{run_id}", response_class=HTMLResponse)
+def ab_page(run_id: IdPath, request: Request, db: DbDep, who: ReadAuth) -> Response:
+    """One A/B run: per-band effect, interval and verdict, the identical-arm control, engagement per rank."""
+    with db.session(write=False) as s:
+        r = ab.run_dict(s, ab.get_run(s, run_id))
+    who.check_digest(r["image_digest"])
+    r.pop("todo")
+    return _page(request, "ab.html", {"r": r, "res": r["result"]})
+
+
+@router.get("/ab/{run_id}/bands.svg")
+def ab_plot(run_id: IdPath, db: DbDep, who: ReadAuth) -> Response:
+    with db.session(write=False) as s:
+        run = ab.get_run(s, run_id)
+        who.check_digest(run.image_digest)
+        bands = (run.result or {}).get("bands", [])
+    return Response(ab_svg(bands), media_type="image/svg+xml")
 
 
 def error_page(request: Request, status: int, detail: str) -> HTMLResponse:

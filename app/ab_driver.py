@@ -1,0 +1,281 @@
+"""The serving A/B's driver (issue 32): runs beside the servers, like the capture agent (httpx and pydantic only).
+
+Per arm it points at a given endpoint, or starts a server with the user's launch command carrying that arm's
+AITER_CONFIG_* files (downloaded from the service for the arm's version), waits for its health, warms it, asks it
+the fixed greedy prompts, and then measures the run's passes in the service's order (band by band, rounds in ABBA
+order: A B A' then A' B A), posting each pass whole with the server log lines of its window from every rank.
+A re-drive continues with the passes the service does not have. A fault (an endpoint that does not answer, a
+server that died) interrupts the run with its reason; the pass in flight is not posted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.ab_wire import ARMS, Arm, ArmIn, OperatingPoint, PassIn, RequestRecord
+
+# Fixed prompts of the accuracy check: greedy, the first tokens of B (and A') must equal A's
+ACCURACY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 5, 8, 13,",
+                    "Translate to German: good morning")
+ACCURACY_TOKENS = 8
+SERVER_GONE_FRAC = 0.5  # a pass with more failed requests than this asks whether the server is still there
+
+
+class Fault(Exception):
+    """The drive cannot go on: the run is interrupted with this reason (resumable)."""
+
+
+@dataclass
+class ArmServer:
+    arm: Arm
+    url: str
+    log_files: list[Path]  # one per rank
+    proc: subprocess.Popen | None = None
+    workdir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def offsets(self) -> list[int]:
+        return [f.stat().st_size if f.exists() else 0 for f in self.log_files]
+
+    def read_since(self, offs: list[int]) -> dict[str, str]:
+        out = {}
+        for rank, (f, o) in enumerate(zip(self.log_files, offs)):
+            if f.exists():
+                with open(f, "rb") as fh:
+                    fh.seek(o)
+                    out[str(rank)] = fh.read().decode("utf-8", "replace")
+            else:
+                out[str(rank)] = ""
+        return out
+
+    def died(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"arm {self.arm}'s server exited with code {self.proc.returncode}"
+        return None
+
+
+def _load() -> Any:
+    from app import ab_load  # type: ignore[attr-defined]  # the load generator (a separate module, same package)
+    return ab_load
+
+
+def pass_seed(run_seed: int, band: str, repeat: int) -> int:
+    """Every arm of a round gets the same prompts: the pairing compares servers, not prompts."""
+    h = hashlib.blake2b(f"{run_seed}:{band}:{repeat}".encode(), digest_size=4).digest()
+    return int.from_bytes(h, "big")
+
+
+class Driver:
+    def __init__(self, service: str, token: str | None, run_id: int, *, model: str, workdir: Path,
+                 endpoints: dict[str, str] | None = None, logs: dict[str, str] | None = None,
+                 launch: str | None = None, ranks: int = 1, rank_log: str = "{log}.rank{rank}",
+                 health_timeout_s: float = 120.0, request_timeout_s: float = 60.0, warmup_requests: int = 4,
+                 max_passes: int | None = None) -> None:
+        self.service, self.run_id, self.model = service.rstrip("/"), run_id, model
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.workdir, self.endpoints, self.logs, self.launch = workdir, endpoints or {}, logs or {}, launch
+        self.ranks, self.rank_log = ranks, rank_log
+        self.health_timeout_s, self.request_timeout_s = health_timeout_s, request_timeout_s
+        self.warmup_requests, self.max_passes = warmup_requests, max_passes
+        self.servers: dict[str, ArmServer] = {}
+        self.t0 = time.monotonic()
+
+    # ---- the service ----
+    async def _svc(self, c: httpx.AsyncClient, method: str, path: str, **kw: Any) -> Any:
+        r = await c.request(method, self.service + path, headers=self.headers, **kw)
+        if r.status_code >= 400:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:500]}")
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+
+    # ---- the arms' servers ----
+    def _log_files(self, base: str) -> list[Path]:
+        return [Path(self.rank_log.format(log=base, rank=r)) for r in range(self.ranks)]
+
+    async def _arm_env(self, c: httpx.AsyncClient, arm: str, version_id: int | None) -> dict[str, str]:
+        """AITER_CONFIG_* of the arm's version (none for the shipped tables), files downloaded into its folder."""
+        env = {"AITER_LOG_TUNED_CONFIG": "1"}
+        if version_id is None:
+            return env
+        v = await self._svc(c, "GET", f"/v1/ab/versions/{version_id}")
+        d = self.workdir / arm
+        d.mkdir(parents=True, exist_ok=True)
+        for f in v["files"]:
+            text = await self._svc(c, "GET", f"/v1/ab/versions/{version_id}/{f['family']}.csv")
+            if hashlib.sha256(text.encode()).hexdigest() != f["sha256"]:
+                raise Fault(f"arm {arm}: version {version_id}'s {f['family']} file does not match its sha256")
+            path = d / f["name"]
+            path.write_text(text)
+            env[f["env_var"]] = ":".join(str(path) if p == "@overlay" else p for p in f["paths"])
+        return env
+
+    async def _up(self, c: httpx.AsyncClient, arm: str, version_id: int | None) -> ArmServer:
+        if arm in self.endpoints:
+            logs = self.logs.get(arm)
+            srv = ArmServer(arm, self.endpoints[arm], self._log_files(logs) if logs else [])  # type: ignore[arg-type]
+        elif self.launch:
+            env = await self._arm_env(c, arm, version_id)
+            port = _free_port()
+            d = self.workdir / arm
+            d.mkdir(parents=True, exist_ok=True)
+            log = d / "server.log"
+            for f in self._log_files(str(log)):
+                f.unlink(missing_ok=True)
+            cmd = self.launch.format(port=port, log=log, arm=arm, ranks=self.ranks, model=self.model)
+            out = open(d / "stdout.log", "ab")
+            proc = subprocess.Popen(shlex.split(cmd), env={**os.environ, **env}, stdout=out,
+                                    stderr=subprocess.STDOUT)
+            srv = ArmServer(arm, f"http://127.0.0.1:{port}", self._log_files(str(log)), proc, d, env)  # type: ignore[arg-type]
+        else:
+            raise Fault(f"arm {arm}: neither an endpoint nor a launch command")
+        await self._health(srv)
+        return srv
+
+    async def _health(self, srv: ArmServer) -> None:
+        end = time.monotonic() + self.health_timeout_s
+        last = ""
+        async with httpx.AsyncClient(timeout=5) as hc:
+            while time.monotonic() < end:
+                if why := srv.died():
+                    raise Fault(f"{why} before it was healthy")
+                try:
+                    if (await hc.get(srv.url + "/health")).status_code == 200:
+                        return
+                except httpx.HTTPError as e:
+                    last = f"{type(e).__name__}: {e}"
+                await asyncio.sleep(0.2)
+        raise Fault(f"arm {srv.arm}: endpoint {srv.url} unreachable ({last or 'no healthy answer'}) after "
+                    f"{self.health_timeout_s:.0f} s")
+
+    async def _alive(self, srv: ArmServer) -> str | None:
+        if why := srv.died():
+            return why
+        try:
+            async with httpx.AsyncClient(timeout=5) as hc:
+                if (await hc.get(srv.url + "/health")).status_code == 200:
+                    return None
+        except httpx.HTTPError as e:
+            return f"arm {srv.arm}: endpoint {srv.url} unreachable ({type(e).__name__}: {e})"
+        return f"arm {srv.arm}: endpoint {srv.url} unhealthy"
+
+    def stop(self) -> None:
+        for srv in self.servers.values():
+            if srv.proc is not None and srv.proc.poll() is None:
+                srv.proc.terminate()
+                try:
+                    srv.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    srv.proc.kill()
+                    srv.proc.wait()
+
+    # ---- the run ----
+    async def run(self) -> dict[str, Any]:
+        """Drive the run to its end (booked) or to a fault (interrupted, raised as Fault)."""
+        load = _load()
+        async with httpx.AsyncClient(timeout=60) as c:
+            run = await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/start")
+            points = {OperatingPoint(**p).name: OperatingPoint(**p) for p in run["points"]}
+            try:
+                for arm in ARMS:
+                    srv = self.servers[arm] = await self._up(c, arm, run["arms"][arm])
+                    offs = srv.offsets()
+                    await self._warm(load, srv, points, run)
+                    tokens = await load.greedy_first_tokens(srv.url, self.model, list(ACCURACY_PROMPTS),
+                                                            ACCURACY_TOKENS)
+                    await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/arms", json=ArmIn(
+                        arm=arm, logs=srv.read_since(offs), first_tokens=tokens).model_dump())
+                done = 0
+                for todo in run["todo"]:
+                    if self.max_passes is not None and done >= self.max_passes:
+                        return await self._svc(c, "GET", f"/v1/ab/runs/{self.run_id}")
+                    await self._pass(c, load, points[todo["band"]], todo["band"], todo["repeat"], todo["arm"],
+                                     run["seed"], todo["n_requests"])
+                    done += 1
+            except (Fault, httpx.ConnectError) as e:
+                reason = str(e) if isinstance(e, Fault) else f"unreachable: {e}"
+                await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/interrupt", json={"reason": reason[:2000]})
+                raise Fault(reason) from None
+            return await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/finish")
+
+    async def _warm(self, load: Any, srv: ArmServer, points: dict[str, OperatingPoint], run: dict) -> None:
+        """A few requests at each band's concurrency before anything is measured (kernels loaded, graphs
+        captured, caches warm); their records are not posted."""
+        for name, p in points.items():
+            try:
+                recs = await load.drive_band(srv.url, self.model, p, arm=srv.arm, repeat=0,
+                                             n_requests=max(self.warmup_requests, p.concurrency),
+                                             seed=run["seed"] + 7919, started_at=self.t0,
+                                             timeout_s=self.request_timeout_s)
+            except httpx.ConnectError as e:
+                raise Fault(f"arm {srv.arm}: endpoint {srv.url} unreachable while warming ({e})") from None
+            if recs and all(r.error for r in recs):
+                raise Fault(f"arm {srv.arm}: every warm-up request failed at {name} ({recs[0].error})")
+
+    async def _pass(self, c: httpx.AsyncClient, load: Any, point: OperatingPoint, band: str, repeat: int, arm: str,
+                    run_seed: int, n: int) -> None:
+        srv = self.servers[arm]
+        if why := await self._alive(srv):
+            raise Fault(why)
+        offs = srv.offsets()
+        try:
+            recs: list[RequestRecord] = await load.drive_band(
+                srv.url, self.model, point, arm=arm, repeat=repeat, n_requests=n,
+                seed=pass_seed(run_seed, band, repeat), started_at=self.t0, timeout_s=self.request_timeout_s)
+        except httpx.ConnectError as e:
+            raise Fault(f"arm {arm}: endpoint {srv.url} unreachable during band {band} round {repeat} ({e})") \
+                from None
+        failed = sum(r.error is not None for r in recs)
+        if failed > SERVER_GONE_FRAC * max(1, len(recs)) and (why := await self._alive(srv)):
+            raise Fault(f"{why} during band {band} round {repeat} ({failed} of {len(recs)} requests failed); "
+                        "the pass is not posted")
+        recs = [r.model_copy(update={"band": band}) for r in recs]
+        await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/passes", json=PassIn(
+            band=band, repeat=repeat, arm=arm, records=recs, logs=srv.read_since(offs)).model_dump())
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    """ARM=VALUE pairs; A's value serves A_prime too unless given."""
+    out: dict[str, str] = {}
+    for it in items or []:
+        arm, sep, val = it.partition("=")
+        if not sep or arm not in ARMS:
+            raise SystemExit(f"{what}: expected ARM=VALUE with ARM one of {', '.join(ARMS)}, got {it!r}")
+        out[arm] = val
+    if "A" in out and "A_prime" not in out:
+        out["A_prime"] = out["A"]
+    return out
+
+
+def drive(args: Any) -> int:
+    import json
+    import sys
+    d = Driver(args.service, args.token, args.run, model=args.model, workdir=Path(args.workdir),
+               endpoints=parse_pairs(args.endpoint, "--endpoint"), logs=parse_pairs(args.log, "--log"),
+               launch=args.launch, ranks=args.ranks, health_timeout_s=args.health_timeout,
+               max_passes=args.max_passes)
+    try:
+        out = asyncio.run(d.run())
+    except Fault as e:
+        print(f"interrupted: {e} (re-run the same command to resume)", file=sys.stderr)
+        return 3
+    finally:
+        d.stop()
+    print(json.dumps({k: out.get(k) for k in ("id", "state", "verdict", "reason", "passes_done", "passes_total",
+                                              "rollback_version_id")}, indent=1))
+    return 0

@@ -1,0 +1,193 @@
+"""The serving A/B's checks besides the statistics (issue 32), pure: did arm B engage (hit lines for the version's
+rows from every rank, no JIT compile in the measured windows), did it answer like A (greedy first tokens), which
+rows serve a band's batch sizes (the rollback), and the operating points a run measures by default."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from app.ab_wire import OperatingPoint
+from app.domain.families import TableFamily
+from app.domain.keys import m_candidates, runtime_value
+from app.domain.log_lines import parse_log
+
+# A compile in the measured window means the arm measured a build, not its kernels. The lines each compiler prints:
+# AITER's JIT "start build [module] under dir" (aiter/jit/core.py:888); Triton's autotuner when
+# TRITON_PRINT_AUTOTUNING=1 ("Triton autotuning for function ...", triton/runtime/autotuner.py); FlyDSL's
+# compile lines (any line naming flydsl and a compile).
+JIT_LINES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("aiter", re.compile(r"start build \[[^\]]+\]")),
+    ("triton", re.compile(r"Triton autotuning for function")),
+    ("flydsl", re.compile(r"(?i)flydsl.*compil|compil.*flydsl")),
+)
+
+
+def jit_lines(text: str) -> dict[str, int]:
+    out = {name: 0 for name, _ in JIT_LINES}
+    for line in text.splitlines():
+        for name, pat in JIT_LINES:
+            if pat.search(line):
+                out[name] += 1
+                break
+    return out
+
+
+def _norm(col: str, v: object) -> object:
+    return runtime_value(col, str(v))
+
+
+def _row_ids(family: TableFamily, rows: Sequence[Mapping[str, str]]) -> dict[tuple, int]:
+    """Each row by (M as tabled, its other shape cells), as runtime values: what a hit line names."""
+    cols = [c for c in family.shape_columns if c != family.m_column]
+    out = {}
+    for i, r in enumerate(rows):
+        m = _norm(family.m_column, r.get(family.m_column, "")) if family.m_column else None
+        out[(m, tuple(_norm(c, r.get(c, "")) for c in cols))] = i
+    return out
+
+
+@dataclass
+class RankEngagement:
+    rank: str
+    hits: int = 0  # hit lines of the version's rows (startup, warm-up and windows)
+    rows_hit: list[int] = field(default_factory=list)  # which rows (indexes into the family's rows)
+    other_hits: int = 0  # hit lines of rows the version does not hold (shipped rows)
+    misses: int = 0
+    jit: dict[str, int] = field(default_factory=dict)  # compile lines in the measured windows
+
+
+@dataclass
+class Engagement:
+    ok: bool
+    reason: str | None
+    ranks: list[RankEngagement]
+
+
+def engagement(families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, str]]]],
+               logs: Mapping[str, str], windows: Mapping[str, str]) -> Engagement:
+    """families: name -> (family, the version's own rows); logs: rank -> every line the arm logged (start, warm-up
+    and measured windows: AITER logs a hit once per shape per process, lru_cache'd, so it may come before the
+    window); windows: rank -> the measured windows only (where a compile must not happen)."""
+    ids = {name: _row_ids(fam, rows) for name, (fam, rows) in families.items()}
+    ranks = []
+    for rank in sorted(set(logs) | set(windows), key=lambda r: (len(r), r)):
+        re_ = RankEngagement(rank, jit=jit_lines(windows.get(rank, "")))
+        hit_rows: set[tuple[str, int]] = set()
+        for ev in parse_log(logs.get(rank, "")).events:
+            if ev.family not in families:
+                continue
+            fam = families[ev.family][0]
+            if not ev.hit:
+                re_.misses += 1
+                continue
+            shape = dict(ev.shape)
+            for col, default in fam.shape_defaults:  # a cell the line printed as None (app/domain/shapes.py)
+                shape.setdefault(col, shape.get(default, default))
+            # the M the row was found at: the padded M the hit line prints, else the shape's (an exact lookup)
+            m = ev.padded_m if ev.padded_m is not None else (shape.get(fam.m_column) if fam.m_column else None)
+            key = (_norm(fam.m_column, str(m)) if fam.m_column and m is not None else None,
+                   tuple(_norm(c, shape.get(c, "")) for c in fam.shape_columns if c != fam.m_column))
+            i = ids[ev.family].get(key)
+            if i is None:
+                re_.other_hits += 1
+            else:
+                re_.hits += 1
+                hit_rows.add((ev.family, i))
+        re_.rows_hit = sorted(i for _, i in hit_rows)
+        ranks.append(re_)
+    why = []
+    if not ranks:
+        why.append("no server log from any rank")
+    for r in ranks:
+        if r.hits == 0:
+            why.append(f"rank {r.rank} logged no hit line for the version's rows (its files did not take: "
+                       "a rank on other tables)")
+        compiled = {k: v for k, v in r.jit.items() if v}
+        if compiled:
+            why.append(f"rank {r.rank} compiled in the measured window ({', '.join(f'{k}: {v} line(s)' for k, v in compiled.items())})")
+    if len(ranks) > 1 and len({tuple(r.rows_hit) for r in ranks}) > 1:
+        why.append("ranks hit different rows of the version: " +
+                   ", ".join(f"rank {r.rank}: {len(r.rows_hit)} row(s)" for r in ranks))
+    return Engagement(not why, "B did not engage: " + "; ".join(why) if why else None, ranks)
+
+
+def accuracy(tokens: Mapping[str, Sequence[Sequence[str]] | None]) -> str | None:
+    """Greedy first tokens of the fixed prompts per arm: B (and A') must equal A's exactly (a tuned kernel that
+    changes the argmax of the first tokens changes the answers). None: they agree."""
+    a = tokens.get("A")
+    if not a:
+        return "accuracy: arm A's greedy first tokens were not posted"
+    for arm in ("A_prime", "B"):
+        x = tokens.get(arm)
+        if not x:
+            return f"accuracy: arm {arm}'s greedy first tokens were not posted"
+        if len(x) != len(a):
+            return f"accuracy: arm {arm} answered {len(x)} prompts, A {len(a)}"
+        for i, (pa, px) in enumerate(zip(a, x)):
+            if list(pa) != list(px):
+                j = next((k for k, (u, v) in enumerate(zip(pa, px)) if u != v), min(len(pa), len(px)))
+                return (f"accuracy: arm {arm}'s greedy tokens differ from A's on prompt {i} at token {j} "
+                        f"({list(pa)[j:j + 3]!r} vs {list(px)[j:j + 3]!r})")
+    return None
+
+
+def batch_sizes(point: OperatingPoint, points: Sequence[OperatingPoint]) -> list[int]:
+    """The batch sizes a band serves: the bands split the batch axis at their concurrencies, each taking the sizes
+    above the next lower band's up to its own. A band keeps `concurrency` requests in flight, so its decode steps
+    run that many sequences, and fewer while a pass starts and drains (down to 1 in the lowest band)."""
+    below = [p.concurrency for p in points if p.concurrency < point.concurrency]
+    return list(range(max(below, default=0) + 1, point.concurrency + 1))
+
+
+def rows_serving(family: TableFamily, rows: Sequence[Mapping[str, str]], sizes: Iterable[int]) -> list[int]:
+    """Indexes of rows AITER may pick for a call at any of these batch sizes: the row's M is one of the Ms AITER
+    tries for that call (keys.m_candidates: raw M, then the family's padded buckets), its other cells the row's."""
+    if family.m_column is None:
+        return list(range(len(rows)))  # no M in the key: every row serves every batch size
+    out = []
+    sizes = list(sizes)
+    for i, r in enumerate(rows):
+        m = _norm(family.m_column, r.get(family.m_column, ""))
+        for b in sizes:
+            shape = {c: str(r.get(c, "")) for c in family.shape_columns}
+            shape[family.m_column] = str(b)
+            if m in m_candidates(family, shape):
+                out.append(i)
+                break
+    return out
+
+
+# Defaults when the image has no captured served load, and the lengths (the capture agent reads vLLM's
+# tokens-per-step histogram, not prompt/generation lengths: app/capture/metrics.py)
+DEFAULT_CONCURRENCY = (1, 16, 64)
+DEFAULT_INPUT_LEN = 512
+DEFAULT_OUTPUT_LEN = 128
+
+
+def default_points(step_hist: Mapping[str, float] | None, input_len: int = DEFAULT_INPUT_LEN,
+                   output_len: int = DEFAULT_OUTPUT_LEN, bands: int = 3) -> list[OperatingPoint]:
+    """Concurrency bands from the image's served load: vLLM's tokens-per-step histogram (steps per bucket, summed
+    over captures; a decode step's tokens are its running sequences) read at the 10th, 50th and 90th percentile of
+    steps, each at its bucket's upper bound (the +Inf bucket: twice the largest finite bound)."""
+    finite = sorted((float(k), v) for k, v in (step_hist or {}).items() if k != "+Inf" and v > 0)
+    total = sum(v for v in (step_hist or {}).values() if v > 0)
+    if not total:
+        return [OperatingPoint(concurrency=c, input_len=input_len, output_len=output_len)
+                for c in DEFAULT_CONCURRENCY]
+    bounds = sorted(float(k) for k in (step_hist or {}) if k != "+Inf")
+    top = 2 * bounds[-1] if bounds else 64.0
+    qs = [0.1, 0.5, 0.9] if bands == 3 else [(i + 0.5) / bands for i in range(bands)]
+    out: list[int] = []
+    for q in qs:
+        acc, pick = 0.0, top
+        for b, v in finite:
+            acc += v
+            if acc >= q * total:
+                pick = b
+                break
+        c = max(1, min(4096, int(pick)))
+        if c not in out:
+            out.append(c)
+    return [OperatingPoint(concurrency=c, input_len=input_len, output_len=output_len) for c in sorted(out)]

@@ -1,0 +1,466 @@
+"""The serving A/B (issue 32): overlay versions, runs, their passes, verdicts, promotion and rollback.
+
+Each use case is one transaction (the route's session): a pass is stored whole or not at all, a run is booked
+with all its verdicts at once, a promotion moves both versions at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.ab_wire import ARMS, OperatingPoint, RequestRecord
+from app.db.models import AbArm, AbPass, AbRun, Campaign, Image, OverlayVersion
+from app.domain import ab_gate, ab_stats
+from app.domain import ab_states as st
+from app.domain.families import get_family
+from app.domain.lease_states import TransitionError
+from app.domain.tables import Table, read_table, render_csv
+from app.errors import Conflict, Invalid, NotFound
+from app.services import overlays
+
+OVERLAY_MARK = "@overlay"  # in a version file's env paths: where the driver puts the downloaded file
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# ---- versions ---------------------------------------------------------------------------------------------------
+
+def version_dict(v: OverlayVersion, content: bool = False) -> dict[str, Any]:
+    files = [{k: f[k] for k in ("family", "env_var", "name", "sha256", "rows", "paths")} |
+             ({"content": f["content"]} if content else {}) for f in v.files]
+    return {"id": v.id, "image_digest": v.image_digest, "form": v.form, "state": v.state, "files": files,
+            "parent_id": v.parent_id, "note": v.note, "withdrawn": v.withdrawn,
+            "promoted_at": v.promoted_at.isoformat() if v.promoted_at else None,
+            "promoted_run_id": v.promoted_run_id, "created_at": v.created_at.isoformat() if v.created_at else None}
+
+
+def _file(family: str, env_var: str, name: str, content: str, own: str, paths: list[str]) -> dict[str, Any]:
+    rows = len(read_table(content).rows) if content.strip() else 0
+    return {"family": family, "env_var": env_var, "name": name, "sha256": _sha(content), "rows": rows,
+            "content": content, "own": own, "paths": paths}
+
+
+def _same_version(s: Session, digest: str, form: str, files: list[dict]) -> OverlayVersion | None:
+    want = sorted((f["family"], f["sha256"]) for f in files)
+    for v in s.scalars(select(OverlayVersion).where(OverlayVersion.image_digest == digest,
+                                                    OverlayVersion.form == form)):
+        if sorted((f["family"], f["sha256"]) for f in v.files) == want:
+            return v
+    return None
+
+
+def make_version(s: Session, digest: str, form: str, families: list[str] | None) -> tuple[dict, bool]:
+    """The image's overlays as deployed in `form`, frozen: one file per family with rows. The same files make
+    the same version (returned, not made again)."""
+    if s.get(Image, digest) is None:
+        raise NotFound("image_digest: no such image", "image_digest")
+    fams = families or sorted(set(s.scalars(select(Campaign.family).where(Campaign.image_digest == digest))))
+    files = []
+    for name in fams:
+        ov = overlays.deployable(s, digest, name, form=form)
+        if not ov.table.rows:
+            continue
+        base = overlays.build(s, digest, name)
+        plan = overlays.deploy_plan(s, digest, name)
+        if form == "layer":
+            if not plan["layer"]["offered"]:  # e.g. the image's tables unknown: the value would replace them
+                raise Conflict(f"{name}: the layer form is not offered: {plan['layer']['why_not']}", "form")
+            own = ov.csv()
+            paths = [OVERLAY_MARK if p == plan["layer"]["overlay"] else p for p in plan["layer"]["files"]]
+            fname = base.table.name
+        elif form == "merged":
+            own = base.csv()
+            paths = [OVERLAY_MARK]
+            fname = f"merged_{base.table.name}"
+        else:
+            raise Invalid(f"form: a version is deployed as 'layer' or 'merged', not {form!r}", "form")
+        files.append(_file(ov.family.name, ov.family.env_var, fname, ov.csv(), own, paths))
+    if not files:
+        raise Conflict("the image has no overlay rows to version yet", "families")
+    same = _same_version(s, digest, form, files)
+    if same is not None:
+        return version_dict(same), False
+    v = OverlayVersion(image_digest=digest, form=form, state=st.VersionState.CANDIDATE.value, files=files,
+                       note="snapshot of the overlay", created_at=_now())
+    s.add(v)
+    s.flush()
+    return version_dict(v), True
+
+
+def get_version(s: Session, vid: int) -> OverlayVersion:
+    v = s.get(OverlayVersion, vid)
+    if v is None:
+        raise NotFound(f"version: no version {vid}", "version")
+    return v
+
+
+def promoted(s: Session, digest: str) -> OverlayVersion | None:
+    return s.scalars(select(OverlayVersion).where(OverlayVersion.image_digest == digest,
+                                                  OverlayVersion.state == st.VersionState.PROMOTED.value)
+                     .order_by(OverlayVersion.id.desc())).first()
+
+
+def versions(s: Session, digest: str) -> list[dict[str, Any]]:
+    """Every version of the image, newest first, with its A/B history."""
+    runs: dict[int, list[dict]] = {}
+    for r in s.scalars(select(AbRun).where(AbRun.image_digest == digest).order_by(AbRun.id)):
+        runs.setdefault(r.version_id, []).append(
+            {"id": r.id, "state": r.state, "verdict": _verdict(r)[0], "reason": _verdict(r)[1],
+             "baseline_version_id": r.baseline_version_id})
+    out = []
+    for v in s.scalars(select(OverlayVersion).where(OverlayVersion.image_digest == digest)
+                       .order_by(OverlayVersion.id.desc())):
+        out.append(version_dict(v) | {"runs": runs.get(v.id, [])})
+    return out
+
+
+def version_file(s: Session, vid: int, family: str) -> tuple[OverlayVersion, dict]:
+    v = get_version(s, vid)
+    f = next((f for f in v.files if f["family"] == family), None)
+    if f is None:
+        raise NotFound(f"family: version {vid} has no {family} file", "family")
+    return v, f
+
+
+def serving(s: Session, digest: str, family: str, version: str | None) -> tuple[OverlayVersion | None, dict | None]:
+    """What the overlay download serves: the promoted version's file by default (when one is promoted and holds
+    the family), 'latest' the overlay as built now, a number that version."""
+    if version == "latest":
+        return None, None
+    if version is not None:
+        try:
+            vid = int(version)
+        except ValueError:
+            raise Invalid("version: 'latest' or a version id", "version") from None
+        v, f = version_file(s, vid, family)
+        if v.image_digest != digest:
+            raise NotFound(f"version: no version {vid} of this image", "version")
+        return v, f
+    pv = promoted(s, digest)
+    if pv is None:
+        return None, None
+    pf: dict | None = next((x for x in pv.files if x["family"] == family), None)
+    return (pv, pf) if pf is not None else (None, None)
+
+
+# ---- runs -------------------------------------------------------------------------------------------------------
+
+def _captured_hist(s: Session, digest: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for h in s.scalars(select(Campaign.step_hist).where(Campaign.image_digest == digest)):
+        for k, v in (h or {}).items():
+            out[k] = out.get(k, 0.0) + float(v)
+    return out
+
+
+def create_run(s: Session, body: Any) -> dict[str, Any]:
+    v = get_version(s, body.version_id)
+    if v.image_digest != body.image_digest:
+        raise Invalid("version_id: the version is of another image", "version_id")
+    if body.baseline == "shipped":
+        base_id = None
+    elif body.baseline == "promoted":
+        p = promoted(s, v.image_digest)
+        base_id = p.id if p is not None and p.id != v.id else None
+    else:
+        b = get_version(s, int(body.baseline))
+        if b.image_digest != v.image_digest:
+            raise Invalid("baseline: the version is of another image", "baseline")
+        base_id = b.id
+    if base_id == v.id:
+        raise Invalid("baseline: the baseline is the version under test", "baseline")
+    if body.points:
+        points, source = list(body.points), "given"
+    else:
+        hist = _captured_hist(s, v.image_digest)
+        points = ab_gate.default_points(hist, body.input_len or ab_gate.DEFAULT_INPUT_LEN,
+                                        body.output_len or ab_gate.DEFAULT_OUTPUT_LEN)
+        source = "captured" if hist else "default"
+    names = [p.name for p in points]
+    if len(set(names)) != len(names):
+        raise Invalid("points: a band is given twice", "points")
+    r = AbRun(image_digest=v.image_digest, version_id=v.id, baseline_version_id=base_id,
+              state=st.RunState.CREATED.value, points=[p.model_dump() for p in points], points_source=source,
+              repeats=body.repeats, requests_per_pass=body.requests_per_pass, confidence=body.confidence,
+              power=body.power, min_requests=body.min_requests, seed=body.seed, created_at=_now(),
+              updated_at=_now())
+    s.add(r)
+    s.flush()
+    return run_dict(s, r)
+
+
+def get_run(s: Session, rid: int, lock: bool = False) -> AbRun:
+    q = select(AbRun).where(AbRun.id == rid)
+    r = s.scalars(q.with_for_update() if lock else q).first()
+    if r is None:
+        raise NotFound(f"run: no A/B run {rid}", "run")
+    return r
+
+
+def _verdict(r: AbRun) -> tuple[str | None, str | None]:
+    if r.state == st.RunState.INTERRUPTED.value:
+        return ab_stats.Verdict.VOID.value, f"interrupted: {r.fault}"
+    if r.result is None:
+        return None, None
+    return r.result["verdict"], r.result.get("reason")
+
+
+def _passes_done(s: Session, rid: int) -> list[tuple[str, int, str]]:
+    return [tuple(x) for x in s.execute(select(AbPass.band, AbPass.repeat, AbPass.arm)  # type: ignore[misc]
+                                        .where(AbPass.run_id == rid).order_by(AbPass.id))]
+
+
+def n_requests(per_pass: int, point: OperatingPoint) -> int:
+    """Requests in one pass of a band: the run's, and at least the band's concurrency, so the band is measured at
+    its concurrency (fewer requests than that would never put `concurrency` in flight)."""
+    return max(per_pass, point.concurrency)
+
+
+def schedule(r: AbRun) -> list[tuple[str, int, str]]:
+    """Every pass of the run in the order the driver measures them: band by band, rounds in ABBA order."""
+    out = []
+    for p in r.points:
+        name = OperatingPoint(**p).name
+        for rep in range(r.repeats):
+            out += [(name, rep, arm) for arm in ab_stats.round_order(rep)]
+    return out
+
+
+def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
+    done = set(_passes_done(s, r.id))
+    arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == r.id))}
+    sched = schedule(r)
+    per_pass = {OperatingPoint(**p).name: n_requests(r.requests_per_pass, OperatingPoint(**p)) for p in r.points}
+    verdict, reason = _verdict(r)
+    return {"id": r.id, "image_digest": r.image_digest, "version_id": r.version_id,
+            "baseline_version_id": r.baseline_version_id, "state": r.state, "verdict": verdict, "reason": reason,
+            "fault": r.fault, "points": r.points, "points_source": r.points_source, "repeats": r.repeats,
+            "requests_per_pass": r.requests_per_pass, "confidence": r.confidence, "power": r.power,
+            "min_requests": r.min_requests, "seed": r.seed,
+            "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
+            "passes_total": len(sched), "passes_done": len(done),
+            "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched
+                     if (b, k, a) not in done],
+            "arms_posted": {a: {"first_tokens": x.first_tokens is not None} for a, x in arms.items()},
+            "result": r.result, "rollback_version_id": r.rollback_version_id,
+            "created_at": r.created_at.isoformat() if r.created_at else None}
+
+
+def runs(s: Session, digest: str | None = None) -> list[dict[str, Any]]:
+    q = select(AbRun).order_by(AbRun.id.desc())
+    if digest:
+        q = q.where(AbRun.image_digest == digest)
+    out = []
+    for r in s.scalars(q.limit(500)):
+        verdict, reason = _verdict(r)
+        out.append({"id": r.id, "image_digest": r.image_digest, "version_id": r.version_id,
+                    "baseline_version_id": r.baseline_version_id, "state": r.state, "verdict": verdict,
+                    "reason": reason, "bands": [OperatingPoint(**p).name for p in r.points]})
+    return out
+
+
+def _transition(r: AbRun, to: st.RunState) -> None:
+    r.state, r.updated_at = to.value, _now()
+
+
+def start(s: Session, rid: int) -> dict[str, Any]:
+    r = get_run(s, rid, lock=True)
+    try:
+        _transition(r, st.start(st.RunState(r.state)))
+    except TransitionError as e:
+        raise Conflict(str(e), "state") from None
+    r.fault = None
+    return run_dict(s, r)
+
+
+def interrupt(s: Session, rid: int, reason: str) -> dict[str, Any]:
+    r = get_run(s, rid, lock=True)
+    try:
+        _transition(r, st.interrupt(st.RunState(r.state)))
+    except TransitionError as e:
+        raise Conflict(str(e), "state") from None
+    r.fault = reason
+    return run_dict(s, r)
+
+
+def post_pass(s: Session, rid: int, body: Any) -> tuple[dict[str, Any], bool]:
+    """One pass, whole. A repeat of a stored pass with the same records is acknowledged (a driver that died after
+    posting re-posts it); different records for a stored pass are a conflict: a pass is measured once."""
+    r = get_run(s, rid, lock=True)
+    try:
+        st.accept_pass(st.RunState(r.state))
+    except TransitionError as e:
+        raise Conflict(str(e), "state") from None
+    bands = {OperatingPoint(**p).name for p in r.points}
+    if body.band not in bands:
+        raise Invalid(f"band: {body.band!r} is not a band of run {rid} ({', '.join(sorted(bands))})", "band")
+    if body.repeat >= r.repeats:
+        raise Invalid(f"repeat: run {rid} has rounds 0..{r.repeats - 1}", "repeat")
+    for i, rec in enumerate(body.records):
+        if (rec.arm, rec.band, rec.repeat) != (body.arm, body.band, body.repeat):
+            raise Invalid(f"records[{i}]: arm/band/repeat differ from the pass's", f"records[{i}]")
+    records = [x.model_dump() for x in body.records]
+    old = s.scalars(select(AbPass).where(AbPass.run_id == rid, AbPass.band == body.band,
+                                         AbPass.repeat == body.repeat, AbPass.arm == body.arm)).first()
+    if old is not None:
+        if old.records == records:
+            return {"stored": False, "pass_id": old.id}, False
+        raise Conflict(f"pass {body.band}/{body.repeat}/{body.arm} is already stored with other records", "repeat")
+    p = AbPass(run_id=rid, band=body.band, repeat=body.repeat, arm=body.arm, records=records, logs=body.logs,
+               created_at=_now())
+    s.add(p)
+    r.updated_at = _now()
+    s.flush()
+    return {"stored": True, "pass_id": p.id}, True
+
+
+def post_arm(s: Session, rid: int, body: Any) -> dict[str, Any]:
+    """An arm's server log from start through warm-up (appended per rank: a restarted server logs its start
+    again) and its greedy first tokens (the latest kept)."""
+    r = get_run(s, rid, lock=True)
+    try:
+        st.accept_pass(st.RunState(r.state))
+    except TransitionError as e:
+        raise Conflict(str(e), "state") from None
+    a = s.scalars(select(AbArm).where(AbArm.run_id == rid, AbArm.arm == body.arm)).first()
+    if a is None:
+        a = AbArm(run_id=rid, arm=body.arm, logs={}, created_at=_now())
+        s.add(a)
+    logs = dict(a.logs)
+    for rank, text in body.logs.items():
+        logs[rank] = logs.get(rank, "") + text
+    a.logs = logs
+    if body.first_tokens is not None:
+        a.first_tokens = body.first_tokens
+    s.flush()
+    return {"arm": body.arm, "ranks": sorted(logs)}
+
+
+def _rows_of(f: dict) -> list[dict[str, str]]:
+    return read_table(f["own"]).rows if f["own"].strip() else []
+
+
+def finish(s: Session, rid: int) -> dict[str, Any]:
+    """Book the run: every pass measured; verdicts per band, the control, engagement, accuracy; a regressing
+    band proposes a rollback version. Nothing is booked while a pass is missing."""
+    r = get_run(s, rid, lock=True)
+    done = set(_passes_done(s, rid))
+    missing = [x for x in schedule(r) if x not in done]
+    try:
+        to = st.book(st.RunState(r.state), len(missing))
+    except TransitionError as e:
+        raise Conflict(str(e), "state") from None
+    params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
+    by_band: dict[str, dict[tuple[int, str], list[RequestRecord]]] = {}
+    windows: dict[str, str] = {}
+    for p in s.scalars(select(AbPass).where(AbPass.run_id == rid).order_by(AbPass.id)):
+        by_band.setdefault(p.band, {})[(p.repeat, p.arm)] = [RequestRecord(**x) for x in p.records]
+        if p.arm == "B":
+            for rank, text in p.logs.items():
+                windows[rank] = windows.get(rank, "") + text
+    points = [OperatingPoint(**p) for p in r.points]
+    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params)
+             for p in points]
+    arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == rid))}
+    v = get_version(s, r.version_id)
+    fams = {f["family"]: (get_family(f["family"]), _rows_of(f)) for f in v.files}
+    b_logs = dict(arms["B"].logs) if "B" in arms else {}
+    for rank, text in windows.items():
+        b_logs[rank] = b_logs.get(rank, "") + text
+    eng = ab_gate.engagement(fams, b_logs, windows)
+    void = [eng.reason] if eng.reason else []
+    acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
+    if acc:
+        void.append(acc)
+    res = ab_stats.run_verdict(bands, void)
+    result = res.as_dict() | {
+        "engagement": {"ok": eng.ok, "reason": eng.reason,
+                       "ranks": [{"rank": x.rank, "hits": x.hits, "rows_hit": x.rows_hit, "other_hits": x.other_hits,
+                                  "misses": x.misses, "jit": x.jit} for x in eng.ranks]},
+        "accuracy": {"ok": acc is None, "reason": acc,
+                     "prompts": len((arms["A"].first_tokens or []) if "A" in arms else [])},
+        "promotable": None}
+    result["promotable"] = ab_stats.promotable(result)
+    _transition(r, to)
+    r.result = result
+    regressing = [p for p, b in zip(points, res.bands) if b.verdict is ab_stats.Verdict.REGRESSION]
+    if res.verdict is not ab_stats.Verdict.VOID and regressing:
+        r.rollback_version_id = _rollback(s, v, regressing, points, r.id).id
+    if result["promotable"] is not None and v.state == st.VersionState.CANDIDATE.value:
+        v.state = st.reject(st.VersionState(v.state)).value
+    s.flush()
+    return run_dict(s, r)
+
+
+def _rollback(s: Session, v: OverlayVersion, bands: list[OperatingPoint], points: list[OperatingPoint], rid: int
+              ) -> OverlayVersion:
+    """A new version without the rows whose padded-M buckets serve the regressing bands' batch sizes."""
+    sizes = sorted({b for p in bands for b in ab_gate.batch_sizes(p, points)})
+    files, withdrawn = [], []
+    for f in v.files:
+        fam = get_family(f["family"])
+        own = read_table(f["own"]) if f["own"].strip() else Table(())
+        drop = set(ab_gate.rows_serving(fam, own.rows, sizes))
+        keep = [row for i, row in enumerate(own.rows) if i not in drop]
+        gone = [own.rows[i] for i in sorted(drop)]
+        withdrawn += [{"family": f["family"], "row": row} for row in gone]
+        own_csv = render_csv(own.header, keep)
+        if v.form == "merged":  # the deployed file less exactly the withdrawn rows
+            dep = read_table(f["content"])
+            content = render_csv(dep.header, [row for row in dep.rows if row not in gone])
+        else:
+            content = own_csv
+        if keep:
+            files.append(_file(f["family"], f["env_var"], f["name"], content, own_csv, f["paths"]))
+    names = ", ".join(p.name for p in bands)
+    note = (f"rollback of version {v.id} after run {rid}: without the {len(withdrawn)} row(s) whose padded-M "
+            f"buckets serve batch sizes {sizes[0]}..{sizes[-1]} (band(s) {names})")
+    same = _same_version(s, v.image_digest, v.form, files) if files else None
+    if same is not None:
+        return same
+    nv = OverlayVersion(image_digest=v.image_digest, form=v.form, state=st.VersionState.CANDIDATE.value,
+                        files=files, parent_id=v.id, note=note, withdrawn=withdrawn, created_at=_now())
+    s.add(nv)
+    s.flush()
+    return nv
+
+
+def promote(s: Session, rid: int) -> dict[str, Any]:
+    r = get_run(s, rid, lock=True)
+    if r.state != st.RunState.BOOKED.value or r.result is None:
+        raise Conflict(f"run {rid} is {r.state}: only a booked run promotes its version", "run")
+    why = r.result.get("promotable")
+    if why:
+        raise Conflict(f"version {r.version_id} is not promoted: {why}", "run")
+    v = get_version(s, r.version_id)
+    old = promoted(s, v.image_digest)
+    if old is not None and old.id != v.id:
+        old.state = st.VersionState.SUPERSEDED.value
+    try:
+        v.state = st.promote(st.VersionState(v.state)).value
+    except TransitionError as e:
+        raise Conflict(str(e), "version") from None
+    v.promoted_at, v.promoted_run_id = _now(), r.id
+    s.flush()
+    return version_dict(v)
+
+
+def validation_error(e: ValidationError) -> Invalid:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    return Invalid(f"{loc}: {err['msg']}", loc)
+
+
+ARM_NAMES = ARMS

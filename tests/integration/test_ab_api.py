@@ -1,0 +1,188 @@
+"""The serving A/B through a real service process: versions frozen by sha256, a run's passes posted whole,
+booking refused while a pass is missing, verdicts per band with the identical-arm control, engagement per rank,
+the rollback that withdraws exactly the rows serving the regressing band, promotion, and the promoted version
+served by default. The records are synthetic here (seeded, planted effects); tests/e2e/test_ab_gate.py drives
+real server processes."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import math
+import random
+
+from app.domain import ab_stats
+from tests.conftest import CONFIGS, DIGEST, capture
+from tests.integration.test_leasing_api import tune_all
+from tests.unit.test_ab_gate import hit, miss
+from tests.unit.test_ab_stats import records
+
+N = K = 4096
+POINTS = [{"concurrency": c, "input_len": 16, "output_len": 32} for c in (2, 8, 32)]
+PLANTED = {"c2-i16-o32": -0.03, "c8-i16-o32": 0.0, "c32-i16-o32": 0.08}
+TOKENS = [["Paris", "."], ["\n", "if"]]
+
+
+def seed_overlay(c, ms=(1, 2, 32, 64)):
+    """Shapes at these Ms (N = K = 4096) tuned (rows in the overlay), the image's shipped bf16 table reported."""
+    default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
+    assert c.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}}).status_code == 200
+    r = capture(c, [{"M": m, "N": N, "K": K} for m in ms])
+    assert r.status_code == 201
+    tune_all(c)
+    return r.json()["campaign_id"]
+
+
+def drive_synthetic(c, run, planted, rng, noise=0.004, ranks=("0", "1"), b_hits=True, skip=()):
+    """What a driver posts: each arm's start log and tokens, then every pass of `todo` with its window's log."""
+    rid = run["id"]
+    for arm in ("A", "A_prime", "B"):
+        logs = {r: (hit(2, 2) + hit(32, 32) if arm == "B" and b_hits else miss(2) + miss(32)) for r in ranks}
+        assert c.post(f"/v1/ab/runs/{rid}/arms", json={"arm": arm, "logs": logs, "first_tokens": TOKENS}
+                      ).status_code == 200
+    t = 0
+    for p in run["todo"]:
+        if (p["band"], p["repeat"], p["arm"]) in skip:
+            continue
+        p = {k: p[k] for k in ("band", "repeat", "arm")}
+        eff = planted.get(p["band"], 0.0) if p["arm"] == "B" else 0.0
+        tok = 1000.0 * (1 + eff) * math.exp(rng.gauss(0, noise))
+        recs = [r.model_dump() for r in records(p["arm"], p["band"], p["repeat"], tok, t0=float(t))]
+        r = c.post(f"/v1/ab/runs/{rid}/passes", json=dict(p, records=recs, logs={r: "" for r in ranks}))
+        assert r.status_code == 201, r.text
+        t += 1
+
+
+def overlay_rows(text):
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
+    c = live_server.client()
+    cid = seed_overlay(c)
+    r = c.post("/v1/ab/versions", json={"image_digest": DIGEST})
+    assert r.status_code == 201, r.text
+    v = r.json()
+    assert c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()["id"] == v["id"]  # same files: same one
+    (f,) = v["files"]
+    text = c.get(f"/v1/ab/versions/{v['id']}/bf16_gemm.csv").text
+    assert hashlib.sha256(text.encode()).hexdigest() == f["sha256"] and f["rows"] == 4
+    assert "@overlay" in f["paths"] and len(f["paths"]) >= 2  # the layer: shipped table(s) first, then ours
+
+    body = {"image_digest": DIGEST, "version_id": v["id"], "baseline": "shipped", "points": POINTS, "repeats": 4,
+            "requests_per_pass": 8}
+    run = c.post("/v1/ab/runs", json=body).json()
+    assert run["state"] == "created" and run["passes_total"] == 3 * 4 * 3 and run["arms"]["B"] == v["id"]
+    assert [p["arm"] for p in run["todo"][:6]] == ["A", "B", "A_prime", "A_prime", "B", "A"]  # ABBA rounds
+    rec = records("A", "c2-i16-o32", 0, 1000.0)
+    one = {"band": "c2-i16-o32", "repeat": 0, "arm": "A", "records": [x.model_dump() for x in rec]}
+    assert c.post(f"/v1/ab/runs/{run['id']}/passes", json=one).status_code == 409  # not started
+    run = c.post(f"/v1/ab/runs/{run['id']}/start").json()
+    drive_synthetic(c, run, PLANTED, random.Random(7), skip={("c32-i16-o32", 3, "A")})
+    r = c.post(f"/v1/ab/runs/{run['id']}/finish")
+    assert r.status_code == 409 and "1 pass(es) not measured yet" in r.json()["detail"]
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    assert got["state"] == "driving" and got["result"] is None and got["todo"] == [
+        {"band": "c32-i16-o32", "repeat": 3, "arm": "A", "n_requests": 32}]  # nothing booked, resumable from the missing pass
+    assert got["todo"][0].pop("n_requests") == 32  # at least the band's concurrency
+    last = dict(got["todo"][0], records=[x.model_dump() for x in records("A", "c32-i16-o32", 3, 1000.0)])
+    assert c.post(f"/v1/ab/runs/{run['id']}/passes", json=last).status_code == 201
+    assert c.post(f"/v1/ab/runs/{run['id']}/passes", json=last).status_code == 200  # a re-post: acknowledged
+    other = dict(last, records=[x.model_dump() for x in records("A", "c32-i16-o32", 3, 900.0)])
+    assert c.post(f"/v1/ab/runs/{run['id']}/passes", json=other).status_code == 409
+
+    booked = c.post(f"/v1/ab/runs/{run['id']}/finish").json()
+    res = booked["result"]
+    assert booked["state"] == "booked" and res["verdict"] == "regression"
+    assert {b["band"]: b["verdict"] for b in res["bands"]} == {
+        "c2-i16-o32": "regression", "c8-i16-o32": "neutral", "c32-i16-o32": "gain"}
+    assert res["engagement"]["ok"] and [x["rows_hit"] for x in res["engagement"]["ranks"]] == [[1, 2], [1, 2]]
+    assert res["accuracy"]["ok"] and res["control_flagged"] == []
+    assert "c2-i16-o32 regresses" in res["promotable"]
+    assert c.post(f"/v1/ab/runs/{run['id']}/promote").status_code == 409
+
+    rb = c.get(f"/v1/ab/versions/{booked['rollback_version_id']}").json()
+    assert rb["parent_id"] == v["id"] and [w["row"]["M"] for w in rb["withdrawn"]] == ["1", "2"]
+    kept = overlay_rows(c.get(f"/v1/ab/versions/{rb['id']}/bf16_gemm.csv").text)
+    assert sorted(int(x["M"]) for x in kept) == [32, 64]
+    assert c.get(f"/v1/ab/versions/{v['id']}").json()["state"] == "rejected"
+
+    run2 = c.post("/v1/ab/runs", json=dict(body, version_id=rb["id"])).json()
+    run2 = c.post(f"/v1/ab/runs/{run2['id']}/start").json()
+    drive_synthetic(c, run2, {"c32-i16-o32": 0.08}, random.Random(8))
+    res2 = c.post(f"/v1/ab/runs/{run2['id']}/finish").json()["result"]
+    assert res2["verdict"] == "gain" and res2["promotable"] is None
+    prom = c.post(f"/v1/ab/runs/{run2['id']}/promote")
+    assert prom.status_code == 200 and prom.json()["state"] == "promoted"
+
+    served = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")  # the promoted version by default, naming its A/B
+    assert served.headers["x-aiter-version"] == str(rb["id"]) and served.headers["x-aiter-ab-run"] == str(run2["id"])
+    assert sorted(int(x["M"]) for x in overlay_rows(served.text)) == [32, 64]
+    latest = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"})
+    assert latest.headers["x-aiter-version"] == "latest" and len(overlay_rows(latest.text)) == 4
+    plan = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()
+    assert plan["version"]["id"] == rb["id"] and plan["version"]["ab_run"] == run2["id"]
+    hist = {x["id"]: x for x in c.get("/v1/ab/versions", params={"image_digest": DIGEST}).json()}
+    assert [x["verdict"] for x in hist[v["id"]]["runs"]] == ["regression"]
+    assert [x["verdict"] for x in hist[rb["id"]]["runs"]] == ["gain"]
+
+    page = c.get(f"/ab/{run['id']}").text  # the dashboard: per band, the control, engagement per rank
+    assert 'id="ab-verdict" class="verdict-regression"' in page and "c2-i16-o32" in page
+    assert f"Rollback proposed: version {rb['id']}" in page and 'id="ab-ranks"' in page
+    svg = c.get(f"/ab/{run['id']}/bands.svg")
+    assert svg.headers["content-type"].startswith("image/svg+xml") and svg.text.count("<circle") == 3
+    camp = c.get(f"/campaigns/{cid}").text
+    assert 'id="versions"' in camp and f'<a href="/ab/{run2["id"]}">run {run2["id"]}</a>: gain' in camp
+    assert f'promoted (run {run2["id"]})' in camp
+
+
+def test_a_noisy_control_or_an_arm_that_did_not_engage_voids_the_run(live_server):
+    c = live_server.client()
+    seed_overlay(c)
+    v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
+    body = {"image_digest": DIGEST, "version_id": v["id"], "baseline": "shipped", "points": POINTS[:1],
+            "repeats": 4, "requests_per_pass": 8}
+    run = c.post(f"/v1/ab/runs/{c.post('/v1/ab/runs', json=body).json()['id']}/start").json()
+    drive_synthetic(c, run, {}, random.Random(9), b_hits=False)  # B's files did not take: no hit lines
+    res = c.post(f"/v1/ab/runs/{run['id']}/finish").json()["result"]
+    assert res["verdict"] == "void" and "B did not engage: rank 0 logged no hit line" in res["reason"]
+    assert "rank 1" in res["reason"] and c.post(f"/v1/ab/runs/{run['id']}/promote").status_code == 409
+
+
+def test_bad_input_names_the_field_and_stores_nothing(live_server):
+    c = live_server.client()
+    seed_overlay(c)
+    v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
+    body = {"image_digest": DIGEST, "version_id": v["id"], "points": POINTS, "repeats": 3}
+    r = c.post("/v1/ab/runs", json=body)
+    assert r.status_code == 422 and "repeats" in r.text
+    assert c.post("/v1/ab/runs", json=dict(body, repeats=4, version_id=999)).status_code == 404
+    assert c.get("/v1/ab/runs").json() == []
+    run = c.post("/v1/ab/runs", json=dict(body, repeats=4)).json()
+    c.post(f"/v1/ab/runs/{run['id']}/start")
+    bad = {"band": "c99-i1-o1", "repeat": 0, "arm": "A", "records": []}
+    r = c.post(f"/v1/ab/runs/{run['id']}/passes", json=bad)
+    assert r.status_code == 422 and r.json()["field"] == "band"
+    r = c.post(f"/v1/ab/runs/{run['id']}/passes", json=dict(bad, band="c2-i16-o32", repeat=4))
+    assert r.status_code == 422 and r.json()["field"] == "repeat"
+    assert c.get(f"/v1/ab/runs/{run['id']}").json()["passes_done"] == 0
+    assert c.get("/v1/ab/runs/12345").status_code == 404
+
+
+def test_an_interrupted_run_reads_void_with_its_fault_and_resumes(live_server):
+    c = live_server.client()
+    seed_overlay(c)
+    v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
+    body = {"image_digest": DIGEST, "version_id": v["id"], "baseline": "shipped", "points": POINTS[:1],
+            "repeats": 2, "requests_per_pass": 8}
+    run = c.post(f"/v1/ab/runs/{c.post('/v1/ab/runs', json=body).json()['id']}/start").json()
+    drive_synthetic(c, dict(run, todo=run["todo"][:2]), {}, random.Random(1))
+    r = c.post(f"/v1/ab/runs/{run['id']}/interrupt", json={"reason": "arm B's server exited with code -9"}).json()
+    assert r["state"] == "interrupted" and r["verdict"] == ab_stats.Verdict.VOID
+    assert "arm B's server exited" in r["reason"] and r["passes_done"] == 2
+    assert c.post(f"/v1/ab/runs/{run['id']}/finish").status_code == 409
+    again = c.post(f"/v1/ab/runs/{run['id']}/start").json()
+    assert again["state"] == "driving" and again["fault"] is None and len(again["todo"]) == 4
+    drive_synthetic(c, again, {}, random.Random(2))
+    assert c.post(f"/v1/ab/runs/{run['id']}/finish").json()["state"] == "booked"

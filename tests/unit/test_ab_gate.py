@@ -1,0 +1,99 @@
+"""The serving A/B's checks besides statistics: engagement from AITER's own log lines per rank, JIT compile lines,
+the accuracy check, which rows serve a band (the rollback), and the default operating points."""
+
+from __future__ import annotations
+
+from app.ab_wire import OperatingPoint
+from app.domain import ab_gate as G
+from app.domain.families import FAMILIES
+
+BF16 = FAMILIES["bf16_gemm"]
+N = K = 4096
+
+
+def row(m, n=N, k=K):
+    return {"gfx": "gfx942", "cu_num": "304", "M": str(m), "N": str(n), "K": str(k), "bias": "False",
+            "dtype": "torch.bfloat16", "outdtype": "torch.bfloat16", "scaleAB": "False", "bpreshuffle": "False",
+            "libtype": "hipblaslt", "solidx": "1", "splitK": "0", "us": "5.0", "kernelName": "k", "err_ratio": "0",
+            "tflops": "1", "bw": "1"}
+
+
+def hit(m, padded, n=N, k=K, file="/ov/svc_bf16_tuned_gemm.csv"):
+    """tuned_gemm.py:183's line, rendered with AITER's f-string (ROCm/aiter e4048607a5)."""
+    dtype = otype = "torch.bfloat16"
+    bias = scaleAB = bpreshuffle = False
+    return (f"[aiter] shape is M:{m}, N:{n}, K:{k} {dtype=} {otype=} {bias=}, {scaleAB=}, {bpreshuffle=} found "
+            f"padded_M: {padded}, N:{n}, K:{k} is tuned on cu_num = 304 in {file}, libtype is hipblaslt, "
+            f"kernel name is k\n")
+
+
+def miss(m, n=N, k=K):
+    dtype = otype = "torch.bfloat16"
+    bias = scaleAB = bpreshuffle = False
+    return (f"[aiter] shape is M:{m}, N:{n}, K:{k} {dtype=} {otype=} {bias=}, {scaleAB=}, {bpreshuffle=}, not found "
+            f"tuned config in /x.csv, will use default config! using torch solution:0\n")
+
+
+ROWS = [row(1), row(2), row(32), row(64)]
+FAMS = {"bf16_gemm": (BF16, ROWS)}
+
+
+def test_every_rank_hitting_the_versions_rows_engages():
+    logs = {"0": hit(2, 2) + hit(32, 32), "1": hit(2, 2) + hit(32, 32) + miss(8)}
+    e = G.engagement(FAMS, logs, {"0": "", "1": ""})
+    assert e.ok and [r.rows_hit for r in e.ranks] == [[1, 2], [1, 2]] and e.ranks[1].misses == 1
+
+
+def test_a_rank_without_hit_lines_of_the_versions_rows_voids_naming_the_rank():
+    logs = {"0": hit(2, 2), "1": miss(2) + hit(100, 100)}  # rank 1 hit a row the version does not hold
+    e = G.engagement(FAMS, logs, {})
+    assert not e.ok and "rank 1 logged no hit line for the version's rows" in e.reason
+    assert e.ranks[1].other_hits == 1
+
+
+def test_a_compile_in_the_measured_window_voids():
+    logs = {"0": hit(2, 2)}
+    win = {"0": "[aiter] start build [module_gemm_a16w16] under /tmp/jit\n"}
+    e = G.engagement(FAMS, logs, win)
+    assert not e.ok and "compiled in the measured window (aiter: 1 line(s))" in e.reason
+    assert G.jit_lines("Triton autotuning for function _gemm\nFlyDSL kernel compiled in 3s\n") == {
+        "aiter": 0, "triton": 1, "flydsl": 1}
+
+
+def test_ranks_on_different_rows_void():
+    e = G.engagement(FAMS, {"0": hit(2, 2) + hit(32, 32), "1": hit(2, 2)}, {})
+    assert not e.ok and "ranks hit different rows" in e.reason
+
+
+def test_accuracy_compares_greedy_tokens_with_a():
+    a = [["Paris", "."], ["\n", "if"]]
+    assert G.accuracy({"A": a, "A_prime": a, "B": a}) is None
+    why = G.accuracy({"A": a, "A_prime": a, "B": [["Paris", "."], ["\n", "return"]]})
+    assert "arm B's greedy tokens differ from A's on prompt 1 at token 1" in why
+    assert "arm B's greedy first tokens were not posted" in G.accuracy({"A": a, "A_prime": a})
+
+
+def test_rows_serving_a_band_follow_aiters_padded_m_tries():
+    # bf16 GEMM tries raw M, then 16-multiples (gl0), then the next power of two (gl1): tuned_gemm.py
+    assert G.rows_serving(BF16, ROWS, [2]) == [1]
+    assert G.rows_serving(BF16, ROWS, [32]) == [2]
+    assert G.rows_serving(BF16, ROWS, [8]) == []
+    assert G.rows_serving(BF16, [row(16), row(8)], [1]) == [0]  # M=1 pads to 16 (gl0)
+    assert G.rows_serving(BF16, [row(2, n=1024)], [2]) == [0]
+
+
+def test_bands_split_the_batch_axis_at_their_concurrencies():
+    pts = [OperatingPoint(concurrency=c, input_len=8, output_len=8) for c in (2, 8, 32)]
+    assert [G.batch_sizes(p, pts) for p in pts] == [[1, 2], list(range(3, 9)), list(range(9, 33))]
+    assert G.rows_serving(BF16, ROWS, G.batch_sizes(pts[0], pts)) == [0, 1]  # M=1 and M=2, not 32 or 64
+    assert G.rows_serving(BF16, ROWS, G.batch_sizes(pts[1], pts)) == []
+    assert G.rows_serving(BF16, ROWS, G.batch_sizes(pts[2], pts)) == [2]  # 9..16 pad to 16, 17..32 to 32
+
+
+def test_default_points_from_the_captured_tokens_per_step_histogram():
+    hist = {"1": 100, "8": 10, "16": 500, "64": 300, "+Inf": 90}
+    pts = G.default_points(hist, 256, 64)
+    assert [p.concurrency for p in pts] == [1, 16, 64] and pts[0] == OperatingPoint(concurrency=1, input_len=256,
+                                                                                    output_len=64)
+    assert [p.concurrency for p in G.default_points({"16": 10, "+Inf": 90})] == [16, 32]  # +Inf: 2x the top bound
+    assert [p.concurrency for p in G.default_points(None)] == list(G.DEFAULT_CONCURRENCY)

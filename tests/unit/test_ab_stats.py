@@ -1,0 +1,120 @@
+"""The serving A/B's statistics on synthetic, seeded data: verdicts, intervals, MDE, the identical-arm control,
+drift cancelling in ABBA rounds, and the void reasons."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from app.ab_wire import RequestRecord
+from app.domain import ab_stats as S
+
+TOKENS = 32
+
+
+def records(arm, band, rep, tok_s, n=8, t0=0.0, err=0):
+    """n requests of TOKENS tokens each whose window gives tok_s output tokens per second."""
+    window = n * TOKENS / tok_s
+    out = [RequestRecord(arm=arm, band=band, repeat=rep, started_s=t0, ttft_s=0.01 * 1000 / tok_s,
+                         itl_s=[window / TOKENS] * (TOKENS - 1), latency_s=window, input_tokens=16,
+                         output_tokens=TOKENS) for _ in range(n)]
+    out += [RequestRecord(arm=arm, band=band, repeat=rep, started_s=t0, error="ConnectError") for _ in range(err)]
+    return out
+
+
+def band_passes(rng, band, rounds, effect_b=0.0, effect_ap=0.0, noise=0.01, drift=0.0, base=1000.0, **kw):
+    """Rounds in the driver's ABBA order; each pass's throughput is base x (1 + effect) x (1 + drift x t) x noise."""
+    passes, t = {}, 0
+    for r in range(rounds):
+        for arm in S.round_order(r):
+            eff = {"A": 0.0, "A_prime": effect_ap, "B": effect_b}[arm]
+            tok = base * (1 + eff) * (1 + drift * t) * math.exp(rng.gauss(0, noise))
+            passes[(r, arm)] = records(arm, band, r, tok, t0=float(t), **kw)
+            t += 1
+    return passes
+
+
+def test_t_quantiles_match_the_tables():
+    assert S.t_ppf(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert S.t_ppf(0.975, 5) == pytest.approx(2.5706, abs=1e-4)
+    assert S.t_ppf(0.8, 5) == pytest.approx(0.9195, abs=1e-4)
+    assert S.t_ppf(0.995, 3) == pytest.approx(5.8409, abs=1e-4)
+    assert S.t_ppf(0.025, 10) == pytest.approx(-2.2281, abs=1e-4)
+
+
+def test_pass_stats_throughput_and_percentiles():
+    st = S.pass_stats(records("A", "b", 0, 500.0, n=4, err=1))
+    assert st.requests == 5 and st.completed == 4 and st.errors == 1 and st.first_error == "ConnectError"
+    assert st.metrics["output_tok_s"] == pytest.approx(500.0)
+    assert S.percentile([1, 2, 3, 4], 0.5) == 2.5
+
+
+@pytest.mark.parametrize("effect,verdict", [(0.08, "gain"), (-0.03, "regression"), (0.0, "neutral")])
+def test_planted_effects_are_found_with_an_interval_that_covers_them(effect, verdict):
+    rng = random.Random(1)
+    res = S.analyse_band("b", band_passes(rng, "b", 6, effect_b=effect, noise=0.005), 6, 3, S.GateParams())
+    assert res.verdict == verdict
+    e = res.effect[S.PRIMARY]
+    assert e["lo"] <= effect <= e["hi"] and 0 < e["mde"] < 0.03
+    assert not res.control_flags
+
+
+def test_a_linear_drift_cancels_in_abba_rounds():
+    """A 1% per pass drift (18% over the band) and no effect: without the ABBA order B/A would read +1%."""
+    rng = random.Random(2)
+    res = S.analyse_band("b", band_passes(rng, "b", 6, drift=0.01, noise=0.002), 6, 1, S.GateParams())
+    assert res.verdict == "neutral" and abs(res.effect[S.PRIMARY]["effect"]) < 0.004
+
+
+def test_the_control_flags_an_effect_between_identical_arms_and_voids_the_run():
+    rng = random.Random(3)
+    bands = [S.analyse_band("b", band_passes(rng, "b", 6, effect_b=0.08, effect_ap=0.05, noise=0.005), 6, 1,
+                            S.GateParams())]
+    assert bands[0].control_flags
+    run = S.run_verdict(bands)
+    assert run.verdict == "void" and "identical-arm control" in run.reason and run.control_flagged == ["b"]
+    assert S.promotable(run.as_dict()).startswith("the run is void")
+
+
+def test_null_runs_are_flagged_at_most_at_the_runs_confidence():
+    """200 seeded runs of 3 bands, no effect anywhere: the control flags, and a band's false verdict, at most
+    about alpha = 5% of runs (Bonferroni over bands)."""
+    rng = random.Random(4)
+    flagged = false_verdict = 0
+    for _ in range(200):
+        bands = [S.analyse_band(f"b{i}", band_passes(rng, f"b{i}", 6, noise=0.02), 6, 3, S.GateParams())
+                 for i in range(3)]
+        flagged += any(b.control_flags for b in bands)
+        false_verdict += any(b.verdict != "neutral" for b in bands)
+    assert flagged <= 0.075 * 200 and false_verdict <= 0.075 * 200
+
+
+def test_too_few_requests_and_too_many_errors_void_the_band_naming_why():
+    rng = random.Random(5)
+    passes = band_passes(rng, "b", 4)
+    passes[(2, "B")] = records("B", "b", 2, 1000.0, n=2)
+    res = S.analyse_band("b", passes, 4, 1, S.GateParams(min_requests=4))
+    assert res.verdict == "void" and "too few requests: arm B pass 2 completed 2 of 2" in res.reason
+    passes = band_passes(rng, "b", 4)
+    passes[(1, "A")] = records("A", "b", 1, 1000.0, n=8, err=3)
+    res = S.analyse_band("b", passes, 4, 1, S.GateParams())
+    assert res.verdict == "void" and "3 of 11 requests failed" in res.reason
+    passes = band_passes(rng, "b", 4)
+    del passes[(3, "A_prime")]
+    assert "pass 3 of arm A_prime was not measured" in S.analyse_band("b", passes, 4, 1, S.GateParams()).reason
+
+
+def test_run_verdicts_and_the_promotion_rule():
+    rng = random.Random(6)
+    gain = S.analyse_band("hi", band_passes(rng, "hi", 6, effect_b=0.08, noise=0.005), 6, 3, S.GateParams())
+    neutral = S.analyse_band("mid", band_passes(rng, "mid", 6, noise=0.005), 6, 3, S.GateParams())
+    loss = S.analyse_band("lo", band_passes(rng, "lo", 6, effect_b=-0.03, noise=0.005), 6, 3, S.GateParams())
+    run = S.run_verdict([loss, neutral, gain])
+    assert run.verdict == "regression" and "lo regresses" in S.promotable(run.as_dict())
+    ok = S.run_verdict([neutral, gain])
+    assert ok.verdict == "gain" and S.promotable(ok.as_dict()) is None
+    void = S.analyse_band("v", {}, 6, 3, S.GateParams())
+    assert "v is void" in S.promotable(S.run_verdict([gain, void]).as_dict())
+    assert S.run_verdict([gain], ["B did not engage: rank 1"]).verdict == "void"
