@@ -206,11 +206,13 @@ def main() -> None:
              *[x for k, v in dims.items() for x in (f"--{k.replace('_', '-')}", str(v))]]
     if a.device == "cpu":
         extra.append("--no-graphs")
-    runs = [asyncio.run(one_run(r, a, overlay, work / f"run{r}", extra)) for r in range(1, a.runs + 1)]
+    runs: list[dict] = []
+    for r in range(1, a.runs + 1):
+        runs.append(asyncio.run(one_run(r, a, overlay, work / f"run{r}", extra)))
+        if a.out:  # after every run: a run cut short by the device's time limit keeps the ones before it
+            Path(a.out).write_text(json.dumps({"args": vars(a), "race": table, "overlay": overlay.read_text(),
+                                               "runs": runs}, indent=1, default=str))
     say(f"total {time.monotonic() - t0:.1f}s")
-    if a.out:
-        Path(a.out).write_text(json.dumps({"args": vars(a), "race": table, "overlay": overlay.read_text(),
-                                           "runs": runs}, indent=1, default=str))
 
 
 if __name__ == "__main__":
