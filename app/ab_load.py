@@ -16,6 +16,11 @@ on 2026-12-04; `pip download` / `pip install --dry-run --report`):
 None of them fits "light deps beside a server, no hub, per-request records per pass"; the loop below is ~150 lines
 and measures exactly the quantities the gate reads. (Install-closure figures: see benchmarks/RESULTS.md, issue 32.)
 
+Inter-token latencies are the gaps between streamed chunks that carry text: vLLM may send several tokens in one
+chunk (its output processor merges what the engine made while the previous chunk was sent; seen on its CPU build,
+tests/e2e/test_ab_vllm.py), as vLLM's own bench client also counts them. output_tokens is the server's usage count
+(stream_options.include_usage) where it gives one, else the number of chunks.
+
 Prompts are synthetic words ("w0123 w0456 ..."): a word is one token to the stand-in and ~1-2 to a BPE tokenizer;
 the server's own usage count (stream_options.include_usage) is recorded when it gives one.
 """
