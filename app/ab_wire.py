@@ -97,6 +97,8 @@ class RunIn(BaseModel):
     power: float = Field(default=0.8, gt=0.5, lt=1)
     min_requests: int = Field(default=4, ge=1, le=100_000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    # promotion needs every band's interval to rule out a throughput loss above this (0.05: 5%)
+    max_loss: float = Field(default=0.05, gt=0, lt=1)
 
     @field_validator("repeats")
     @classmethod

@@ -176,7 +176,7 @@ def ab_cmd(args: argparse.Namespace) -> int:
     elif args.action == "create":
         body = {"image_digest": args.image_digest, "version_id": args.version, "baseline": args.baseline,
                 "repeats": args.repeats, "requests_per_pass": args.requests, "confidence": args.confidence,
-                "seed": args.seed, "min_requests": args.min_requests}
+                "seed": args.seed, "min_requests": args.min_requests, "max_loss": args.max_loss}
         if args.point:
             pts = []
             for p in args.point:
@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     cr.add_argument("--confidence", type=float, default=0.95)
     cr.add_argument("--min-requests", type=int, default=4)
     cr.add_argument("--seed", type=int, default=0)
+    cr.add_argument("--max-loss", type=float, default=0.05, help="promotion needs every band's interval to rule "
+                                                                  "out a throughput loss above this (0.05: 5%%)")
     dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
     dr.add_argument("run", type=int)
     dr.add_argument("--model", required=True)

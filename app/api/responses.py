@@ -194,3 +194,41 @@ def csv_body(what: str) -> dict[str, Any]:
     """openapi_extra for a route that reads a raw text/csv body."""
     return {"requestBody": {"required": True, "description": what,
                             "content": {"text/csv": {"schema": {"type": "string"}}}}}
+
+
+class AbVersion(Open):
+    """An overlay version: the files of one deploy form, each with its sha256 (issue 32)."""
+    id: int
+    image_digest: str
+    form: str
+    state: str
+    files: list[dict[str, Any]]
+
+
+class AbRun(Open):
+    """A serving A/B run: its state, verdict (void with the reason where it is), bands, the passes still to
+    measure, and its result once booked."""
+    id: int
+    image_digest: str
+    version_id: int
+    state: str
+    verdict: str | None
+    points: list[dict[str, Any]]
+
+
+class AbRunBrief(Open):
+    id: int
+    image_digest: str
+    version_id: int
+    state: str
+    verdict: str | None
+
+
+class AbPassStored(Open):
+    stored: bool
+    pass_id: int
+
+
+class AbArmStored(Open):
+    arm: str
+    ranks: list[str]

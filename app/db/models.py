@@ -300,6 +300,7 @@ class AbRun(Base):
     power: Mapped[float] = mapped_column(Float)
     min_requests: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(Integer)
+    max_loss: Mapped[float] = mapped_column(Float)  # promotion: every band's interval rules out a bigger loss
     fault: Mapped[str | None] = mapped_column(Text)  # why the drive stopped (state interrupted)
     result: Mapped[dict | None] = mapped_column(JSON)  # verdicts, per band, control, engagement, accuracy
     rollback_version_id: Mapped[int | None] = mapped_column(Integer)  # proposed when a band regresses

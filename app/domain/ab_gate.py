@@ -63,13 +63,17 @@ class Engagement:
     ok: bool
     reason: str | None
     ranks: list[RankEngagement]
+    note: str | None = None
 
 
 def engagement(families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, str]]]],
-               logs: Mapping[str, str], windows: Mapping[str, str]) -> Engagement:
+               logs: Mapping[str, str], windows: Mapping[str, str], sizes: Sequence[int] | None = None
+               ) -> Engagement:
     """families: name -> (family, the version's own rows); logs: rank -> every line the arm logged (start, warm-up
     and measured windows: AITER logs a hit once per shape per process, lru_cache'd, so it may come before the
-    window); windows: rank -> the measured windows only (where a compile must not happen)."""
+    window); windows: rank -> the measured windows only (where a compile must not happen). sizes: the batch sizes
+    the run's bands serve: a version none of whose rows serves one is not expected to log a hit (its rows are not
+    exercised by this run, which then measures B as A; said in the reason-free note)."""
     ids = {name: _row_ids(fam, rows) for name, (fam, rows) in families.items()}
     ranks = []
     for rank in sorted(set(logs) | set(windows), key=lambda r: (len(r), r)):
@@ -98,10 +102,11 @@ def engagement(families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, s
         re_.rows_hit = sorted(i for _, i in hit_rows)
         ranks.append(re_)
     why = []
+    expect = sizes is None or any(rows_serving(fam, rows, sizes) for fam, rows in families.values())
     if not ranks:
         why.append("no server log from any rank")
     for r in ranks:
-        if r.hits == 0:
+        if r.hits == 0 and expect:
             why.append(f"rank {r.rank} logged no hit line for the version's rows (its files did not take: "
                        "a rank on other tables)")
         compiled = {k: v for k, v in r.jit.items() if v}
@@ -110,7 +115,8 @@ def engagement(families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, s
     if len(ranks) > 1 and len({tuple(r.rows_hit) for r in ranks}) > 1:
         why.append("ranks hit different rows of the version: " +
                    ", ".join(f"rank {r.rank}: {len(r.rows_hit)} row(s)" for r in ranks))
-    return Engagement(not why, "B did not engage: " + "; ".join(why) if why else None, ranks)
+    return Engagement(not why, "B did not engage: " + "; ".join(why) if why else None, ranks,
+                      None if expect else "no row of the version serves the run's batch sizes: no hit expected")
 
 
 def accuracy(tokens: Mapping[str, Sequence[Sequence[str]] | None]) -> str | None:

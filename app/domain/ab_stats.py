@@ -279,15 +279,20 @@ def run_verdict(bands: list[BandResult], void_reasons: Sequence[str] = ()) -> Ru
     return RunResult(v, None, bands, flagged)
 
 
-def promotable(result: dict[str, Any]) -> str | None:
-    """Why a booked run does not promote its version (None: it does). The rule: the run is not void, no band
-    regresses (its throughput interval lies below 0, i.e. a loss the run can tell from noise, at least its MDE
-    at the stated power), and no band is void (a band nobody measured is not known to be safe)."""
+def promotable(result: dict[str, Any], max_loss: float = 0.05) -> str | None:
+    """Why a booked run does not promote its version (None: it does). The rule: the run is not void; no band
+    regresses (its throughput interval lies below 0: a loss the run tells from noise); no band is void (a band
+    nobody measured is not known to be safe); and every band's interval rules out a loss of more than max_loss
+    (a run too noisy to see a loss that size, its MDE above it, cannot vouch that there is none)."""
     if result.get("verdict") == Verdict.VOID.value:
         return f"the run is void: {result.get('reason')}"
     bad = [f"{b['band']} regresses ({_pct(b['effect'][PRIMARY])})" for b in result["bands"]
            if b["verdict"] == Verdict.REGRESSION.value]
     bad += [f"{b['band']} is void ({b['reason']})" for b in result["bands"] if b["verdict"] == Verdict.VOID.value]
+    bad += [f"{b['band']} cannot rule out a loss above {max_loss:.0%} ({_pct(b['effect'][PRIMARY])}, MDE "
+            f"{100 * b['effect'][PRIMARY]['mde']:.1f}%): too noisy to vouch for it" for b in result["bands"]
+            if b["verdict"] in (Verdict.NEUTRAL.value, Verdict.GAIN.value)
+            and b["effect"][PRIMARY].get("lo") is not None and b["effect"][PRIMARY]["lo"] < -max_loss]
     return "; ".join(bad) or None
 
 

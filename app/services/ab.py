@@ -194,7 +194,8 @@ def create_run(s: Session, body: Any) -> dict[str, Any]:
     r = AbRun(image_digest=v.image_digest, version_id=v.id, baseline_version_id=base_id,
               state=st.RunState.CREATED.value, points=[p.model_dump() for p in points], points_source=source,
               repeats=body.repeats, requests_per_pass=body.requests_per_pass, confidence=body.confidence,
-              power=body.power, min_requests=body.min_requests, seed=body.seed, created_at=_now(),
+              power=body.power, min_requests=body.min_requests, seed=body.seed, max_loss=body.max_loss,
+              created_at=_now(),
               updated_at=_now())
     s.add(r)
     s.flush()
@@ -248,7 +249,7 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "baseline_version_id": r.baseline_version_id, "state": r.state, "verdict": verdict, "reason": reason,
             "fault": r.fault, "points": r.points, "points_source": r.points_source, "repeats": r.repeats,
             "requests_per_pass": r.requests_per_pass, "confidence": r.confidence, "power": r.power,
-            "min_requests": r.min_requests, "seed": r.seed,
+            "min_requests": r.min_requests, "seed": r.seed, "max_loss": r.max_loss,
             "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
             "passes_total": len(sched), "passes_done": len(done),
             "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched
@@ -379,20 +380,22 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     b_logs = dict(arms["B"].logs) if "B" in arms else {}
     for rank, text in windows.items():
         b_logs[rank] = b_logs.get(rank, "") + text
-    eng = ab_gate.engagement(fams, b_logs, windows)
+    sizes = sorted({b for p in points for b in ab_gate.batch_sizes(p, points)})
+    eng = ab_gate.engagement(fams, b_logs, windows, sizes)
     void = [eng.reason] if eng.reason else []
     acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
     if acc:
         void.append(acc)
     res = ab_stats.run_verdict(bands, void)
     result = res.as_dict() | {
-        "engagement": {"ok": eng.ok, "reason": eng.reason,
+        "engagement": {"ok": eng.ok, "reason": eng.reason, "note": eng.note,
                        "ranks": [{"rank": x.rank, "hits": x.hits, "rows_hit": x.rows_hit, "other_hits": x.other_hits,
                                   "misses": x.misses, "jit": x.jit} for x in eng.ranks]},
         "accuracy": {"ok": acc is None, "reason": acc,
                      "prompts": len((arms["A"].first_tokens or []) if "A" in arms else [])},
         "promotable": None}
-    result["promotable"] = ab_stats.promotable(result)
+    result["max_loss"] = r.max_loss
+    result["promotable"] = ab_stats.promotable(result, r.max_loss)
     _transition(r, to)
     r.result = result
     regressing = [p for p, b in zip(points, res.bands) if b.verdict is ab_stats.Verdict.REGRESSION]

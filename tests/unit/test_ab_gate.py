@@ -51,6 +51,13 @@ def test_a_rank_without_hit_lines_of_the_versions_rows_voids_naming_the_rank():
     assert e.ranks[1].other_hits == 1
 
 
+def test_no_hit_is_expected_where_no_row_serves_the_runs_batch_sizes():
+    e = G.engagement({"bf16_gemm": (BF16, [row(64)])}, {"0": miss(2), "1": miss(2)}, {}, list(range(1, 17)))
+    assert e.ok and "no hit expected" in e.note
+    e = G.engagement({"bf16_gemm": (BF16, [row(2), row(64)])}, {"0": miss(2), "1": miss(2)}, {}, [1, 2])
+    assert not e.ok
+
+
 def test_a_compile_in_the_measured_window_voids():
     logs = {"0": hit(2, 2)}
     win = {"0": "[aiter] start build [module_gemm_a16w16] under /tmp/jit\n"}

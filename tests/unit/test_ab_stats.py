@@ -115,6 +115,11 @@ def test_run_verdicts_and_the_promotion_rule():
     assert run.verdict == "regression" and "lo regresses" in S.promotable(run.as_dict())
     ok = S.run_verdict([neutral, gain])
     assert ok.verdict == "gain" and S.promotable(ok.as_dict()) is None
+    noisy = S.analyse_band("n", band_passes(rng, "n", 6, noise=0.08), 6, 3, S.GateParams())
+    assert noisy.verdict == "neutral" and noisy.effect[S.PRIMARY]["lo"] < -0.05
+    why = S.promotable(S.run_verdict([noisy, gain]).as_dict())
+    assert "n cannot rule out a loss above 5%" in why  # too noisy to vouch for it
+    assert S.promotable(S.run_verdict([noisy, gain]).as_dict(), max_loss=0.9) is None
     void = S.analyse_band("v", {}, 6, 3, S.GateParams())
     assert "v is void" in S.promotable(S.run_verdict([gain, void]).as_dict())
     assert S.run_verdict([gain], ["B did not engage: rank 1"]).verdict == "void"

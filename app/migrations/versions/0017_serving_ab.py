@@ -47,6 +47,7 @@ def upgrade() -> None:
         sa.Column('power', sa.Float(), nullable=False),
         sa.Column('min_requests', sa.Integer(), nullable=False),
         sa.Column('seed', sa.Integer(), nullable=False),
+        sa.Column('max_loss', sa.Float(), nullable=False),
         sa.Column('fault', sa.Text(), nullable=True),
         sa.Column('result', sa.JSON(), nullable=True),
         sa.Column('rollback_version_id', sa.Integer(), nullable=True),
