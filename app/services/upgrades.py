@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result
+from app.db import dialect
+from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result, utcnow
 from app.domain import deploy, served
 from app.domain import upgrade as up
 from app.domain.families import get_family
@@ -76,44 +77,63 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
 
 def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
     """new's campaigns from old's (every gfx/cu_num/family), with their shapes, calls and served-step histograms,
-    and each verified row triaged. Refused (nothing written) for an unknown parent, a cycle, or a second parent."""
+    and each verified row triaged. Refused (nothing written) for an unknown parent, a cycle, or a second parent.
+
+    Safe beside other replicas: the lineage is read and changed under one lock (two inherits never make a cycle or
+    give an image two parents; the loser answers 409), shapes captures insert meanwhile are merged into, and the
+    new image's shapes are read with their row locks, so a shape a worker leased or tuned meanwhile keeps its own
+    race (lease_states.carry)."""
     if s.get(Image, old) is None:
         raise NotFound(f"from: no image {old} is known here", "from")
+    dialect.lineage_lock(s)
     try:
         up.check_lineage(new, old, _parents(s))
     except up.LineageError as e:
         raise (Conflict if e.conflict else Invalid)(str(e), e.field) from None
-    img = ensure_image(s, new)
-    img.parent_digest = old
+    ensure_image(s, new)
+    s.flush()
+    # the database's own guard: an image takes its one parent only while it has none
+    took: Any = s.execute(update(Image).where(Image.digest == new, Image.parent_digest.is_(None))
+                          .values(parent_digest=old).execution_options(synchronize_session="fetch"))
+    if took.rowcount != 1:
+        raise Conflict(f"image_digest: {new} already inherits from another image", "image_digest")
     out = []
+    now = utcnow()
     for oc in s.scalars(select(Campaign).where(Campaign.image_digest == old).order_by(Campaign.id)).all():
         nc = ensure_campaign(s, new, oc.gfx, oc.cu_num, oc.family)
+        s.flush()
         if oc.step_hist:
             nc.step_hist = served.merge(nc.step_hist, oc.step_hist)
         olds = s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == oc.id)
                          .order_by(CampaignShape.id)).all()
-        have = {sh.shape_key: sh for sh in s.scalars(select(CampaignShape)
-                                                     .where(CampaignShape.campaign_id == nc.id))}
+        # insert-or-merge: a capture for the new image may insert the same keys at this very moment
+        inserted = dialect.insert_shapes_absent(s, [dict(
+            campaign_id=nc.id, shape_key=o.shape_key, shape=o.shape, calls=o.calls, flops=o.flops,
+            default_us=o.default_us, default_measured=o.default_measured, steps=o.steps, priority=o.priority,
+            state=ShapeState.QUEUED.value, attempts=0, attempts_base=0, updated_at=now) for o in olds])
+        # row locks in key order (as captures take theirs): a lease picks past them (SKIP LOCKED), one that
+        # picked first is waited for and then seen leased
+        have = {sh.shape_key: sh for sh in s.scalars(
+            select(CampaignShape).where(CampaignShape.campaign_id == nc.id)
+            .order_by(CampaignShape.shape_key).with_for_update()
+            .execution_options(populate_existing=True))}
         best = _best_results(s, [sh.id for sh in olds])
         carried: dict[int, Result] = {}
         to_triage = []
-        added = 0
         for o in olds:
             sh = have.get(o.shape_key)
             if sh is None:
-                sh = CampaignShape(campaign_id=nc.id, shape_key=o.shape_key, shape=o.shape, calls=o.calls,
-                                   flops=o.flops, default_us=o.default_us, default_measured=o.default_measured,
-                                   steps=o.steps, priority=o.priority, state=ShapeState.QUEUED.value, attempts=0,
-                                   attempts_base=0)
-                s.add(sh)
-                added += 1
-            elif sh.state != ShapeState.QUEUED.value or sh.attempts or sh.triage:
+                continue
+            try:
+                ls.carry(shape_facts(sh))
+            except ls.TransitionError:
                 continue  # the new image already works on it (or tuned it): its own race stands
-            else:
+            if sh.triage:
+                continue
+            if o.shape_key not in inserted:
                 sh.calls = max(sh.calls, o.calls)
             if o.id in best:
                 to_triage.append((sh, best[o.id]))
-        s.flush()
         for sh, res in to_triage:
             sh.carried_result_id = res.id
             carried[sh.id] = res
@@ -123,7 +143,7 @@ def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
             reweigh(s, nc, get_family(nc.family))
         verdicts = Counter(sh.triage for sh, _ in to_triage)
         out.append({"campaign_id": nc.id, "from_campaign_id": oc.id, "family": nc.family, "gfx": nc.gfx,
-                    "cu_num": nc.cu_num, "shapes_added": added, "with_row": len(to_triage),
+                    "cu_num": nc.cu_num, "shapes_added": len(inserted), "with_row": len(to_triage),
                     **{v.value: verdicts.get(v.value, 0) for v in up.Triage}})
     if not out:
         raise Invalid(f"from: image {old} has no campaigns to inherit", "from")
@@ -138,7 +158,8 @@ def retriage(s: Session, digest: str) -> int:
     for camp in s.scalars(select(Campaign).where(Campaign.image_digest == digest)).all():
         shapes = s.scalars(select(CampaignShape).where(
             CampaignShape.campaign_id == camp.id, CampaignShape.triage == up.Triage.CARRIED.value,
-            CampaignShape.outcome.is_(None), CampaignShape.state == ShapeState.QUEUED.value)).all()
+            CampaignShape.outcome.is_(None), CampaignShape.state == ShapeState.QUEUED.value)
+            .order_by(CampaignShape.shape_key).with_for_update(skip_locked=True)).all()
         if not shapes:
             continue
         results = {r.id: r for r in s.scalars(select(Result).where(
