@@ -346,12 +346,26 @@ def _check_times(lease, body: ResultIn, settings: Settings, now: datetime) -> No
         raise Invalid(f"elapsed_s: {body.elapsed_s} s is longer than any lease lives", "elapsed_s")
 
 
+def _one_kernel(lease, body: ResultIn, row: dict[str, str] | None) -> ResultIn:  # type: ignore[no-untyped-def]
+    """A result names one kernel: the confirmation is decided on kernel_name and the overlay serves the row's
+    kernel column(s), so the two must agree (a result without kernel_name takes its row's)."""
+    if row is None:
+        return body
+    theirs = get_family(lease.family).kernel_of(row)
+    if body.kernel_name is None:
+        return body.model_copy(update={"kernel_name": theirs or None})
+    if body.kernel_name != theirs:
+        raise Invalid(f"kernel_name: {body.kernel_name[:200]!r} is not the row's kernel {theirs[:200]!r}; a result "
+                      f"names the kernel its row serves", "kernel_name")
+    return body
+
+
 def _check_kernel(p: Plain, lease, body: ResultIn, row: dict[str, str] | None) -> None:  # type: ignore[no-untyped-def]
     """The winner must be a kernel the image's tuner races, where the image reported its catalog for the family."""
     catalog = table_schemas.kernel_catalog(p, lease.image_digest, lease.family)
     if catalog is None or body.status == "failed":
         return
-    for field, name in (("kernel_name", body.kernel_name), ("row.kernelName", (row or {}).get("kernelName"))):
+    for field, name in (("row.kernelName", (row or {}).get("kernelName")), ("kernel_name", body.kernel_name)):
         if name and name not in catalog:
             raise Invalid(f"{field}: {name[:200]!r} is not in the image's {lease.family} kernel catalog "
                           f"({len(catalog)} kernels, as its worker reported them)", field)
@@ -419,6 +433,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
         _check_timing(lease, shape, body)
         _check_times(lease, body, settings, now)
+        body = _one_kernel(lease, body, row)
         _check_kernel(p, lease, body, row)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if late:
