@@ -26,7 +26,7 @@ from app.domain.roofline import ceiling_us, floor_us
 from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
 from app.services import schemas as table_schemas
 from app.ttl_cache import TTLCache
-from app.wire import MAX_BUDGET_S, formula_safe
+from app.wire import KERNEL_NAME_RE, MAX_BUDGET_S, formula_safe
 
 
 def shape_facts(sh: CampaignShape) -> ls.ShapeFacts:
@@ -294,6 +294,10 @@ def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> di
             formula_safe(cells[col])
         except ValueError as e:
             raise Invalid(f"row.{col}: {cells[col][:80]!r} {e}", f"row.{col}") from None
+    for col in fam.kernel_columns:  # free text nowhere: a kernel is named as AITER names its kernels
+        if cells.get(col) and not KERNEL_NAME_RE.fullmatch(cells[col]):
+            raise Invalid(f"row.{col}: {cells[col][:80]!r} is not a kernel name (ASCII letters, digits and '_', as "
+                          f"AITER names its kernels)", f"row.{col}")
     want = dict(shape.shape, gfx=lease.gfx, cu_num=str(lease.cu_num))
     for col in schema.key_columns:
         if col in want and runtime_value(col, cells[col]) != runtime_value(col, want[col]):

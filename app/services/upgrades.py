@@ -151,14 +151,17 @@ def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
 
 
 def retriage(s: Session, digest: str) -> int:
-    """The image's tables or kernel catalog changed (its worker reported them): carried rows not yet confirmed are
-    triaged again (a key it now ships, a kernel it lacks). Shapes being raced stay as they are."""
+    """The image's tables or kernel catalog changed (its worker reported them): inherited rows nobody has raced here
+    yet are triaged again against what the image has now, whichever way it went (a key it now ships, a kernel it
+    lacks, or, a catalog restored, a kernel it has again: the row is carried once more). A shape being raced or
+    decided stays as it is."""
     s.flush()
     n = 0
     for camp in s.scalars(select(Campaign).where(Campaign.image_digest == digest)).all():
         shapes = s.scalars(select(CampaignShape).where(
-            CampaignShape.campaign_id == camp.id, CampaignShape.triage == up.Triage.CARRIED.value,
-            CampaignShape.outcome.is_(None), CampaignShape.state == ShapeState.QUEUED.value)
+            CampaignShape.campaign_id == camp.id, CampaignShape.triage.is_not(None),
+            CampaignShape.carried_result_id.is_not(None), CampaignShape.outcome.is_(None),
+            CampaignShape.state == ShapeState.QUEUED.value)
             .order_by(CampaignShape.shape_key).with_for_update(skip_locked=True)).all()
         if not shapes:
             continue

@@ -172,3 +172,62 @@ def test_a_capture_from_a_host_that_ran_another_image_suggests_the_inherit(clien
     assert inherit(client).status_code == 201
     cid = r.json()["campaign_id"]
     assert client.get(f"/v1/campaigns/{cid}").json()["shapes"] == 5
+
+
+BF16_HEADER = ("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,"
+               "err_ratio,tflops,bw")
+
+
+@pytest.mark.parametrize("table", [
+    BF16_HEADER + "\ngfx942,304,1,64,64,False,torch.bfloat16,torch.bfloat16,False,False,hipblaslt,7,0,1.0,"
+                  "\"=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\",0,1,1\n",  # a formula cell in the image's own rows
+    BF16_HEADER + ",=cmd|' /C calc'!A0\n",  # a formula column into every overlay header (DDE)
+    BF16_HEADER + "\ngfx942,304,1,64,64,False,torch.bfloat16,torch.bfloat16,False,False,hipblaslt,7,0,1.0,k,0,"
+                  "@SUM(A1),1\n",
+])
+def test_a_posted_table_with_a_formula_cell_or_column_is_refused_and_stores_nothing(client, parent, table):
+    assert inherit(client).status_code == 201
+    r = client.put(f"/v1/images/{NEW}/tables", json={"tables": {"bf16_tuned_gemm.csv": table}})
+    assert r.status_code == 422 and r.json()["field"] == "tables.bf16_tuned_gemm.csv", r.text
+    assert client.get(f"/v1/images/{NEW}/schemas").json() == [] or all(
+        "=" not in ",".join(f["header"]) for f in client.get(f"/v1/images/{NEW}/schemas").json())
+    text = client.get(f"/v1/overlays/{NEW}/bf16_gemm.csv").text
+    assert not any(c[:1] in "=@" for line in csv.reader(io.StringIO(text)) for c in line)
+
+
+@pytest.mark.parametrize("name", ["k\nevil", "ｋ＝1", "=cmd", "k 1", "k;1"])
+def test_a_kernel_name_is_one_as_aiter_names_its_kernels(client, parent, name):
+    """Free text nowhere: a catalog, a result's kernel_name and its row's kernelName are ASCII letters, digits and
+    '_' (fmoe's two stages joined by '+')."""
+    r = client.put(f"/v1/images/{NEW}/tables", json={"tables": {}, "kernels": {"bf16_gemm": ["k1", name]}})
+    assert r.status_code == 422 and r.json()["field"].startswith("kernels"), r.text
+    capture(client, [{"M": 3, "N": 64, "K": 64}], digest=NEW)
+    body = lease(client, budget_s=80_000, digest=NEW).json()
+    item = body["shapes"][0]
+    us = plausible_us(body, item, 2.0)
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, us, kernelName=name))
+    assert r.status_code == 422 and r.json()["field"] == "row.kernelName", r.text
+    r = client.post(f"/v1/leases/{body['lease_id']}/results",
+                    json=dict(ok_row(body, item, us), kernel_name=name))
+    assert r.status_code == 422 and r.json()["field"] == "kernel_name", r.text
+
+
+def test_a_catalog_that_drops_kernels_and_is_then_restored_carries_the_rows_again(client, parent):
+    """A catalog is a fact of the image as its worker reports it: triage follows the latest report both ways, so a
+    wrong report (or any worker token's) costs nothing once the right one is back, as long as nobody raced the
+    shapes meanwhile."""
+    assert inherit(client).status_code == 201
+    cid = client.get("/v1/campaigns").json()[-1]["campaign_id"]
+    everything = ["k1", "k2", "k4", "k8", "r1", "r2", "r3", "torch_linear"]
+    assert client.put(f"/v1/images/{NEW}/tables", json={"tables": {}, "kernels": {"bf16_gemm": ["nothing"]}}
+                      ).status_code == 200
+    up = client.get(f"/v1/campaigns/{cid}").json()["upgrade"]
+    assert (up["carried"], up["kernel_gone"]) == (0, 4)
+    assert overlay_rows(client, NEW) == []
+    assert client.put(f"/v1/images/{NEW}/tables", json={"tables": {}, "kernels": {"bf16_gemm": everything}}
+                      ).status_code == 200
+    up = client.get(f"/v1/campaigns/{cid}").json()["upgrade"]
+    assert (up["carried"], up["kernel_gone"]) == (4, 0)
+    assert sorted(r["kernelName"] for r in overlay_rows(client, NEW)) == ["k1", "k2", "k4", "k8"]
+    body = lease(client, budget_s=80_000, digest=NEW).json()
+    assert sorted(item["incumbent"] for item in body["shapes"]) == ["k1", "k2", "k4", "k8"]
