@@ -173,9 +173,10 @@ def retriage(s: Session, digest: str) -> int:
     return n
 
 
-def counts(s: Session, campaign_id: int) -> dict[str, Any] | None:
+def counts(s: Session, campaign_id: int, may_see: Any = lambda d: True) -> dict[str, Any] | None:
     """What an inherited campaign carried and how its confirmations went, with its race time against the parent
-    campaign's (None: the campaign's image inherits nothing)."""
+    campaign's (None: the campaign's image inherits nothing). may_see: the digests the reader's token may learn;
+    the parent's digest and campaign are left out for one scoped to the child only (as lineage leaves them)."""
     camp = s.get(Campaign, campaign_id)
     img = s.get(Image, camp.image_digest) if camp else None
     if camp is None or img is None or not img.parent_digest:
@@ -195,7 +196,9 @@ def counts(s: Session, campaign_id: int) -> dict[str, Any] | None:
         return float(s.scalar(select(func.sum(Result.elapsed_s)).join(Lease, Lease.id == Result.lease_id)
                               .where(Lease.campaign_id == cid)) or 0.0)
     gpu, parent_gpu = spent(campaign_id), spent(parent.id) if parent else 0.0
-    return {"from_digest": img.parent_digest, "from_campaign_id": parent.id if parent else None,
+    shown = may_see(img.parent_digest)
+    return {"from_digest": img.parent_digest if shown else None,
+            "from_campaign_id": parent.id if parent and shown else None,
             "inherited_rows": n(),
             "carried": n(up.Triage.CARRIED), "provisional": n(up.Triage.CARRIED) - sum(
                 n(up.Triage.CARRIED, o) for o in up.Outcome),
@@ -233,12 +236,13 @@ def suggestions(s: Session, digest: str) -> list[str]:
     return out
 
 
-def suggestion_note(s: Session, digest: str) -> str | None:
-    """A capture note for an image seen for the first time from a host that ran another image before."""
+def suggestion_note(s: Session, digest: str, may_see: Any = lambda d: True) -> str | None:
+    """A capture note for an image seen for the first time from a host that ran another image before (one the
+    caller's token may see: the host is the client's word, so the note must not name digests it is not scoped to)."""
     img = s.get(Image, digest)
     if img is None or img.parent_digest:
         return None
-    found = suggestions(s, digest)
+    found = [d for d in suggestions(s, digest) if may_see(d)]
     if not found:
         return None
     return (f"image {digest} is new here and its host last ran {found[0]}: an admin can carry that image's tuning "
