@@ -55,13 +55,19 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
                                   camp.gfx)
     for sh, row, ship in zip(shapes, rows, shipped):
         res = carried[sh.id]
-        kernel = res.kernel_name or fam.kernel_of(row)
+        # the kernel under the name the new image gives it (AITER renames kernels between releases without
+        # changing them: TableFamily.kernel_renames), so a renamed kernel is carried, not raced again
+        kernel = fam.catalog_name(res.kernel_name or fam.kernel_of(row), catalog)
+        cands = [dict(c, name=fam.catalog_name(str(c["name"]), catalog)) if c.get("name") else c
+                 for c in res.candidates or []]
         verdict = up.triage(kernel, row, schema.header, ship is not None, catalog)
         sh.triage, sh.outcome = verdict.value, None
         if verdict is up.Triage.CARRIED:
-            sh.finalists = up.finalists(kernel, res.candidates or [], catalog=catalog)
+            sh.finalists = up.finalists(kernel, cands, catalog=catalog)
         elif verdict is up.Triage.NOW_SHIPPED:
             theirs = fam.kernel_of(ship or {})
+            if theirs and theirs in fam.kernel_forms(kernel):
+                kernel = theirs
             settled = up.settled(verdict, kernel, theirs)
             if settled is not None:  # the image ships our very row's kernel: covered by it, nothing to race
                 sh.outcome, sh.finalists = settled.value, None
@@ -70,7 +76,7 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
                 continue
             # the shipped kernel is the incumbent to beat; ours and the parent's best race it
             sh.finalists = ([theirs] if theirs else []) + [k for k in up.finalists(
-                kernel, res.candidates or [], catalog=catalog) if k != theirs]
+                kernel, cands, catalog=catalog) if k != theirs]
         else:
             sh.finalists = None
 
