@@ -39,6 +39,26 @@ def _best_results(s: Session, shape_ids: list[int]) -> dict[int, Result]:
     return best
 
 
+def _default_best(s: Session, shape_ids: list[int]) -> dict[int, Result]:
+    """Each shape's latest "default is best" result, for shapes tuned so (a verified row, if any, wins over it)."""
+    out: dict[int, Result] = {}
+    for i in range(0, len(shape_ids), 500):
+        for r in s.scalars(select(Result).where(Result.shape_id.in_(shape_ids[i:i + 500]),
+                                                Result.status == ls.ResultKind.DEFAULT_BEST.value)
+                           .order_by(Result.id)):
+            out[r.shape_id] = r
+    return out
+
+
+def _default_name(res: Result) -> str | None:
+    """The default path's name in a race: the candidate timed at the result's default_us (leasing requires one)."""
+    for c in res.candidates or []:
+        if c.get("name") and c.get("us") is not None and res.default_us is not None \
+                and abs(float(c["us"]) - res.default_us) <= 1e-6 * max(1.0, res.default_us):
+            return str(c["name"])
+    return None
+
+
 def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: dict[int, Result]) -> None:
     """Each shape's verdict against its image's tables and kernel catalog as known now (shapes: those with a
     carried result, by shape id)."""
@@ -49,7 +69,8 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
     catalog = (img.kernel_catalog or {}).get(fam.name) if img else None
     schema = schema_for(s, camp.image_digest, fam.name)
     release = release_of(s, camp.image_digest)
-    rows = [carried[sh.id].row or {} for sh in shapes]
+    # a "default is best" result has no row: its shape's key cells stand for it (a key the image ships now)
+    rows = [carried[sh.id].row or dict(sh.shape, gfx=camp.gfx, cu_num=str(camp.cu_num)) for sh in shapes]
     shipped = deploy.shipped_rows(release, fam, shipped_for(s, camp.image_digest, fam.name, release),
                                   Table(tuple(schema.header), [{c: r.get(c, "") for c in schema.header} for r in rows]),
                                   camp.gfx)
@@ -57,12 +78,14 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
         res = carried[sh.id]
         # the kernel under the name the new image gives it (AITER renames kernels between releases without
         # changing them: TableFamily.kernel_renames), so a renamed kernel is carried, not raced again
-        kernel = fam.catalog_name(res.kernel_name or fam.kernel_of(row), catalog)
+        default_best = not res.verified and res.status == ls.ResultKind.DEFAULT_BEST.value
+        kernel = fam.catalog_name((_default_name(res) if default_best else res.kernel_name) or fam.kernel_of(row),
+                                  catalog)
         cands = [dict(c, name=fam.catalog_name(str(c["name"]), catalog)) if c.get("name") else c
                  for c in res.candidates or []]
-        verdict = up.triage(kernel, row, schema.header, ship is not None, catalog)
+        verdict = up.triage(kernel, row, schema.header, ship is not None, catalog, default_best)
         sh.triage, sh.outcome = verdict.value, None
-        if verdict is up.Triage.CARRIED:
+        if verdict in (up.Triage.CARRIED, up.Triage.DEFAULT_BEST):
             sh.finalists = up.finalists(kernel, cands, catalog=catalog)
         elif verdict is up.Triage.NOW_SHIPPED:
             theirs = fam.kernel_of(ship or {})
@@ -124,6 +147,7 @@ def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
             .order_by(CampaignShape.shape_key).with_for_update()
             .execution_options(populate_existing=True))}
         best = _best_results(s, [sh.id for sh in olds])
+        best = {**_default_best(s, [sh.id for sh in olds if sh.id not in best]), **best}
         carried: dict[int, Result] = {}
         to_triage = []
         for o in olds:
@@ -211,7 +235,7 @@ def counts(s: Session, campaign_id: int, may_see: Any = lambda d: True) -> dict[
             "confirmed": n(outcome=up.Outcome.CONFIRMED), "overturned": n(outcome=up.Outcome.OVERTURNED),
             "re_raced": n(outcome=up.Outcome.RE_RACED),
             "kernel_gone": n(up.Triage.KERNEL_GONE), "header_changed": n(up.Triage.HEADER_CHANGED),
-            "now_shipped": n(up.Triage.NOW_SHIPPED), "shipped_kept": n(outcome=up.Outcome.SHIPPED_KEPT),
+            "now_shipped": n(up.Triage.NOW_SHIPPED), "default_best": n(up.Triage.DEFAULT_BEST), "shipped_kept": n(outcome=up.Outcome.SHIPPED_KEPT),
             "ours_kept": n(outcome=up.Outcome.OURS_KEPT),
             "gpu_s": gpu, "parent_gpu_s": parent_gpu, "gpu_ratio": gpu / parent_gpu if parent_gpu else None}
 

@@ -231,3 +231,34 @@ def test_a_catalog_that_drops_kernels_and_is_then_restored_carries_the_rows_agai
     assert sorted(r["kernelName"] for r in overlay_rows(client, NEW)) == ["k1", "k2", "k4", "k8"]
     body = lease(client, budget_s=80_000, digest=NEW).json()
     assert sorted(item["incumbent"] for item in body["shapes"]) == ["k1", "k2", "k4", "k8"]
+
+
+def test_a_shape_the_parent_tuned_as_default_is_best_is_confirmed_by_a_short_race_not_raced_in_full(client):
+    """Issue 35: a shape whose parent race found nothing better than the default (no row) was raced in full on the
+    new image; it is a confirmation race now (the default as incumbent, the parent's top kernels), and a result
+    that says the default is still best confirms it, tuned, no full race."""
+    capture(client, [{"M": 5, "N": 64, "K": 64}])
+    body = lease(client, budget_s=80_000).json()
+    (item,) = body["shapes"]
+    us = plausible_us(body, item, 2.0)
+    timed = [{"name": "torch_linear", "us": us}, {"name": "r1", "us": us * 1.01}, {"name": "r2", "us": us * 1.2}]
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
+        "shape_id": item["shape_id"], "backend": "torch", "status": "default_best", "us": us, "err_ratio": 0.0,
+        "default_us": us, "kernel_name": "torch_linear", "elapsed_s": 1.0, "candidates": timed})
+    assert r.status_code == 200 and r.json()["shape_state"] == "tuned", r.text
+    r = inherit(client)
+    assert r.status_code == 201, r.text
+    assert r.json()["campaigns"][0]["default_best"] == 1
+    body = lease(client, budget_s=80_000, digest=NEW).json()
+    (item,) = body["shapes"]
+    assert item["incumbent"] == "torch_linear" and item["finalists"][:3] == ["torch_linear", "r1", "r2"]
+    us = plausible_us(body, item, 2.0)
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
+        "shape_id": item["shape_id"], "backend": "torch", "status": "default_best", "us": us, "err_ratio": 0.0,
+        "default_us": us, "kernel_name": "torch_linear", "elapsed_s": 1.0,
+        "candidates": [{"name": "torch_linear", "us": us}]})
+    assert r.status_code == 200 and r.json()["shape_state"] == "tuned", r.text
+    cid = client.get("/v1/campaigns").json()[-1]["campaign_id"]
+    up = client.get(f"/v1/campaigns/{cid}").json()["upgrade"]
+    assert (up["default_best"], up["confirmed"], up["overturned"]) == (1, 1, 0), up
+    assert overlay_rows(client, NEW) == []  # the default is best: nothing to serve
