@@ -497,6 +497,11 @@ class TableFamily:
     err_columns: tuple[str, ...] = ("errRatio",)
     compiled: bool = False  # kernels picked from a table compiled into a CK JIT module
     tuner_script: str | None = None
+    # where the image's AITER lists every kernel the family's tuner races: (file under the AITER root, the
+    # module attribute holding {id: instance with .name}); the aiter backend reports their names as the image's
+    # kernel catalog (an upgrade's "kernel gone"). Empty: not every candidate list is known, so no catalog is
+    # reported (a partial one would refuse the winners it lacks).
+    catalog_lists: tuple[tuple[str, str], ...] = ()
     tuner_args: tuple[str, ...] = ()
     # the aiter backend races this tuner in two phases: its screen needs every candidate in -o2/--profile_file
     # (TunerCommon.post_process, base_tuner.py:482-491) and its confirmation a --run_config that runs the
@@ -983,7 +988,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
         cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
-        tuned_variants=_CK_OLD_VARIANT, math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
+        tuned_variants=_CK_OLD_VARIANT, math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py",
+        # the tuner races kernels_list only and names a row by kernels_list[kernelId].name (gemm_a8w8_tune.py:
+        # 121-124, 223-228)
+        catalog_lists=(("csrc/ck_gemm_a8w8/gemm_a8w8_common.py", "kernels_list"),)),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
         log_lines=LOG_A8W8,
