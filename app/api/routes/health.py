@@ -7,13 +7,13 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from app.api.deps import DbDep, SettingsDep
-from app.api.responses import Health
+from app.api.responses import Health, errors
 from app.errors import _problem
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health, responses={503: {"description": "the database takes no writes"}})
+@router.get("/healthz", response_model=Health, responses=errors(503))
 def healthz(db: DbDep, settings: SettingsDep) -> dict | JSONResponse:
     """200 while the database answers and takes writes. A write that failed because the database takes none (disk
     full, read-only, I/O error) makes this 503 with its reason, until a write commits a change again; past
