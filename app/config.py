@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     lease_threads: int = 4
     retry_after_s: int = 1
     stale_worker_s: float = 120.0
+    # /healthz answers 503 this long after a write failed for want of disk (or a read-only database) unless a write
+    # commits a change meanwhile; then it probes with a write of its own
+    health_write_hold_s: float = 30.0
     auth: bool = True  # bearer tokens with roles; off only for local experiments
     token_cache_s: float = 5.0  # a resolved token is trusted this long: a revocation takes up to this to bite
     read_open: bool = True  # overlays, reports and the dashboard need no token

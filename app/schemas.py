@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
-from app.wire import (Candidate, HeartbeatOut, Identity, LeasedShape, LeaseIn, LeaseOut, ReleaseIn, ReleaseOut,
-                      ResultIn, ResultOut, Wire, absolute_plain_path, check_digest, relative_plain_path)
+from app.wire import (KERNEL_NAME_PATTERN, Candidate, HeartbeatOut, Identity, LeasedShape, LeaseIn, LeaseOut,
+                      ReleaseIn, ReleaseOut, ResultIn, ResultOut, Wire, absolute_plain_path, check_digest, relative_plain_path)
 
 __all__ = ["Candidate", "HeartbeatOut", "Identity", "LeasedShape", "LeaseIn", "LeaseOut", "ReleaseIn",
            "ReleaseOut", "ResultIn", "ResultOut", "check_digest"]
@@ -61,7 +61,8 @@ class ImageTablesIn(Wire):
     # the image's kernel catalog per family: every kernel name its tuner may race (and post as kernel_name);
     # an upgrade's triage re-races a carried row whose kernel the new image no longer has
     kernels: dict[Annotated[str, Field(max_length=64)],
-                  list[Annotated[str, Field(min_length=1, max_length=512)]]] | None = Field(None, max_length=64)
+                  list[Annotated[str, Field(min_length=1, max_length=512, pattern=KERNEL_NAME_PATTERN)]]] | None = Field(
+        None, max_length=64)
 
 
 class InheritIn(Wire):

@@ -25,6 +25,13 @@ GFX_RE = re.compile(r"gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31}")
 # a pydantic `pattern` (pydantic-core's Rust regex, re.search semantics): anchored at both ends, where Rust's `$`
 # is the end of the text only (no newline before it), as \z is
 NAME_PATTERN = r"^[\w.:@-]+$"
+# one kernel name: AITER's own are ASCII letters, digits and '_' (all 55,846 kernelName* cells of its shipped
+# aiter/configs/*.csv, the longest 159), as are the torch backend's; no newline, space, full-width '=' or other
+# text a spreadsheet or a log line could take for something else. A result's kernel_name is one, or fmoe's two
+# stages joined by '+' (TableFamily.kernel_of).
+KERNEL_NAME_PATTERN = r"^[A-Za-z0-9_]{1,512}$"
+KERNEL_PATTERN = r"^[A-Za-z0-9_]{1,512}(\+[A-Za-z0-9_]{1,512})?$"
+KERNEL_NAME_RE = re.compile(KERNEL_NAME_PATTERN[1:-1])
 IDLE_HEADER = "X-Tuner-Idle-Reason"  # on a 204 to a lease request: why there is no work for this worker
 _UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
 # the worker id acting on a lease (heartbeat, results, release): it must be the worker the lease was granted
@@ -179,7 +186,7 @@ class HeartbeatOut(BaseModel):
 
 
 class Candidate(Wire):
-    name: Annotated[str, AfterValidator(formula_safe)] = Field(max_length=512)
+    name: str = Field(max_length=512, pattern=KERNEL_NAME_PATTERN)
     us: float | None = Field(None, ge=0)
     err_ratio: float | None = Field(None, ge=0)
     error: str | None = Field(None, max_length=4000)
@@ -193,7 +200,7 @@ class ResultIn(Wire):
         None, max_length=64)  # the winner in the family's tuned schema
     us: Micros | None = None
     err_ratio: float | None = Field(None, ge=0, le=1)
-    kernel_name: Annotated[str, AfterValidator(formula_safe)] | None = Field(None, max_length=1000)
+    kernel_name: str | None = Field(None, max_length=1025, pattern=KERNEL_PATTERN)
     default_us: Micros | None = None
     candidates: list[Candidate] = Field(default_factory=list, max_length=10_000)
     error: str | None = Field(None, max_length=20_000)

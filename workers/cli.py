@@ -40,9 +40,9 @@ def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
 
 
 def report_kernel_catalog(client: ServiceClient, cfg: WorkerSettings, backend: object) -> None:
-    """The kernels this backend may race, per family, so the service refuses a winner outside them. The aiter
-    backend reports none yet: its candidates are the image's tuner's own (its *_tuned_gemm screening lists), read
-    per shape, and its fmoe winners are two kernels joined; the service checks only what is reported."""
+    """The kernels this backend may race, per family, so the service refuses a winner outside them and an upgrade
+    knows a kernel gone. The aiter backend reports the families whose every candidate list the image's AITER
+    holds (TableFamily.catalog_lists); the service checks only what is reported."""
     catalog = getattr(backend, "kernel_catalog", None)
     if catalog is None:
         return

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, NamedTuple, TypeVar, cast
 
-from sqlalchemy import Engine, func, make_url, select
+from sqlalchemy import Engine, func, make_url, select, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session
 
@@ -78,6 +78,35 @@ def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: date
         new = cur.fetchone()[0]
         cur.execute("DROP TABLE shape_in")
     return int(new)
+
+
+def insert_shapes_absent(s: Session, rows: Sequence[dict]) -> set[str]:
+    """Insert shapes whose (campaign_id, shape_key) is not there yet; a shape a concurrent capture inserted first is
+    left as it is (the caller merges into it). Key order, as captures take their row locks. Returns the keys
+    inserted here."""
+    if not rows:
+        return set()
+    from sqlalchemy.dialects import postgresql, sqlite
+    ins = (postgresql.insert if s.connection().dialect.name == "postgresql" else sqlite.insert)(CampaignShape)
+    out: set[str] = set()
+    ordered = sorted(rows, key=lambda r: r["shape_key"])
+    for i in range(0, len(ordered), 500):
+        stmt = ins.values(ordered[i:i + 500]).on_conflict_do_nothing(
+            index_elements=["campaign_id", "shape_key"]).returning(CampaignShape.shape_key)
+        out.update(s.scalars(stmt).all())
+    return out
+
+
+# pg_advisory_xact_lock's key for image lineage changes (inherits): any constant all replicas share
+LINEAGE_LOCK_KEY = 0x4C494E45  # "LINE"
+
+
+def lineage_lock(s: Session) -> None:
+    """Lineage changes one at a time across replicas, for the rest of the session's transaction: PostgreSQL's
+    transaction-scoped advisory lock (freed at commit or rollback, or with a dead replica's connection); on SQLite
+    the write session's BEGIN IMMEDIATE already holds the database's only write lock."""
+    if s.connection().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LINEAGE_LOCK_KEY})
 
 
 # pg_advisory_lock's key for start-up work (migrations, the bootstrap admin token): any constant all replicas share

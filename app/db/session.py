@@ -127,6 +127,19 @@ class LoopConnections:
             await self._idle.pop()[0].close()
 
 
+# what a driver says when the database takes no writes at all (SQLite's SQLITE_FULL, SQLITE_IOERR,
+# SQLITE_READONLY; PostgreSQL's ENOSPC on its WAL or a table's file, a read-only server)
+_CANNOT_WRITE = ("database or disk is full", "disk i/o error", "readonly database", "no space left on device",
+                 "could not extend file", "could not write", "read-only transaction")
+
+
+def cannot_write(e: BaseException) -> str | None:
+    """The reason in a driver's error that says writes fail (None: something else, such as busy)."""
+    msg = str(getattr(e, "orig", None) or e)
+    low = msg.lower()
+    return msg.strip().splitlines()[0][:300] if any(k in low for k in _CANNOT_WRITE) else None
+
+
 class Database:
     def __init__(self, url: str, sqlite_busy_ms: int = 5000, background_checkpoints: bool = False,
                  loop_connections: int = 4):
@@ -146,6 +159,9 @@ class Database:
         self._factory = sessionmaker(self.engine, expire_on_commit=False, info={"state": self.state})
         self._read_factory = sessionmaker(self.read_engine, expire_on_commit=False, info={"state": self.state})
         self._writer, self._busy_s = threading.RLock(), sqlite_busy_ms / 1000
+        # the last write's failure that says the database cannot take writes (disk full, read-only, I/O), with
+        # when (monotonic): /healthz answers 503 with it until a write commits a change again (write_failed)
+        self.write_failure: tuple[str, float] | None = None
         self.loop_conns = None if self.is_sqlite else LoopConnections(
             self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False), loop_connections)
 
@@ -163,11 +179,41 @@ class Database:
             if got:
                 self._writer.release()
 
+    def _note(self, e: BaseException) -> None:
+        """A write failed: remembered where the error says the database takes no writes (not busy: that passes)."""
+        why = cannot_write(e)
+        if why is not None:
+            self.write_failure = (why, time.monotonic())
+
+    def _wrote(self, changed: bool) -> None:
+        """A write transaction committed: a change it made says the database takes writes again."""
+        if changed and self.write_failure is not None:
+            self.write_failure = None
+
+    @staticmethod
+    def _changes(dbapi) -> int:  # type: ignore[no-untyped-def]
+        """SQLite: rows this connection changed, ever (a write transaction that changed none proves nothing)."""
+        return int(getattr(dbapi, "total_changes", 0))
+
     @contextmanager
     def session(self, write: bool = True) -> Iterator[Session]:
         """One transaction per use case: committed on success, rolled back on error."""
-        with self._one_writer(write), (self._factory if write else self._read_factory)() as s, s.begin():
-            yield s
+        if not write:
+            with self._one_writer(write), self._read_factory() as s, s.begin():
+                yield s
+            return
+        with self._one_writer(write), self._factory() as s:
+            try:
+                with s.begin():
+                    dbapi = s.connection().connection.dbapi_connection if self.is_sqlite else None
+                    before = self._changes(dbapi) if dbapi is not None else 0
+                    yield s
+                    s.flush()
+                    changed = self._changes(dbapi) > before if dbapi is not None else True
+            except DBAPIError as e:
+                self._note(e)
+                raise
+            self._wrote(changed)
 
     @contextmanager
     def plain(self, write: bool = True) -> Iterator[Plain]:
@@ -182,13 +228,18 @@ class Database:
                 raise DBAPIError.instance(None, None, e, driver_error) from e
             conn = cast(DBAPIConnection, fairy.dbapi_connection)  # checked out: the driver's connection, never None
             try:
+                before = self._changes(conn) if self.is_sqlite else 0
                 if self.is_sqlite:  # as the engines' "begin" hook does: writers queue for the one write lock
                     conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 else:  # psycopg would send its BEGIN as a round trip of its own: the Plain sends it with its first
                     conn.autocommit = True  # statements (commit and rollback still end what it began)
                 yield Plain(conn, not self.is_sqlite, self.key, begin=not self.is_sqlite, state=self.state)
                 fairy.commit()
+                if write:
+                    self._wrote(self._changes(conn) > before if self.is_sqlite else True)
             except BaseException as e:
+                if write:
+                    self._note(e)
                 if isinstance(e, driver_error) and engine.dialect.is_disconnect(e, conn, None):
                     fairy.invalidate(e)  # dead (the database restarted): never back into the pool
                 else:
@@ -218,7 +269,9 @@ class Database:
         try:
             yield AsyncPlain(conn, self.key, self.state)
             await conn.commit()
+            self._wrote(True)
         except Exception as e:
+            self._note(e)
             if not conn.broken:
                 try:
                     await conn.rollback()

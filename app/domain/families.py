@@ -8,6 +8,7 @@ aiter/tuned_gemm.py, aiter/ops/gemm_op_*.py, aiter/fused_moe.py, the csrc/*/*_tu
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 # How a column's cells are read and written. AITER reads tables with pandas: ints stay ints, the
@@ -314,6 +315,36 @@ MoeStage = str | tuple[tuple[str, str], ...] | None
 
 
 @dataclass(frozen=True)
+class KernelRename:
+    """AITER renamed a family's kernels in `release` without changing them: a name in the old format, rewritten by
+    pattern -> repl (re.sub on the whole name), is the same kernel's name from that release on. The pattern
+    matches the old format only, so a name already new is left as it is. seen: where the rename shows."""
+    release: str
+    pattern: str
+    repl: str
+    seen: str
+
+    def apply(self, name: str) -> str:
+        return re.sub(f"^(?:{self.pattern})$", self.repl, name)
+
+
+# v0.1.10's CK blockscale instance names gained a field before the A/B transfer thread clusters, holding the value
+# of the CShuffle field near the end (…_16x16_16x16_16x16x1_…_4_1x1_intrawave_v1 -> …_16x16_16x16_1x1_16x16x1_…):
+# 43 of the 78 keys aiter/configs/a8w8_blockscale_tuned_gemm.csv ships in both v0.1.9 and v0.1.10 name the same
+# kernel once rewritten (0 before), the others a different tile
+_BLOCKSCALE_1X1 = KernelRename(
+    "v0.1.10", r"(a8w8_blockscale_\d+x\d+x\d+_\d+x\d+x\d+x\d+_\d+x\d+_\d+x\d+_)"
+               r"(\d+x\d+x\d+_\d+x\d+x\d+_\d+x\d+x\d+x\d+_\d+_(\d+x\d+)_.*)",
+    r"\g<1>\g<3>_\g<2>", "aiter/configs/a8w8_blockscale_tuned_gemm.csv v0.1.9 -> v0.1.10")
+# v0.1.15's FlyDSL bpreshuffle names gained a fifth tiling field, 0 for every kernel v0.1.14 had
+# (…_F8_F8_B16_2x0x1x2_default -> …_2x0x1x2x0_default): all 550 keys aiter/configs/a8w8_bpreshuffle_tuned_gemm.csv
+# ships in both releases name the same kernel once rewritten (359 before)
+_FLYDSL_BPRESHUFFLE_X0 = KernelRename(
+    "v0.1.15", r"(flydsl_bpreshuflle_\d+x\d+x\d+_[A-Z0-9]+_[A-Z0-9]+_[A-Z0-9]+_\d+x\d+x\d+x\d+)(_[a-z]+)",
+    r"\g<1>x0\g<2>", "aiter/configs/a8w8_bpreshuffle_tuned_gemm.csv v0.1.14 -> v0.1.15")
+
+
+@dataclass(frozen=True)
 class MoeRoute:
     """One branch of the stage choice the MoE op makes for the row its lookup found (get_2stage_cfgs after its
     'using' line), first that fits: conditions (moe_holds) on the call's cells as looked up, the row's cells
@@ -466,6 +497,11 @@ class TableFamily:
     err_columns: tuple[str, ...] = ("errRatio",)
     compiled: bool = False  # kernels picked from a table compiled into a CK JIT module
     tuner_script: str | None = None
+    # where the image's AITER lists every kernel the family's tuner races: (file under the AITER root, the
+    # module attribute holding {id: instance with .name}); the aiter backend reports their names as the image's
+    # kernel catalog (an upgrade's "kernel gone"). Empty: not every candidate list is known, so no catalog is
+    # reported (a partial one would refuse the winners it lacks).
+    catalog_lists: tuple[tuple[str, str], ...] = ()
     tuner_args: tuple[str, ...] = ()
     # the aiter backend races this tuner in two phases: its screen needs every candidate in -o2/--profile_file
     # (TunerCommon.post_process, base_tuner.py:482-491) and its confirmation a --run_config that runs the
@@ -570,6 +606,9 @@ class TableFamily:
     # the cells naming the kernel a row runs (joined by '+'): what an image upgrade's triage looks for in the new
     # image's kernel catalog, and what a confirmation race names its incumbent by (workers' kernel_name)
     kernel_columns: tuple[str, ...] = ("kernelName",)
+    # kernels AITER renamed between releases without changing them (oldest first): an upgrade carries a row whose
+    # kernel the new image has under its new name (app/domain/upgrade.py)
+    kernel_renames: tuple[KernelRename, ...] = ()
     # the MoE op's argument path and stage launchers (fused_moe.py); None: not a MoE op
     moe_op: MoeOpPath | None = None
 
@@ -619,6 +658,26 @@ class TableFamily:
     def unfilled(self, row: dict[str, str]) -> list[str]:
         exempt = {c for c, when, val in self.filled_unless if str(row.get(when, "")).strip() == val}
         return [c for c in self.filled if c not in exempt and c in row and not str(row.get(c, "")).strip()]
+
+    def kernel_forms(self, name: str) -> list[str]:
+        """One kernel's names, as written and as each later release names it (kernel_renames, applied in order)."""
+        out = [name]
+        for rule in self.kernel_renames:
+            renamed = rule.apply(out[-1])
+            if renamed != out[-1]:
+                out.append(renamed)
+        return out
+
+    def catalog_name(self, kernel: str, catalog: Collection[str] | None) -> str:
+        """A kernel (fmoe's: parts joined by '+') as the image's catalog names it: each part's newest form the
+        catalog has (the name unchanged where it has none, or where no catalog is known)."""
+        if catalog is None or not kernel:
+            return kernel
+        parts = []
+        for part in kernel.split("+"):
+            forms = self.kernel_forms(part)
+            parts.append(next((f for f in reversed(forms) if f in catalog), part))
+        return "+".join(parts)
 
     def kernel_of(self, row: dict[str, str]) -> str:
         return "+".join(str(row[c]) for c in self.kernel_columns if str(row.get(c) or "").strip())
@@ -929,7 +988,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8.cu:94-136: the kernel comes from a (gfx,cu_num,M,N,K) table, no q_dtype_w, own padding
         cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
         aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
-        tuned_variants=_CK_OLD_VARIANT, math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py"),
+        tuned_variants=_CK_OLD_VARIANT, math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py",
+        # the tuner races kernels_list only and names a row by kernels_list[kernelId].name (gemm_a8w8_tune.py:
+        # 121-124, 223-228)
+        catalog_lists=(("csrc/ck_gemm_a8w8/gemm_a8w8_common.py", "kernels_list"),)),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
         log_lines=LOG_A8W8,
@@ -955,6 +1017,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                    runs="default", when=(("q_dtype_w", "!=", "torch.int8"),),
                    row_when=(("libtype", "==", "flydsl"), ("kernelName", "!~", _FLYDSL_A8W8_NAME)))),
         libtype_use_unless=(("q_dtype_w", "torch.int8"),), flydsl_miss="default",
+        kernel_renames=(_FLYDSL_BPRESHUFFLE_X0,),
         # ck rows also pick the kernel in the compiled (gfx,cu_num,M,N,K) table, padded as Python pads
         cpp_key=_GEMM_KEY, cpp_padding="gemm", cpp_libtype="ck",
         tuned_variants=(("cu_num,M,N,K,q_dtype_w,kernelId,splitK,us,kernelName,tflops,bw,errRatio",
@@ -971,6 +1034,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8_blockscale (:839-866): ck and cktile rows run (by kernelName); any other libtype asserts
         aiter_op="gemm_a8w8_blockscale", op_entries=(_BLOCKSCALE_OP,),
         libtype_use=(("ck", "hit"), ("cktile", "hit")), libtype_other="fails", tuned_variants=_CK_OLD_VARIANT,
+        kernel_renames=(_BLOCKSCALE_1X1,),
         math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
     TableFamily(
         name="a8w8_blockscale_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",

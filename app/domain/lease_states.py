@@ -141,6 +141,15 @@ def cover(shape: ShapeFacts, note: str) -> ShapeFacts:
     return replace(shape, state=ShapeState.COVERED, last_error=note)
 
 
+def carry(shape: ShapeFacts) -> ShapeFacts:
+    """An image upgrade hands its parent's row to a shape (app/services/upgrades.py) only while nobody has worked on
+    it here: queued and never tried. A leased, tuned, failed or tried shape keeps its own race: carrying it would
+    turn its full race's result into a lost confirmation and race it again."""
+    if shape.state is not ShapeState.QUEUED or shape.attempts or shape.lease_id:
+        raise TransitionError(f"a {shape.state} shape (tried {shape.attempts} times) is not carried")
+    return shape
+
+
 def requeue(shape: ShapeFacts) -> ShapeFacts:
     """Admin: a parked shape gets another `max_attempts` tries (attempts stay; the base moves up)."""
     if shape.state is not ShapeState.FAILED:

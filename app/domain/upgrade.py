@@ -28,6 +28,9 @@ class Triage(StrEnum):
     NOW_SHIPPED = "now_shipped"
     KERNEL_GONE = "kernel_gone"
     HEADER_CHANGED = "header_changed"
+    # the parent's race found nothing that beat the default: no row to carry, and the verdict is confirmed by a
+    # short race (the default as incumbent, the parent race's top kernels), not a full one
+    DEFAULT_BEST = "default_best"
 
 
 class Outcome(StrEnum):
@@ -47,11 +50,13 @@ def kernel_gone(kernel: str | None, catalog: Collection[str] | None) -> bool:
 
 
 def triage(kernel: str | None, row: dict[str, str], header: Iterable[str], shipped: bool,
-           catalog: Collection[str] | None) -> Triage:
+           catalog: Collection[str] | None, default_best: bool = False) -> Triage:
     """One verified parent row against the new image: shipped first (a shipped key is never served twice), then
-    its kernel, then the header."""
+    its kernel, then the header. default_best: the parent tuned the shape as "the default is best" (no row)."""
     if shipped:
         return Triage.NOW_SHIPPED
+    if default_best:
+        return Triage.DEFAULT_BEST
     if kernel_gone(kernel, catalog):
         return Triage.KERNEL_GONE
     if any(c not in row for c in header):
@@ -101,6 +106,9 @@ def confirm(verdict: Triage, incumbent: str | None, kind: ResultKind, kernel: st
     won = kind is ResultKind.VERIFIED and bool(incumbent) and kernel == incumbent
     if verdict is Triage.CARRIED:
         return Confirmation(Outcome.CONFIRMED) if won else Confirmation(Outcome.OVERTURNED, full_race=True)
+    if verdict is Triage.DEFAULT_BEST:  # still nothing beats the default: confirmed; else a full race finds the best
+        return (Confirmation(Outcome.CONFIRMED) if kind is ResultKind.DEFAULT_BEST
+                else Confirmation(Outcome.OVERTURNED, full_race=True))
     if verdict is Triage.NOW_SHIPPED:
         # the incumbent here is the shipped kernel: ours is kept only if something else won outright
         shipped_won = won or kind is ResultKind.DEFAULT_BEST

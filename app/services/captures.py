@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -73,7 +75,8 @@ def reweigh(s: Session, camp: Campaign, fam: TableFamily) -> None:
 
 
 def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SHAPES,
-           max_campaign_shapes: int | None = None) -> CaptureOut:
+           max_campaign_shapes: int | None = None, may_see: Callable[[str], bool] = lambda d: True) -> CaptureOut:
+    """may_see: the digests the caller's token may learn (a note naming another image is left out otherwise)."""
     fam, fmt, parsed = parse(body, max_shapes)  # raises before anything is written
     delta = _step_delta(body)
     done = _already(s, body.image_digest, body.capture_uid, fam)
@@ -113,7 +116,7 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
         reweigh(s, camp, fam)
     notes = list(parsed.notes)
     if new:  # new shapes: maybe an image seen for the first time, from a host that ran another one
-        note = suggestion_note(s, body.image_digest)
+        note = suggestion_note(s, body.image_digest, may_see)
         if note:
             notes.append(note)
     return CaptureOut(capture_id=cap.id, campaign_id=camp.id, family=fam.name, shapes_received=len(parsed.shapes),

@@ -26,7 +26,7 @@ from app.domain.roofline import ceiling_us, floor_us
 from app.errors import Conflict, DomainError, Forbidden, Invalid, NotFound
 from app.services import image_tables
 from app.services.caches import caches_of
-from app.wire import MAX_BUDGET_S, formula_safe
+from app.wire import KERNEL_NAME_RE, MAX_BUDGET_S, formula_safe
 
 
 def shape_facts(sh: CampaignShape) -> ls.ShapeFacts:
@@ -292,6 +292,10 @@ def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> di
             formula_safe(cells[col])
         except ValueError as e:
             raise Invalid(f"row.{col}: {cells[col][:80]!r} {e}", f"row.{col}") from None
+    for col in fam.kernel_columns:  # free text nowhere: a kernel is named as AITER names its kernels
+        if cells.get(col) and not KERNEL_NAME_RE.fullmatch(cells[col]):
+            raise Invalid(f"row.{col}: {cells[col][:80]!r} is not a kernel name (ASCII letters, digits and '_', as "
+                          f"AITER names its kernels)", f"row.{col}")
     want = dict(shape.shape, gfx=lease.gfx, cu_num=str(lease.cu_num))
     for col in schema.key_columns:
         if col in want and runtime_value(col, cells[col]) != runtime_value(col, want[col]):
@@ -344,12 +348,26 @@ def _check_times(lease, body: ResultIn, settings: Settings, now: datetime) -> No
         raise Invalid(f"elapsed_s: {body.elapsed_s} s is longer than any lease lives", "elapsed_s")
 
 
+def _one_kernel(lease, body: ResultIn, row: dict[str, str] | None) -> ResultIn:  # type: ignore[no-untyped-def]
+    """A result names one kernel: the confirmation is decided on kernel_name and the overlay serves the row's
+    kernel column(s), so the two must agree (a result without kernel_name takes its row's)."""
+    if row is None:
+        return body
+    theirs = get_family(lease.family).kernel_of(row)
+    if body.kernel_name is None:
+        return body.model_copy(update={"kernel_name": theirs or None})
+    if body.kernel_name != theirs:
+        raise Invalid(f"kernel_name: {body.kernel_name[:200]!r} is not the row's kernel {theirs[:200]!r}; a result "
+                      f"names the kernel its row serves", "kernel_name")
+    return body
+
+
 def _check_kernel(p: Plain, lease, body: ResultIn, row: dict[str, str] | None) -> None:  # type: ignore[no-untyped-def]
     """The winner must be a kernel the image's tuner races, where the image reported its catalog for the family."""
     catalog = image_tables.kernel_catalog(p, lease.image_digest, lease.family)
     if catalog is None or body.status == "failed":
         return
-    for field, name in (("kernel_name", body.kernel_name), ("row.kernelName", (row or {}).get("kernelName"))):
+    for field, name in (("row.kernelName", (row or {}).get("kernelName")), ("kernel_name", body.kernel_name)):
         if name and name not in catalog:
             raise Invalid(f"{field}: {name[:200]!r} is not in the image's {lease.family} kernel catalog "
                           f"({len(catalog)} kernels, as its worker reported them)", field)
@@ -417,6 +435,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
         _check_timing(lease, shape, body)
         _check_times(lease, body, settings, now)
+        body = _one_kernel(lease, body, row)
         _check_kernel(p, lease, body, row)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if late:

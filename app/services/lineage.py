@@ -38,12 +38,13 @@ def suggestions(s: Session, digest: str) -> list[str]:
     return out
 
 
-def suggestion_note(s: Session, digest: str) -> str | None:
-    """A capture note for an image seen for the first time from a host that ran another image before."""
+def suggestion_note(s: Session, digest: str, may_see: Any = lambda d: True) -> str | None:
+    """A capture note for an image seen for the first time from a host that ran another image before (one the
+    caller's token may see: the host is the client's word, so the note must not name digests it is not scoped to)."""
     img = s.get(Image, digest)
     if img is None or img.parent_digest:
         return None
-    found = suggestions(s, digest)
+    found = [d for d in suggestions(s, digest) if may_see(d)]
     if not found:
         return None
     return (f"image {digest} is new here and its host last ran {found[0]}: an admin can carry that image's tuning "

@@ -117,14 +117,26 @@ def best_rows(s: Session, digest: str, family: str, schema: Schema
 def carried_rows(s: Session, digest: str, family: str, schema: Schema) -> list[dict[str, str]]:
     """The parent image's rows this image serves provisionally, in this image's header."""
     fam = family_or_422(family)
-    q = (select(Result.row, Campaign.gfx).join(CampaignShape, CampaignShape.carried_result_id == Result.id)
+    q = (select(Result.row, Campaign.gfx, CampaignShape.finalists)
+         .join(CampaignShape, CampaignShape.carried_result_id == Result.id)
          .join(Campaign, Campaign.id == CampaignShape.campaign_id)
          .where(Campaign.image_digest == digest, Campaign.family == family,
                 CampaignShape.triage == upgrade.Triage.CARRIED.value, CampaignShape.outcome.is_(None))
          .order_by(CampaignShape.id))
-    return [{c: str(row[c]) for c in schema.header}
-            for row in ((fam.looked_up(r, gfx) if fam.op_remaps and r else r) for r, gfx in s.execute(q))
-            if row and all(c in row for c in schema.header)]
+    out = []
+    for r, gfx, finalists in s.execute(q):
+        row = fam.looked_up(r, gfx) if fam.op_remaps and r else r
+        if not row or not all(c in row for c in schema.header):
+            continue
+        row = {c: str(row[c]) for c in schema.header}
+        named = upgrade.incumbent(finalists)
+        if named and named != fam.kernel_of(row):  # a kernel the new image renamed: served under its new name
+            cols = [c for c in fam.kernel_columns if str(row.get(c) or "").strip()]
+            parts = named.split("+")
+            if len(parts) == len(cols):
+                row.update(zip(cols, parts))
+        out.append(row)
+    return out
 
 
 def _measured(s: Session, digest: str, family: str, schema: Schema

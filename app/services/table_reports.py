@@ -3,7 +3,9 @@ its family's header and stored, and rows the image carried from its parent are t
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -15,6 +17,7 @@ from app.errors import Invalid
 from app.schemas import ImageTablesIn
 from app.services import image_tables, upgrades
 from app.services.lookups import ensure_image
+from app.wire import formula_safe
 
 
 def _kind(path: str, default_file: str) -> str:
@@ -22,6 +25,19 @@ def _kind(path: str, default_file: str) -> str:
     if "untuned" in name:
         return "untuned"
     return "default" if path == default_file else "model_config"
+
+
+def check_cells(path: str, text: str) -> None:
+    """Every column name and cell of a posted table is one a spreadsheet opening the merged overlay would not run
+    as a formula (the overlay serves the image's own rows and header beside ours): 422 naming the table, nothing
+    stored."""
+    for n, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        for i, cell in enumerate(row):
+            try:
+                formula_safe(cell.strip())
+            except ValueError as e:
+                what = "column name" if n == 1 else f"line {n}, column {i + 1}"
+                raise Invalid(f"tables.{path}: {what}: {cell[:80]!r} {e}", f"tables.{path}") from None
 
 
 def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str, int]:
@@ -36,6 +52,7 @@ def store_image_tables(s: Session, digest: str, body: ImageTablesIn) -> dict[str
         fam = family_for_file(path)
         if fam is None or not text.strip():
             continue  # a table no family reads (asm_a8w8_gemm.csv) is not part of any deploy
+        check_cells(path, text)
         header = parse_header_line(text.splitlines()[0])
         kind = _kind(path, fam.tuned_file)
         if kind != "untuned":

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Campaign, CampaignShape, Image, Lease, Result
+from app.db import dialect
+from app.db.models import Campaign, CampaignShape, Image, Lease, Result, utcnow
 from app.domain import deploy, served
 from app.domain import upgrade as up
 from app.domain.families import get_family
@@ -39,6 +40,26 @@ def _best_results(s: Session, shape_ids: list[int]) -> dict[int, Result]:
     return best
 
 
+def _default_best(s: Session, shape_ids: list[int]) -> dict[int, Result]:
+    """Each shape's latest "default is best" result, for shapes tuned so (a verified row, if any, wins over it)."""
+    out: dict[int, Result] = {}
+    for i in range(0, len(shape_ids), 500):
+        for r in s.scalars(select(Result).where(Result.shape_id.in_(shape_ids[i:i + 500]),
+                                                Result.status == ls.ResultKind.DEFAULT_BEST.value)
+                           .order_by(Result.id)):
+            out[r.shape_id] = r
+    return out
+
+
+def _default_name(res: Result) -> str | None:
+    """The default path's name in a race: the candidate timed at the result's default_us (leasing requires one)."""
+    for c in res.candidates or []:
+        if c.get("name") and c.get("us") is not None and res.default_us is not None \
+                and abs(float(c["us"]) - res.default_us) <= 1e-6 * max(1.0, res.default_us):
+            return str(c["name"])
+    return None
+
+
 def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: dict[int, Result]) -> None:
     """Each shape's verdict against its image's tables and kernel catalog as known now (shapes: those with a
     carried result, by shape id)."""
@@ -49,19 +70,28 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
     catalog = (img.kernel_catalog or {}).get(fam.name) if img else None
     schema = schema_for(s, camp.image_digest, fam.name)
     release = release_of(s, camp.image_digest)
-    rows = [carried[sh.id].row or {} for sh in shapes]
+    # a "default is best" result has no row: its shape's key cells stand for it (a key the image ships now)
+    rows = [carried[sh.id].row or dict(sh.shape, gfx=camp.gfx, cu_num=str(camp.cu_num)) for sh in shapes]
     shipped = deploy.shipped_rows(release, fam, shipped_for(s, camp.image_digest, fam.name, release),
                                   Table(tuple(schema.header), [{c: r.get(c, "") for c in schema.header} for r in rows]),
                                   camp.gfx)
     for sh, row, ship in zip(shapes, rows, shipped):
         res = carried[sh.id]
-        kernel = res.kernel_name or fam.kernel_of(row)
-        verdict = up.triage(kernel, row, schema.header, ship is not None, catalog)
+        # the kernel under the name the new image gives it (AITER renames kernels between releases without
+        # changing them: TableFamily.kernel_renames), so a renamed kernel is carried, not raced again
+        default_best = not res.verified and res.status == ls.ResultKind.DEFAULT_BEST.value
+        kernel = fam.catalog_name((_default_name(res) if default_best else res.kernel_name) or fam.kernel_of(row),
+                                  catalog)
+        cands = [dict(c, name=fam.catalog_name(str(c["name"]), catalog)) if c.get("name") else c
+                 for c in res.candidates or []]
+        verdict = up.triage(kernel, row, schema.header, ship is not None, catalog, default_best)
         sh.triage, sh.outcome = verdict.value, None
-        if verdict is up.Triage.CARRIED:
-            sh.finalists = up.finalists(kernel, res.candidates or [], catalog=catalog)
+        if verdict in (up.Triage.CARRIED, up.Triage.DEFAULT_BEST):
+            sh.finalists = up.finalists(kernel, cands, catalog=catalog)
         elif verdict is up.Triage.NOW_SHIPPED:
             theirs = fam.kernel_of(ship or {})
+            if theirs and theirs in fam.kernel_forms(kernel):
+                kernel = theirs
             settled = up.settled(verdict, kernel, theirs)
             if settled is not None:  # the image ships our very row's kernel: covered by it, nothing to race
                 sh.outcome, sh.finalists = settled.value, None
@@ -70,51 +100,71 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
                 continue
             # the shipped kernel is the incumbent to beat; ours and the parent's best race it
             sh.finalists = ([theirs] if theirs else []) + [k for k in up.finalists(
-                kernel, res.candidates or [], catalog=catalog) if k != theirs]
+                kernel, cands, catalog=catalog) if k != theirs]
         else:
             sh.finalists = None
 
 
 def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
     """new's campaigns from old's (every gfx/cu_num/family), with their shapes, calls and served-step histograms,
-    and each verified row triaged. Refused (nothing written) for an unknown parent, a cycle, or a second parent."""
+    and each verified row triaged. Refused (nothing written) for an unknown parent, a cycle, or a second parent.
+
+    Safe beside other replicas: the lineage is read and changed under one lock (two inherits never make a cycle or
+    give an image two parents; the loser answers 409), shapes captures insert meanwhile are merged into, and the
+    new image's shapes are read with their row locks, so a shape a worker leased or tuned meanwhile keeps its own
+    race (lease_states.carry)."""
     if s.get(Image, old) is None:
         raise NotFound(f"from: no image {old} is known here", "from")
+    dialect.lineage_lock(s)
     try:
         up.check_lineage(new, old, _parents(s))
     except up.LineageError as e:
         raise (Conflict if e.conflict else Invalid)(str(e), e.field) from None
-    img = ensure_image(s, new)
-    img.parent_digest = old
+    ensure_image(s, new)
+    s.flush()
+    # the database's own guard: an image takes its one parent only while it has none
+    took: Any = s.execute(update(Image).where(Image.digest == new, Image.parent_digest.is_(None))
+                          .values(parent_digest=old).execution_options(synchronize_session="fetch"))
+    if took.rowcount != 1:
+        raise Conflict(f"image_digest: {new} already inherits from another image", "image_digest")
     out = []
+    now = utcnow()
     for oc in s.scalars(select(Campaign).where(Campaign.image_digest == old).order_by(Campaign.id)).all():
         nc = ensure_campaign(s, new, oc.gfx, oc.cu_num, oc.family)
+        s.flush()
         if oc.step_hist:
             nc.step_hist = served.merge(nc.step_hist, oc.step_hist)
         olds = s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == oc.id)
                          .order_by(CampaignShape.id)).all()
-        have = {sh.shape_key: sh for sh in s.scalars(select(CampaignShape)
-                                                     .where(CampaignShape.campaign_id == nc.id))}
+        # insert-or-merge: a capture for the new image may insert the same keys at this very moment
+        inserted = dialect.insert_shapes_absent(s, [dict(
+            campaign_id=nc.id, shape_key=o.shape_key, shape=o.shape, calls=o.calls, flops=o.flops,
+            default_us=o.default_us, default_measured=o.default_measured, steps=o.steps, priority=o.priority,
+            state=ShapeState.QUEUED.value, attempts=0, attempts_base=0, updated_at=now) for o in olds])
+        # row locks in key order (as captures take theirs): a lease picks past them (SKIP LOCKED), one that
+        # picked first is waited for and then seen leased
+        have = {sh.shape_key: sh for sh in s.scalars(
+            select(CampaignShape).where(CampaignShape.campaign_id == nc.id)
+            .order_by(CampaignShape.shape_key).with_for_update()
+            .execution_options(populate_existing=True))}
         best = _best_results(s, [sh.id for sh in olds])
+        best = {**_default_best(s, [sh.id for sh in olds if sh.id not in best]), **best}
         carried: dict[int, Result] = {}
         to_triage = []
-        added = 0
         for o in olds:
             sh = have.get(o.shape_key)
             if sh is None:
-                sh = CampaignShape(campaign_id=nc.id, shape_key=o.shape_key, shape=o.shape, calls=o.calls,
-                                   flops=o.flops, default_us=o.default_us, default_measured=o.default_measured,
-                                   steps=o.steps, priority=o.priority, state=ShapeState.QUEUED.value, attempts=0,
-                                   attempts_base=0)
-                s.add(sh)
-                added += 1
-            elif sh.state != ShapeState.QUEUED.value or sh.attempts or sh.triage:
+                continue
+            try:
+                ls.carry(shape_facts(sh))
+            except ls.TransitionError:
                 continue  # the new image already works on it (or tuned it): its own race stands
-            else:
+            if sh.triage:
+                continue
+            if o.shape_key not in inserted:
                 sh.calls = max(sh.calls, o.calls)
             if o.id in best:
                 to_triage.append((sh, best[o.id]))
-        s.flush()
         for sh, res in to_triage:
             sh.carried_result_id = res.id
             carried[sh.id] = res
@@ -124,7 +174,7 @@ def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
             reweigh(s, nc, get_family(nc.family))
         verdicts = Counter(sh.triage for sh, _ in to_triage)
         out.append({"campaign_id": nc.id, "from_campaign_id": oc.id, "family": nc.family, "gfx": nc.gfx,
-                    "cu_num": nc.cu_num, "shapes_added": added, "with_row": len(to_triage),
+                    "cu_num": nc.cu_num, "shapes_added": len(inserted), "with_row": len(to_triage),
                     **{v.value: verdicts.get(v.value, 0) for v in up.Triage}})
     if not out:
         raise Invalid(f"from: image {old} has no campaigns to inherit", "from")
@@ -132,14 +182,18 @@ def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
 
 
 def retriage(s: Session, digest: str) -> int:
-    """The image's tables or kernel catalog changed (its worker reported them): carried rows not yet confirmed are
-    triaged again (a key it now ships, a kernel it lacks). Shapes being raced stay as they are."""
+    """The image's tables or kernel catalog changed (its worker reported them): inherited rows nobody has raced here
+    yet are triaged again against what the image has now, whichever way it went (a key it now ships, a kernel it
+    lacks, or, a catalog restored, a kernel it has again: the row is carried once more). A shape being raced or
+    decided stays as it is."""
     s.flush()
     n = 0
     for camp in s.scalars(select(Campaign).where(Campaign.image_digest == digest)).all():
         shapes = s.scalars(select(CampaignShape).where(
-            CampaignShape.campaign_id == camp.id, CampaignShape.triage == up.Triage.CARRIED.value,
-            CampaignShape.outcome.is_(None), CampaignShape.state == ShapeState.QUEUED.value)).all()
+            CampaignShape.campaign_id == camp.id, CampaignShape.triage.is_not(None),
+            CampaignShape.carried_result_id.is_not(None), CampaignShape.outcome.is_(None),
+            CampaignShape.state == ShapeState.QUEUED.value)
+            .order_by(CampaignShape.shape_key).with_for_update(skip_locked=True)).all()
         if not shapes:
             continue
         results = {r.id: r for r in s.scalars(select(Result).where(
@@ -150,9 +204,10 @@ def retriage(s: Session, digest: str) -> int:
     return n
 
 
-def counts(s: Session, campaign_id: int) -> dict[str, Any] | None:
+def counts(s: Session, campaign_id: int, may_see: Any = lambda d: True) -> dict[str, Any] | None:
     """What an inherited campaign carried and how its confirmations went, with its race time against the parent
-    campaign's (None: the campaign's image inherits nothing)."""
+    campaign's (None: the campaign's image inherits nothing). may_see: the digests the reader's token may learn;
+    the parent's digest and campaign are left out for one scoped to the child only (as lineage leaves them)."""
     camp = s.get(Campaign, campaign_id)
     img = s.get(Image, camp.image_digest) if camp else None
     if camp is None or img is None or not img.parent_digest:
@@ -172,13 +227,15 @@ def counts(s: Session, campaign_id: int) -> dict[str, Any] | None:
         return float(s.scalar(select(func.sum(Result.elapsed_s)).join(Lease, Lease.id == Result.lease_id)
                               .where(Lease.campaign_id == cid)) or 0.0)
     gpu, parent_gpu = spent(campaign_id), spent(parent.id) if parent else 0.0
-    return {"from_digest": img.parent_digest, "from_campaign_id": parent.id if parent else None,
+    shown = may_see(img.parent_digest)
+    return {"from_digest": img.parent_digest if shown else None,
+            "from_campaign_id": parent.id if parent and shown else None,
             "inherited_rows": n(),
             "carried": n(up.Triage.CARRIED), "provisional": n(up.Triage.CARRIED) - sum(
                 n(up.Triage.CARRIED, o) for o in up.Outcome),
             "confirmed": n(outcome=up.Outcome.CONFIRMED), "overturned": n(outcome=up.Outcome.OVERTURNED),
             "re_raced": n(outcome=up.Outcome.RE_RACED),
             "kernel_gone": n(up.Triage.KERNEL_GONE), "header_changed": n(up.Triage.HEADER_CHANGED),
-            "now_shipped": n(up.Triage.NOW_SHIPPED), "shipped_kept": n(outcome=up.Outcome.SHIPPED_KEPT),
+            "now_shipped": n(up.Triage.NOW_SHIPPED), "default_best": n(up.Triage.DEFAULT_BEST), "shipped_kept": n(outcome=up.Outcome.SHIPPED_KEPT),
             "ours_kept": n(outcome=up.Outcome.OURS_KEPT),
             "gpu_s": gpu, "parent_gpu_s": parent_gpu, "gpu_ratio": gpu / parent_gpu if parent_gpu else None}

@@ -126,7 +126,7 @@ def campaign_page(campaign_id: IdPath, request: Request, db: DbDep, settings: Se
                   after: str | None = None) -> Response:
     with db.session(write=False) as s:
         who.check_digest(lookups.campaign_or_404(s, campaign_id).image_digest)
-        head = _campaign_head(s, db, settings, campaign_id, after)
+        head = _campaign_head(s, db, settings, campaign_id, after, who.may_see)
         tag = _shown_tag(request, head.shows())
         if (same := _unchanged(request, tag, head.verdict.start)) is not None:
             return same  # nothing listed is checked, nothing rendered
@@ -152,10 +152,12 @@ class _Head(NamedTuple):
                 self.versions]
 
 
-def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None) -> _Head:
+def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None,
+                   may_see: Callable[[str], bool] = lambda d: True) -> _Head:
+    """may_see: the digests the reader's token may learn (the page of a child names no parent it cannot see)."""
     counts = campaigns.shape_counts(s, campaign_id)  # one pass: the summary's and the totals' version's
     summary = {**campaigns.summary(s, settings.default_shape_cost_s, campaign_id, counts),
-               "upgrade": upgrades.counts(s, campaign_id)}
+               "upgrade": upgrades.counts(s, campaign_id, may_see)}
     return _Head(counts, summary, verifications.listing(s, summary["image_digest"], summary["family"])[:3],
                  campaigns.listed_version(s, campaign_id, after=after),
                  page_engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})),

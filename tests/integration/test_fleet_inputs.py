@@ -144,3 +144,19 @@ def test_absurd_timestamps_and_elapsed_are_refused(client, field, value):
     body = _one_lease(client)
     r = _post(client, body, dict(ok_row(body, body["shapes"][0], us=9.0), **{field: value}))
     assert r.status_code == 422 and r.json()["field"] == field, r.text
+
+
+def test_a_result_names_the_kernel_its_row_serves(client):
+    """The confirmation is decided on kernel_name and the overlay serves the row's kernelName (issue 35): a result
+    whose two differ is refused naming kernel_name, nothing stored; one without kernel_name takes its row's."""
+    from app.db.models import Result
+    body = _one_lease(client, 2)
+    a, b = body["shapes"]
+    r = _post(client, body, dict(ok_row(body, a, us=9.0, kernelName="served_k"), kernel_name="confirmed_k"))
+    assert r.status_code == 422 and r.json()["field"] == "kernel_name", r.text
+    assert client.get(f"/v1/overlays/{body['image_digest']}/bf16_gemm").json()["rows"] == 0
+    r = _post(client, body, ok_row(body, b, us=9.0, kernelName="served_k"))
+    assert r.status_code == 200, r.text
+    with client.app.state.db.session(write=False) as s:
+        stored = s.get(Result, r.json()["result_id"])
+        assert (stored.kernel_name, stored.row["kernelName"]) == ("served_k", "served_k")

@@ -70,3 +70,30 @@ def test_sign_in_refuses_another_sites_form_and_the_cookie_can_be_secure(env):
     c.app.state.settings.cookie_secure = True
     r = c.post("/signin", data=form, headers={"Referer": "http://testserver/campaigns/1"}, follow_redirects=False)
     assert r.status_code == 303 and "secure" in r.headers["set-cookie"].lower()
+
+
+def test_a_token_scoped_to_a_child_image_never_learns_its_parents_digest(env):
+    """Issue 35: a capture's note named the image its (client-chosen) host last ran, and a read token scoped to a
+    child image saw the parent's digest on campaign and overlay reads although lineage hides it."""
+    from tests.integration.test_upgrades_api import tune
+    c, sec = env
+    assert c.post("/v1/captures", json={**CAPTURE, "host": "h1"}, headers=h(sec["capture-a"])).status_code == 201
+    r = c.post("/v1/captures", json={**CAPTURE, "image_digest": OTHER_DIGEST, "host": "h1"},
+               headers=h(sec["capture-b"]))
+    assert r.status_code == 201 and DIGEST not in r.text, r.text
+    c.headers["Authorization"] = "Bearer atk_admin"  # the admin tunes the parent and inherits
+    try:
+        tune(c)
+        assert c.post(f"/v1/images/{OTHER_DIGEST}/inherit", json={"from": DIGEST}).status_code == 201
+    finally:
+        del c.headers["Authorization"]
+    cid = [x for x in c.get("/v1/campaigns", headers=h("atk_admin")).json()
+           if x["image_digest"] == OTHER_DIGEST][0]["campaign_id"]
+    reads = [f"/v1/campaigns/{cid}", f"/v1/overlays/{OTHER_DIGEST}/bf16_gemm", f"/campaigns/{cid}",
+             f"/v1/images/{OTHER_DIGEST}/lineage", f"/v1/overlays/{OTHER_DIGEST}/bf16_gemm/deploy"]
+    for url in reads:
+        r = c.get(url, headers=h(sec["read-b"]))
+        assert r.status_code == 200 and DIGEST not in r.text, (url, r.text[:3000])
+    # the admin still sees where the rows came from
+    assert c.get(f"/v1/campaigns/{cid}", headers=h("atk_admin")).json()["upgrade"]["from_digest"] == DIGEST
+    assert c.get(f"/v1/overlays/{OTHER_DIGEST}/bf16_gemm", headers=h("atk_admin")).json()["carried_from"] == DIGEST

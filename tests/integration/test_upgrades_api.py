@@ -172,3 +172,93 @@ def test_a_capture_from_a_host_that_ran_another_image_suggests_the_inherit(clien
     assert inherit(client).status_code == 201
     cid = r.json()["campaign_id"]
     assert client.get(f"/v1/campaigns/{cid}").json()["shapes"] == 5
+
+
+BF16_HEADER = ("gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,kernelName,"
+               "err_ratio,tflops,bw")
+
+
+@pytest.mark.parametrize("table", [
+    BF16_HEADER + "\ngfx942,304,1,64,64,False,torch.bfloat16,torch.bfloat16,False,False,hipblaslt,7,0,1.0,"
+                  "\"=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\",0,1,1\n",  # a formula cell in the image's own rows
+    BF16_HEADER + ",=cmd|' /C calc'!A0\n",  # a formula column into every overlay header (DDE)
+    BF16_HEADER + "\ngfx942,304,1,64,64,False,torch.bfloat16,torch.bfloat16,False,False,hipblaslt,7,0,1.0,k,0,"
+                  "@SUM(A1),1\n",
+])
+def test_a_posted_table_with_a_formula_cell_or_column_is_refused_and_stores_nothing(client, parent, table):
+    assert inherit(client).status_code == 201
+    r = client.put(f"/v1/images/{NEW}/tables", json={"tables": {"bf16_tuned_gemm.csv": table}})
+    assert r.status_code == 422 and r.json()["field"] == "tables.bf16_tuned_gemm.csv", r.text
+    assert client.get(f"/v1/images/{NEW}/schemas").json() == [] or all(
+        "=" not in ",".join(f["header"]) for f in client.get(f"/v1/images/{NEW}/schemas").json())
+    text = client.get(f"/v1/overlays/{NEW}/bf16_gemm.csv").text
+    assert not any(c[:1] in "=@" for line in csv.reader(io.StringIO(text)) for c in line)
+
+
+@pytest.mark.parametrize("name", ["k\nevil", "ｋ＝1", "=cmd", "k 1", "k;1"])
+def test_a_kernel_name_is_one_as_aiter_names_its_kernels(client, parent, name):
+    """Free text nowhere: a catalog, a result's kernel_name and its row's kernelName are ASCII letters, digits and
+    '_' (fmoe's two stages joined by '+')."""
+    r = client.put(f"/v1/images/{NEW}/tables", json={"tables": {}, "kernels": {"bf16_gemm": ["k1", name]}})
+    assert r.status_code == 422 and r.json()["field"].startswith("kernels"), r.text
+    capture(client, [{"M": 3, "N": 64, "K": 64}], digest=NEW)
+    body = lease(client, budget_s=80_000, digest=NEW).json()
+    item = body["shapes"][0]
+    us = plausible_us(body, item, 2.0)
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json=ok_row(body, item, us, kernelName=name))
+    assert r.status_code == 422 and r.json()["field"] == "row.kernelName", r.text
+    r = client.post(f"/v1/leases/{body['lease_id']}/results",
+                    json=dict(ok_row(body, item, us), kernel_name=name))
+    assert r.status_code == 422 and r.json()["field"] == "kernel_name", r.text
+
+
+def test_a_catalog_that_drops_kernels_and_is_then_restored_carries_the_rows_again(client, parent):
+    """A catalog is a fact of the image as its worker reports it: triage follows the latest report both ways, so a
+    wrong report (or any worker token's) costs nothing once the right one is back, as long as nobody raced the
+    shapes meanwhile."""
+    assert inherit(client).status_code == 201
+    cid = client.get("/v1/campaigns").json()[-1]["campaign_id"]
+    everything = ["k1", "k2", "k4", "k8", "r1", "r2", "r3", "torch_linear"]
+    assert client.put(f"/v1/images/{NEW}/tables", json={"tables": {}, "kernels": {"bf16_gemm": ["nothing"]}}
+                      ).status_code == 200
+    up = client.get(f"/v1/campaigns/{cid}").json()["upgrade"]
+    assert (up["carried"], up["kernel_gone"]) == (0, 4)
+    assert overlay_rows(client, NEW) == []
+    assert client.put(f"/v1/images/{NEW}/tables", json={"tables": {}, "kernels": {"bf16_gemm": everything}}
+                      ).status_code == 200
+    up = client.get(f"/v1/campaigns/{cid}").json()["upgrade"]
+    assert (up["carried"], up["kernel_gone"]) == (4, 0)
+    assert sorted(r["kernelName"] for r in overlay_rows(client, NEW)) == ["k1", "k2", "k4", "k8"]
+    body = lease(client, budget_s=80_000, digest=NEW).json()
+    assert sorted(item["incumbent"] for item in body["shapes"]) == ["k1", "k2", "k4", "k8"]
+
+
+def test_a_shape_the_parent_tuned_as_default_is_best_is_confirmed_by_a_short_race_not_raced_in_full(client):
+    """Issue 35: a shape whose parent race found nothing better than the default (no row) was raced in full on the
+    new image; it is a confirmation race now (the default as incumbent, the parent's top kernels), and a result
+    that says the default is still best confirms it, tuned, no full race."""
+    capture(client, [{"M": 5, "N": 64, "K": 64}])
+    body = lease(client, budget_s=80_000).json()
+    (item,) = body["shapes"]
+    us = plausible_us(body, item, 2.0)
+    timed = [{"name": "torch_linear", "us": us}, {"name": "r1", "us": us * 1.01}, {"name": "r2", "us": us * 1.2}]
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
+        "shape_id": item["shape_id"], "backend": "torch", "status": "default_best", "us": us, "err_ratio": 0.0,
+        "default_us": us, "kernel_name": "torch_linear", "elapsed_s": 1.0, "candidates": timed})
+    assert r.status_code == 200 and r.json()["shape_state"] == "tuned", r.text
+    r = inherit(client)
+    assert r.status_code == 201, r.text
+    assert r.json()["campaigns"][0]["default_best"] == 1
+    body = lease(client, budget_s=80_000, digest=NEW).json()
+    (item,) = body["shapes"]
+    assert item["incumbent"] == "torch_linear" and item["finalists"][:3] == ["torch_linear", "r1", "r2"]
+    us = plausible_us(body, item, 2.0)
+    r = client.post(f"/v1/leases/{body['lease_id']}/results", json={
+        "shape_id": item["shape_id"], "backend": "torch", "status": "default_best", "us": us, "err_ratio": 0.0,
+        "default_us": us, "kernel_name": "torch_linear", "elapsed_s": 1.0,
+        "candidates": [{"name": "torch_linear", "us": us}]})
+    assert r.status_code == 200 and r.json()["shape_state"] == "tuned", r.text
+    cid = client.get("/v1/campaigns").json()[-1]["campaign_id"]
+    up = client.get(f"/v1/campaigns/{cid}").json()["upgrade"]
+    assert (up["default_best"], up["confirmed"], up["overturned"]) == (1, 1, 0), up
+    assert overlay_rows(client, NEW) == []  # the default is best: nothing to serve

@@ -160,3 +160,20 @@ def test_the_backend_races_exactly_the_tuners_that_screen_and_confirm(name):
     confirms = where_run != "TunerCommon"
     assert fam.tuner_races == (screens and confirms), (cls, screens, confirms)
     assert (name in aiter_tuner.TUNABLE) == fam.tuner_races
+
+
+def test_the_backend_reports_the_kernel_catalog_the_images_aiter_has():
+    """Issue 35: the aiter backend reported no catalog, so an upgrade's "kernel gone" never fired on the real path.
+    It reads the family's kernel list from AITER's own code: every kernel AITER's shipped a8w8 table names is in it
+    (the table is tuned by that list), and a name from another family's list is not."""
+    import csv
+
+    from tests.conftest import configs_dir
+    from workers.backends.aiter_tuner import AiterBackend
+    root = aiter_tree_with("csrc/ck_gemm_a8w8/gemm_a8w8_common.py")
+    catalog = AiterBackend(root=root).kernel_catalog()
+    names = set(catalog["a8w8_gemm"])
+    shipped = {r["kernelName"] for r in csv.DictReader((configs_dir() / "a8w8_tuned_gemm.csv").open())}
+    assert shipped and shipped <= names and len(names) > len(shipped)
+    assert all(n.startswith("a8w8_rowwise_") for n in names)
+    assert set(catalog) == {"a8w8_gemm"}  # only families whose every candidate list is known

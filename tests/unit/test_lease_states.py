@@ -168,3 +168,15 @@ def test_release_gives_back_untouched_shapes_and_counts_a_started_one() -> None:
     s = ls.lease(ls.ShapeFacts(), "L")
     assert ls.release(s, "L", started=False, max_attempts=1) == ls.ShapeFacts()
     assert ls.release(s, "L", started=True, max_attempts=1).state is ls.ShapeState.FAILED
+
+
+def test_an_upgrade_carries_only_a_queued_untried_shape():
+    """A leased, tuned or tried shape keeps its own race (issue 35: an inherit carried hundreds of leased shapes,
+    whose full races were then taken for lost confirmations)."""
+    fresh = ls.ShapeFacts()
+    assert ls.carry(fresh) == fresh
+    leased = ls.lease(fresh, "L1")
+    for shape in (leased, ls.result_ok(leased, "L1"), ls.expire(leased, "L1", "gone", 5),
+                  ls.park(fresh, "bad")):
+        with pytest.raises(ls.TransitionError):
+            ls.carry(shape)

@@ -183,6 +183,17 @@ def with_carried(fin: list[dict[str, str]], rows: list[dict[str, str]], names: l
     return fin + list({_kernel(r): r for r in extra}.values())
 
 
+def _module(path: Path) -> Any:
+    """A module of AITER's csrc by its file (the tuner scripts import it as a top-level module of their folder)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"aiter_catalog_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 class AiterBackend:
     name = "aiter"
     families = TUNABLE
@@ -213,6 +224,24 @@ class AiterBackend:
             timeout = int(batch.time_left() - self.margin_s)
             cmd = tuner_command(family, self.root, untuned, tuned, timeout, self.mp, self.python, self.extra)
             self._drive(batch, family, cmd, tuned, emit, cwd=self.root)
+
+    def kernel_catalog(self) -> dict[str, list[str]]:
+        """The image's own kernel lists (TableFamily.catalog_lists), read from its AITER: per family whose every
+        candidate list is known, the names its tuner may race and write as kernelName. A list that cannot be
+        read leaves its family out (no catalog: nothing refused, nothing known gone)."""
+        out: dict[str, list[str]] = {}
+        if self.root is None:
+            return out
+        for name in self.families:
+            fam = get_family(name)
+            if not fam.catalog_lists:
+                continue
+            try:
+                out[name] = sorted({k.name for path, attr in fam.catalog_lists
+                                    for k in getattr(_module(self.root / path), attr).values()})
+            except Exception as e:  # noqa: BLE001 - an image whose lists moved: reported as unknown
+                print(f"aiter backend: no kernel catalog for {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        return out
 
     def warm(self, lease: dict[str, Any], budget_s: float, should_stop: Any = lambda: False) -> dict[str, Any]:
         """The compile lane: run the tuner once on the lease's first shape with one warm-up and one iteration,

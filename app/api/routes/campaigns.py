@@ -40,7 +40,7 @@ def get_campaign(campaign_id: IdPath, db: DbDep, settings: SettingsDep, who: Rea
         _scoped(s, who, campaign_id)
         summary = campaigns.summary(s, settings.default_shape_cost_s, campaign_id)
         rows, nxt = campaigns.shapes(s, campaign_id, pages.check_limit(limit), after)
-        return {**summary, "upgrade": upgrades.counts(s, campaign_id), "shape_list": rows, "next": nxt}
+        return {**summary, "upgrade": upgrades.counts(s, campaign_id, who.may_see), "shape_list": rows, "next": nxt}
 
 
 @router.get("/v1/campaigns/{campaign_id}/shapes", response_model=ShapePage)

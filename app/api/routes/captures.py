@@ -63,7 +63,7 @@ async def post_capture(request: Request, db: DbDep, settings: SettingsDep, who: 
         body = _body_model(request.headers.get("content-type", ""), raw, dict(request.query_params))
         who.check_digest(body.image_digest)
         with db.session() as s:
-            out = captures.ingest(s, body, settings.max_capture_shapes, settings.max_campaign_shapes)
+            out = captures.ingest(s, body, settings.max_capture_shapes, settings.max_campaign_shapes, who.may_see)
         request.app.state.metrics.captures.labels(out.family, _format(body)).inc()
         return out
 

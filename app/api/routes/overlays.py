@@ -61,7 +61,7 @@ def overlay_info(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> di
             "header": list(ov.schema.header), "schema_known": ov.schema.known, "filename": name,
             "env_line": f"{ov.family.env_var}=/overlays/{name}",
             "download": f"/v1/overlays/{image_digest}/{ov.family.name}.csv",
-            "provisional_rows": ov.provisional, "carried_from": ov.carried_from}
+            "provisional_rows": ov.provisional, "carried_from": ov.carried_from if ov.carried_from and who.may_see(ov.carried_from) else None}
 
 
 @router.get("/v1/overlays/{image_digest}/{family}/deploy", response_model=DeployPlan)
