@@ -26,6 +26,9 @@ GFX_RE = re.compile(r"gfx[0-9a-f]{3,5}|cpu|sm_\d{2,3}|[a-z][a-z0-9_-]{1,31}")
 # is the end of the text only (no newline before it), as \z is
 NAME_PATTERN = r"^[\w.:@-]+$"
 IDLE_HEADER = "X-Tuner-Idle-Reason"  # on a 204 to a lease request: why there is no work for this worker
+# on that 204: shapes of this worker's identity (image, gfx, cu_num, families) leased to some worker now. Each can
+# come back to the queue (its holder killed, its lease expiring), so a --once worker waits for them to end
+IN_FLIGHT_HEADER = "X-Tuner-In-Flight"
 _UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
 # the worker id acting on a lease (heartbeat, results, release): it must be the worker the lease was granted
 # to, so workers that share a token cannot act on each other's leases

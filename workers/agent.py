@@ -42,7 +42,7 @@ class AgentConfig:
     image_digest: str
     budget_s: float
     aiter_commit: str | None = None
-    once: bool = False  # stop when the service has no work (tests, one-shot runs)
+    once: bool = False  # stop when the service has no work, queued or in flight (one-shot runs, array jobs)
     poll_s: float = 5.0
     max_batches: int | None = None
     max_shapes: int | None = None
@@ -137,7 +137,9 @@ class Agent:
                 self.stop.wait(self.cfg.poll_s)
                 continue
             if lease is None:
-                if self.cfg.once and not self._pending():
+                # --once ends when nothing is queued, nothing of ours waits for delivery, and no shape of this
+                # identity is leased: a held one comes back to the queue if its worker was killed mid-lease
+                if self.cfg.once and not self._pending() and not self.client.in_flight:
                     break
                 self.stop.wait(self.cfg.poll_s)
                 continue

@@ -1,6 +1,6 @@
 """aiter-tuner-worker: one agent per GPU, inside the served image's container.
 
-Exit status: 0 when stopped by a signal or, with --once, when nothing is queued for it; 2 for bad settings (a
+Exit status: 0 when stopped by a signal or, with --once, when nothing is queued or leased for it; 2 for bad settings (a
 service URL without http(s)://, a malformed --image-digest, an unreadable token file); 3 for a permanent error
 from the service (a missing or refused token, a wrong role): each with a one-line reason on stderr.
 
@@ -84,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
                        ("compile_budget_s", float), ("min_improvement_pct", float)):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=fields[name].description)
     p.add_argument("--race", choices=["halving", "exhaustive"], help=fields["race"].description)
-    p.add_argument("--once", action="store_true", default=None, help="exit when the service has no work")
+    p.add_argument("--once", action="store_true", default=None, help="exit when nothing is queued or leased for this worker's identity "
+                   "(a shape leased to a worker that dies comes back to the queue)")
     return p
 
 

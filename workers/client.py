@@ -120,6 +120,7 @@ class ServiceClient:
         self.base_url, self.outage_log_every_s = base_url, outage_log_every_s
         self._outage_logged_at = 0.0  # when the current wait was last reported (monotonic)
         self.idle_reason: str | None = None  # why the last lease request got no work
+        self.in_flight = 0  # shapes of this identity leased (to anyone) at the last 'no work': they may come back
 
     def act_as(self, worker_id: str) -> None:
         """Every later call says which worker acts: the service lets it touch only leases granted to it."""
@@ -222,6 +223,8 @@ class ServiceClient:
             if reason != self.idle_reason:
                 log.info("%s", reason)
             self.idle_reason = reason
+            n = r.headers.get(wire.IN_FLIGHT_HEADER, "0")
+            self.in_flight = int(n) if n.isdigit() else 0  # a service without the header: none
             return None
         return self._answer(wire.LeaseOut, r)
 
