@@ -144,7 +144,9 @@ def container_kwargs(cfg: PoolConfig, gpu: int, digest: str) -> dict[str, Any]:
         "security_opt": ["seccomp=unconfined"], "cap_add": ["SYS_PTRACE"], "network_mode": "host",
         "labels": {LABEL: cfg.pool, "aiter-tuner.gpu": str(gpu), "aiter-tuner.digest": digest},
         "volumes": volumes,
-        "restart_policy": {"Name": "on-failure", "MaximumRetryCount": cfg.restart_retries},
+        # (docker reads a MaximumRetryCount of 0 as "no limit")
+        "restart_policy": ({"Name": "on-failure", "MaximumRetryCount": cfg.restart_retries} if cfg.restart_retries > 0
+                           else {"Name": "no"}),
     }
 
 
@@ -196,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--once", action="store_true", help="each worker exits when nothing is queued or leased for it")
     s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="more worker settings, e.g. TUNER_RACE=exhaustive (repeatable)")
-    s.add_argument("--restart-retries", type=int, default=3)
+    s.add_argument("--restart-retries", type=int, default=3,
+                   help="docker restarts a worker that fails this many times (0: never)")
     for name in ("list", "stop"):
         sub.add_parser(name).add_argument("--pool", required=True)
     args = p.parse_args(argv)
@@ -211,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
                          once=args.once, cpu_only=cpu_only, restart_retries=args.restart_retries, extra_env=extra,
                          group_ids=host_device_gids(),
                          render_minors=kfd_render_minors() if os.path.isdir("/sys/class/kfd") else {})
-        print(json.dumps(mgr.start(cfg)))
+        try:
+            print(json.dumps(mgr.start(cfg)))
+        except FileNotFoundError as e:
+            print(f"pool start: error: {e}", file=sys.stderr)
+            return 2
     elif args.cmd == "list":
         print(json.dumps(mgr.list(args.pool), indent=1))
     else:

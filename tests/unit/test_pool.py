@@ -64,6 +64,11 @@ def test_the_wheel_is_installed_into_a_venv_over_the_image_then_the_console_scri
     compile(BOOTSTRAP, "bootstrap", "exec")
 
 
+def test_restarts_are_bounded_and_zero_means_none():
+    assert container_kwargs(cfg(), 0, DIGEST)["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 3}
+    assert container_kwargs(cfg(restart_retries=0), 0, DIGEST)["restart_policy"] == {"Name": "no"}  # not unlimited
+
+
 def test_without_gpu_devices_the_pool_runs_on_the_cpu():
     kw = container_kwargs(cfg(cpu_only=True), 1, DIGEST)
     assert kw["devices"] == [] and kw["group_add"] == [] and kw["environment"]["TUNER_GPU"] == "0"
