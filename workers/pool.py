@@ -36,7 +36,7 @@ VENV = "/tmp/aiter-tuner-venv"  # in the container's own layer: kept across its 
 # only (every served image has python3; a shell need not be there); a restart of the same container reuses it.
 BOOTSTRAP = f"""\
 import glob, os, subprocess, sys, venv
-w, env = {WHEELS!r}, {VENV!r}
+w, env = {WHEELS!r}, os.environ.get("AITER_TUNER_VENV", {VENV!r})
 exe = os.path.join(env, "bin", "aiter-tuner-worker")
 if not os.path.exists(os.path.join(env, ".installed")):
     venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True, clear=True).create(env)
