@@ -155,3 +155,26 @@ def test_429_is_waited_out_not_refused(tmp_path):
         assert c.lease(body) is None and len(calls) == 3 and c.retries == 2
     finally:
         srv.shutdown()
+
+
+def _catches_sigterm(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return bool(int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M).group(1), 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_sigterm_is_held_before_the_heavy_imports(tmp_path):
+    """A worker stopped while it starts (a pool stopped, a pod deleted, scancel: tests/e2e/test_chaos.py's final
+    SIGTERM once met a worker restarted a moment before) exits 0, not -15: the handler is installed before torch
+    is imported (torch's import takes seconds on a loaded machine: the window the signal used to kill in)."""
+    proc = worker("--service", f"http://127.0.0.1:{free_port()}", "--image-digest", DIGEST, "--backend", "torch",
+                  env={"TUNER_TOKEN": "atk_x"}, spool=tmp_path)
+    try:
+        wait_for(lambda: proc.poll() is not None or _catches_sigterm(proc.pid), timeout=120, every=0.002)
+        torch_loaded = "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not torch_loaded, "SIGTERM was held only after torch was imported"
+    assert code == 0, proc.stderr.read()[-3000:]
