@@ -14,8 +14,10 @@ from tests.conftest import LiveServer, start_server, wait_for
 from tests.e2e import served_image
 from workers.identity import cpu_count
 
-# short leases, so a killed worker's shapes come back within seconds; every stand-in row taken (-100)
-SERVER_ENV = {"TUNER_LEASE_TTL_S": "4", "TUNER_LEASE_GRACE_S": "5", "TUNER_MIN_IMPROVEMENT_PCT": "-100",
+# a killed worker's lease expires TTL s after its last heartbeat: longer than what the others still have to do
+# once nothing is queued (one lease of 3 shapes at STUB_DELAY), so they must wait for its shapes to come back (a
+# --once worker that ended on an empty queue would strand them); every stand-in row taken (-100)
+SERVER_ENV = {"TUNER_LEASE_TTL_S": "12", "TUNER_LEASE_GRACE_S": "5", "TUNER_MIN_IMPROVEMENT_PCT": "-100",
               "TUNER_MAX_ATTEMPTS": "10"}
 # each worker: the aiter backend driving the stand-in tuner, 3 shapes a lease, STUB_DELAY s a shape, --once
 WORKER_ENV = {"TUNER_RACE": "exhaustive", "TUNER_COMPILE_BUDGET_S": "0", "TUNER_MAX_SHAPES": "3",
@@ -35,7 +37,11 @@ class Service:
             return c.execute(sql, args).fetchall()
 
     def mid_lease(self) -> tuple[str, str] | None:
-        """(worker id, lease id) of a worker holding a lease with a shape finished and one still to go."""
+        """(worker id, lease id) of a worker holding a lease with a shape finished and one still to go, once no
+        shape is queued: the other workers then have nothing left but what comes back from this lease, so a
+        --once worker that ended on an empty queue (ignoring shapes in flight) would strand them."""
+        if self.states().get("queued", 0):
+            return None
         rows = self.query("SELECT l.worker_id, l.id FROM leases l WHERE l.state = 'active' "
                           "AND EXISTS (SELECT 1 FROM results r WHERE r.lease_id = l.id) "
                           "AND EXISTS (SELECT 1 FROM shapes s WHERE s.lease_id = l.id AND s.state = 'leased') "

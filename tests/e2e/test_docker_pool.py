@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import ROOT, wait_for
 from tests.e2e import launched, served_image
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # a hang guard: ~1-2 min each on a 2-core VM
 
 N_SHAPES, N_CONTAINERS = 18, 3
 

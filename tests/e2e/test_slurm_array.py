@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import DIGEST, ROOT, wait_for
 from tests.e2e import launched, served_image, slurm_cluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # a hang guard: ~1-2 min each on a 2-core VM
 
 N_SHAPES, N_TASKS = 18, 3
 BIN = Path(sys.executable).parent
