@@ -287,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     vs = asub.add_parser("versions")
     vs.add_argument("image_digest")
     ab.set_defaults(fn=ab_cmd)
+    la = sub.add_parser("launch", help="write the job that runs workers where a fleet runs them")
+    lsub = la.add_subparsers(dest="engine", required=True)
+    from app.launch import slurm as launch_slurm
+    sl = lsub.add_parser("slurm", help="an sbatch array script: one task (one worker, --once) per GPU")
+    launch_slurm.add_arguments(sl)
+    sl.set_defaults(fn=launch_slurm.run)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -33,6 +33,9 @@ KERNEL_NAME_PATTERN = r"^[A-Za-z0-9_]{1,512}$"
 KERNEL_PATTERN = r"^[A-Za-z0-9_]{1,512}(\+[A-Za-z0-9_]{1,512})?$"
 KERNEL_NAME_RE = re.compile(KERNEL_NAME_PATTERN[1:-1])
 IDLE_HEADER = "X-Tuner-Idle-Reason"  # on a 204 to a lease request: why there is no work for this worker
+# on that 204: shapes of this worker's identity (image, gfx, cu_num, families) leased to some worker now. Each can
+# come back to the queue (its holder killed, its lease expiring), so a --once worker waits for them to end
+IN_FLIGHT_HEADER = "X-Tuner-In-Flight"
 _UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
 # the worker id acting on a lease (heartbeat, results, release): it must be the worker the lease was granted
 # to, so workers that share a token cannot act on each other's leases

@@ -29,6 +29,32 @@ then
     --no-install-recommends || echo "!!!!! could not install docker-compose: the compose tests will fail" >&2
 fi
 
+# The launcher tests run real engines: a Docker engine (tests/e2e/test_docker_pool.py: Debian's docker.io, started
+# here as `dockerd --bridge=none --iptables=false` when none answers; its containers use --network host, so no
+# traffic leaves loopback) and a one-host Slurm cluster (tests/e2e/test_slurm_array.py starts munged, slurmctld and
+# slurmd itself from Debian's slurm-wlm and munge).
+if command -v apt-get >/dev/null; then
+  if ! command -v dockerd >/dev/null; then
+    apt_install docker.io "tests/e2e/test_docker_pool.py runs the worker pool on a real engine" \
+      --no-install-recommends || echo "!!!!! could not install docker.io: the Docker pool tests will fail" >&2
+  fi
+  for pkg in munge slurm-wlm; do
+    bin=$([ "$pkg" = munge ] && echo munged || echo slurmd)
+    command -v "$bin" >/dev/null || [ -x "/usr/sbin/$bin" ] || apt_install "$pkg" \
+      "tests/e2e/test_slurm_array.py runs a worker array on slurmctld + slurmd" --no-install-recommends \
+      || echo "!!!!! could not install $pkg: the Slurm tests will fail" >&2
+  done
+fi
+DOCKERD_PID=
+if command -v dockerd >/dev/null && ! docker info >/dev/null 2>&1; then
+  echo "scripts/test.sh: starting dockerd --bridge=none --iptables=false (no engine answered)" >&2
+  dockerd --bridge=none --iptables=false >/tmp/tuner-dockerd.log 2>&1 &
+  DOCKERD_PID=$!
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || echo "!!!!! dockerd did not answer (/tmp/tuner-dockerd.log)" >&2
+fi
+stop_dockerd() { [ -z "$DOCKERD_PID" ] || { kill "$DOCKERD_PID" 2>/dev/null; wait "$DOCKERD_PID" 2>/dev/null || true; }; }
+
 start_pg() {
   local bin
   bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
@@ -48,9 +74,10 @@ start_pg() {
   export TUNER_TEST_PG_URL="postgresql://postgres@127.0.0.1:$port/postgres"
 }
 
+trap stop_dockerd EXIT
 if [ -z "${TUNER_TEST_PG_URL:-}" ]; then
   if start_pg; then
-    trap '"${PG_STOP[@]}" >/dev/null 2>&1 || true; rm -rf "$PGDATA"' EXIT
+    trap '"${PG_STOP[@]}" >/dev/null 2>&1 || true; rm -rf "$PGDATA"; stop_dockerd' EXIT
     echo "PostgreSQL started for the tests at $TUNER_TEST_PG_URL"
   elif [ "${TUNER_ALLOW_NO_PG:-0}" = 1 ]; then
     echo "!!!!! PostgreSQL NOT AVAILABLE: running on SQLite only (TUNER_ALLOW_NO_PG=1) !!!!!" >&2

@@ -7,7 +7,8 @@ unavailable service is waited out (workers/client.py). Every finished result is 
 outage loses none: the spool is delivered first on the next turn (or the next start). A spool that cannot be
 written (a full or read-only disk) is no reason to stop either: the result in hand is kept in memory and posted,
 its write retried before every turn, and the lease's other shapes go back to the queue at once rather than be
-measured with nowhere safe to keep them. Only a signal, or --once with no work left, ends it.
+measured with nowhere safe to keep them. Only a signal, --once with no work left, or a permanent error
+(client.Fatal: a missing or refused token) ends it; results already finished stay in the spool for the next start.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from workers.backends.base import Backend, Batch, ShapeResult, now_iso
 from app.wire import MAX_BUDGET_S, MAX_RESULTS
-from workers.client import LeaseLost, Refused, ServiceClient, ServiceError, Stopped
+from workers.client import Fatal, LeaseLost, Refused, ServiceClient, ServiceError, Stopped
 from workers.identity import WorkerIdentity
 from workers.spool import Spool
 
@@ -41,7 +42,7 @@ class AgentConfig:
     image_digest: str
     budget_s: float
     aiter_commit: str | None = None
-    once: bool = False  # stop when the service has no work (tests, one-shot runs)
+    once: bool = False  # stop when the service has no work, queued or in flight (one-shot runs, array jobs)
     poll_s: float = 5.0
     max_batches: int | None = None
     max_shapes: int | None = None
@@ -136,7 +137,9 @@ class Agent:
                 self.stop.wait(self.cfg.poll_s)
                 continue
             if lease is None:
-                if self.cfg.once and not self._pending():
+                # --once ends when nothing is queued, nothing of ours waits for delivery, and no shape of this
+                # identity is leased: a held one comes back to the queue if its worker was killed mid-lease
+                if self.cfg.once and not self._pending() and not self.client.in_flight:
                     break
                 self.stop.wait(self.cfg.poll_s)
                 continue
@@ -329,6 +332,8 @@ class Agent:
 
         try:
             self.backend.run(batch, emit)
+        except Fatal:  # from a post inside emit: no shape's fault; the finished ones stay spooled
+            raise
         except Exception as e:  # the shape the backend was on fails; the batch's others go back untouched
             current = next((x["shape_id"] for x in lease["shapes"] if x["shape_id"] not in finished), None)
             log.error("backend error on shape %s: %s", current, e)

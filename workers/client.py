@@ -1,9 +1,11 @@
 """HTTP client for the service.
 
-An unreachable or busy service (connection errors, timeouts, 502/503/504) is waited out with capped
+An unreachable or busy service (connection errors, timeouts, 429, 502/503/504) is waited out with capped
 exponential backoff and jitter, honouring Retry-After, without a time limit: a worker outlives any outage and
-only a stop (a signal) or `retry_for_s` (tests) ends the wait. A 4xx is the service refusing this one request:
-it is raised as `Refused` (409 on the lease itself: `LeaseLost`) for the caller to count and move on.
+only a stop (a signal) or `retry_for_s` (tests) ends the wait; every `outage_log_every_s` of it the worker says
+so. A 401 or 403 is `Fatal`: the token is missing, unknown, revoked, of another role or not scoped to this image,
+and no retry can change that, so the worker ends with the reason. Any other 4xx is the service refusing this one
+request: it is raised as `Refused` (409 on the lease itself: `LeaseLost`) for the caller to count and move on.
 
 The worker's own calls (lease, heartbeat, result, release, build report, image tables) go through urllib3's
 connection pool, bodies encoded and checked by pydantic in one pass: ~0.3-0.5 ms of CPU a call against
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +34,16 @@ from app import wire  # the one wire format (pydantic only: no FastAPI or SQLAlc
 
 log = logging.getLogger("aiter_tuner.worker")
 
-RETRY_STATUS = frozenset({502, 503, 504})  # the service or its database is unavailable: wait, never give up
+RETRY_STATUS = frozenset({429, 502, 503, 504})  # the service (or its database) is busy or away: wait, never give up
+FATAL_STATUS = frozenset({401, 403})  # this worker's token: no retry changes it
 TRANSPORT = (httpx.TransportError,)  # connect/read/write errors and timeouts
 BACKOFF_CAP_S = 30.0
+OUTAGE_LOG_EVERY_S = 30.0
+
+
+class Fatal(Exception):
+    """A permanent error (a missing, unknown, revoked or wrong-role token; a request this worker's own settings
+    make invalid): retrying cannot help, the worker ends non-zero with this reason."""
 
 
 class LeaseLost(Exception):
@@ -94,7 +104,7 @@ def _problem(status: int, field: str | None, detail: str) -> LeaseLost | Refused
 class ServiceClient:
     def __init__(self, base_url: str, timeout_s: float = 30.0, retry_for_s: float | None = None,
                  token: str | None = None, backoff_cap_s: float = BACKOFF_CAP_S,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, outage_log_every_s: float = OUTAGE_LOG_EVERY_S):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers)
         # the worker's calls: kept-alive connections (one per thread that calls: the agent and its heartbeat),
@@ -107,7 +117,10 @@ class ServiceClient:
         self._backoff = wait_exponential_jitter(multiplier=0.2, max=backoff_cap_s, jitter=0.5)
         self.stop = stop or threading.Event()  # set by the agent's signal handler: ends any wait
         self.retries = 0  # outages ridden out (503s, connection errors)
+        self.base_url, self.outage_log_every_s = base_url, outage_log_every_s
+        self._outage_logged_at = 0.0  # when the current wait was last reported (monotonic)
         self.idle_reason: str | None = None  # why the last lease request got no work
+        self.in_flight = 0  # shapes of this identity leased (to anyone) at the last 'no work': they may come back
 
     def act_as(self, worker_id: str) -> None:
         """Every later call says which worker acts: the service lets it touch only leases granted to it."""
@@ -126,11 +139,17 @@ class ServiceClient:
         return min(max(backoff if hint == 0 else hint, 0.05), self.backoff_cap_s)
 
     def _before_sleep(self, rs: RetryCallState) -> None:
+        """The first failure of a call, then one line every outage_log_every_s while it lasts: a worker waiting
+        on a dead service says so instead of going quiet."""
         self.retries += 1
-        if rs.attempt_number in (1, 10) or rs.attempt_number % 50 == 0:
+        now = time.monotonic()
+        if rs.attempt_number == 1 or now - self._outage_logged_at >= self.outage_log_every_s:
+            self._outage_logged_at = now
             o = rs.outcome
-            why = repr(o.exception()) if o is not None and o.failed else f"HTTP {o.result().status_code}" if o else "?"
-            log.warning("service unavailable (%s); retrying (attempt %d)", why, rs.attempt_number)
+            why = (f"{type(o.exception()).__name__}: {o.exception()}" if o is not None and o.failed
+                   else f"HTTP {o.result().status_code}" if o else "?")
+            log.warning("service at %s unreachable for %.0f s: %s; retrying (attempt %d)", self.base_url,
+                        rs.seconds_since_start or 0.0, why, rs.attempt_number)
 
     def _sleep(self, seconds: float) -> None:
         if self.stop.wait(seconds):
@@ -167,6 +186,10 @@ class ServiceClient:
             field, detail = problem.get("field"), str(problem.get("detail", r.text))
         except ValueError:
             field, detail = None, r.text[:500]
+        if r.status_code in FATAL_STATUS:
+            cause = "missing or refused" if r.status_code == 401 else "not allowed to do this"
+            raise Fatal(f"the service at {self.base_url} answered {r.status_code} to {r.method} {r.path}: "
+                        f"this worker's token is {cause} ({detail})")
         if r.status_code < 500:
             raise _problem(r.status_code, field, detail)
         raise ServiceError(f"{r.method} {r.path}: {r.status_code} {r.text[:500]}")
@@ -190,12 +213,18 @@ class ServiceClient:
             raise ServiceError(f"{r.path}: the answer is not a {model.__name__}: {e}") from None
 
     def lease(self, body: dict) -> dict | None:
-        r = self._call("POST", "/v1/leases", self._send(wire.LeaseIn, body))
+        try:
+            sent = self._send(wire.LeaseIn, body)
+        except Refused as e:  # built from the worker's own settings: it would be invalid on every try
+            raise Fatal(f"the lease request is invalid: {e.detail}") from None
+        r = self._call("POST", "/v1/leases", sent)
         if r.status_code == 204:  # no work: the service says why (logged once per new reason)
             reason = r.headers.get(wire.IDLE_HEADER, "no work for this worker")
             if reason != self.idle_reason:
                 log.info("%s", reason)
             self.idle_reason = reason
+            n = r.headers.get(wire.IN_FLIGHT_HEADER, "0")
+            self.in_flight = int(n) if n.isdigit() else 0  # a service without the header: none
             return None
         return self._answer(wire.LeaseOut, r)
 

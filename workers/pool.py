@@ -1,9 +1,19 @@
 """Pool manager: one worker container per GPU of a ROCm host, from the served image's digest (docker SDK).
 
-The container cannot see its own image digest, so the manager passes it in (TUNER_IMAGE_DIGEST). Each
-container gets /dev/kfd plus only its GPU's render node (or the whole /dev/dri pinned with
-HIP_VISIBLE_DEVICES), the video/render groups by host GID, host IPC and a large /dev/shm, as ROCm's,
-vLLM's and SGLang's docker pages run them. The agent is mounted read-only from the host.
+The container cannot see its own image digest, so the manager passes it in (TUNER_IMAGE_DIGEST): the registry
+digest from RepoDigests, or for a locally built image (no RepoDigests) its Id, the config's sha256 (a local build
+is tuned under its Id; pushed, it gets a manifest digest and is another image to the service). Each container
+gets /dev/kfd plus only its GPU's render node (or the whole /dev/dri pinned with HIP_VISIBLE_DEVICES), the
+video/render groups by host GID, host IPC and a large /dev/shm, as ROCm's, vLLM's and SGLang's docker pages run
+them; on a host without /dev/kfd (cpu_only) none of that, and the workers tune on the CPU.
+
+The worker is installed into the served image at container start, never mounted from a checkout: BOOTSTRAP
+makes a venv that sees the image's own site-packages (its torch, aiter, pydantic, httpx stay), installs this
+project's wheel and the worker's own needs (tenacity, urllib3) from a wheelhouse mounted read-only, with
+`--no-deps --no-index` (containers need no network), then execs the console script aiter-tuner-worker
+(`python -m workers` breaks wherever the working directory holds an `app` package of its own). The token comes
+from a file bind-mounted read-only (TUNER_TOKEN_FILE): never on a command line, in the environment or in
+`docker inspect`. scripts/build_wheelhouse.sh builds the wheelhouse.
 """
 
 from __future__ import annotations
@@ -19,6 +29,29 @@ from typing import Any
 from workers.settings import WorkerSettings
 
 LABEL = "aiter-tuner.pool"
+WHEELS = "/opt/aiter-tuner/wheels"  # the wheelhouse, mounted read-only
+TOKEN_PATH = "/run/secrets/aiter-tuner-token"  # the token file, mounted read-only
+VENV = "/tmp/aiter-tuner-venv"  # in the container's own layer: kept across its restarts, gone with it
+# The container's command: the venv (with the image's site-packages), the wheels, then the console script. Python
+# only (every served image has python3; a shell need not be there); a restart of the same container reuses it.
+BOOTSTRAP = f"""\
+import glob, os, subprocess, sys, venv
+w, env = {WHEELS!r}, os.environ.get("AITER_TUNER_VENV", {VENV!r})
+exe = os.path.join(env, "bin", "aiter-tuner-worker")
+if not os.path.exists(os.path.join(env, ".installed")):
+    venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True, clear=True).create(env)
+    pip = sorted(glob.glob(os.path.join(w, "pip-*.whl")))
+    wheels = sorted(set(glob.glob(os.path.join(w, "*.whl"))) - set(pip))
+    if not any(os.path.basename(x).startswith("aiter_tuner-") for x in wheels):
+        sys.exit("aiter-tuner: no aiter_tuner wheel in " + w + " (scripts/build_wheelhouse.sh builds it)")
+    run = [os.path.join(pip[-1], "pip")] if pip else ["-m", "pip"]  # pip runs from its own wheel
+    subprocess.run([os.path.join(env, "bin", "python"), *run, "install", "-q", "--no-deps", "--no-index",
+                    "--no-cache-dir", "--disable-pip-version-check", "--no-warn-script-location", *wheels],
+                   check=True)
+    open(os.path.join(env, ".installed"), "w").close()
+print("aiter-tuner: starting", exe, flush=True)
+os.execv(exe, [exe, *sys.argv[1:]])
+"""
 
 
 @dataclass
@@ -29,12 +62,16 @@ class PoolConfig:
     gpus: list[int]
     budget_s: float = 300.0
     backend: str = "aiter"
-    agent_dir: str = str(Path(__file__).resolve().parents[1])  # this checkout: mounted at /opt/aiter-tuner
+    wheelhouse: str = "dist/wheelhouse"  # this project's wheel, tenacity, urllib3 (and pip): mounted at WHEELS
+    token_file: str | None = None  # the worker token: mounted at TOKEN_PATH
+    once: bool = False  # each worker exits 0 when nothing is queued or leased for it (then the pool is done)
+    cpu_only: bool = False  # no /dev/kfd on this host: no GPU devices or groups, the workers tune on the CPU
+    python: str = "python3"  # the served image's interpreter
+    restart_retries: int = 3  # docker restarts a worker that failed (a crash, a kill by the OOM killer)
     shm_size: str = "16g"
     render_minors: dict[int, int] = field(default_factory=dict)  # gpu index -> /dev/dri/renderD minor
     pin_render_node: bool = True
     group_ids: list[int] = field(default_factory=list)  # host GIDs owning /dev/kfd and /dev/dri/*
-    token: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -82,25 +119,34 @@ def kfd_render_minors(topology: str = "/sys/class/kfd/kfd/topology/nodes") -> di
 
 def container_kwargs(cfg: PoolConfig, gpu: int, digest: str) -> dict[str, Any]:
     worker = WorkerSettings(service_url=cfg.service_url, image_digest=digest, budget_s=cfg.budget_s,
-                            backend=cfg.backend, worker_id=f"{cfg.pool}-gpu{gpu}", gpu=0, token=cfg.token)
-    env = {**worker.env("service_url", "image_digest", "budget_s", "backend", "worker_id"),
-           "PYTHONPATH": "/opt/aiter-tuner", **cfg.extra_env}
-    if cfg.token:
-        env.update(worker.env("token"))
-    if cfg.pin_render_node and gpu in cfg.render_minors:
+                            backend=cfg.backend, worker_id=f"{cfg.pool}-gpu{gpu}", gpu=0, once=cfg.once,
+                            token_file=TOKEN_PATH if cfg.token_file else None)
+    env = {**worker.env("service_url", "image_digest", "budget_s", "backend", "worker_id", "once"),
+           **cfg.extra_env}
+    volumes = {os.path.abspath(cfg.wheelhouse): {"bind": WHEELS, "mode": "ro"}}
+    if cfg.token_file:
+        env.update(worker.env("token_file"))
+        volumes[os.path.abspath(cfg.token_file)] = {"bind": TOKEN_PATH, "mode": "ro"}
+    devices: list[str] = []
+    if cfg.cpu_only:
+        env.update(worker.env("gpu"))
+    elif cfg.pin_render_node and gpu in cfg.render_minors:
         devices = ["/dev/kfd", f"/dev/dri/renderD{cfg.render_minors[gpu]}"]
         env.update(worker.env("gpu"))  # 0: the only GPU this container can see
     else:
         devices = ["/dev/kfd", "/dev/dri"]
         env.update(HIP_VISIBLE_DEVICES=str(gpu), ROCR_VISIBLE_DEVICES=str(gpu), **worker.env("gpu"))
+    groups = [] if cfg.cpu_only else [str(g) for g in cfg.group_ids] or ["video"]
     return {
-        "image": cfg.image, "command": ["python3", "-m", "workers"], "detach": True,
+        "image": cfg.image, "command": [cfg.python, "-c", BOOTSTRAP], "detach": True,
         "name": f"aiter-tuner-{cfg.pool}-gpu{gpu}", "environment": env, "devices": devices,
-        "group_add": [str(g) for g in cfg.group_ids] or ["video"], "ipc_mode": "host", "shm_size": cfg.shm_size,
+        "group_add": groups, "ipc_mode": "host", "shm_size": cfg.shm_size,
         "security_opt": ["seccomp=unconfined"], "cap_add": ["SYS_PTRACE"], "network_mode": "host",
         "labels": {LABEL: cfg.pool, "aiter-tuner.gpu": str(gpu), "aiter-tuner.digest": digest},
-        "volumes": {cfg.agent_dir: {"bind": "/opt/aiter-tuner", "mode": "ro"}},
-        "restart_policy": {"Name": "on-failure", "MaximumRetryCount": 3},
+        "volumes": volumes,
+        # (docker reads a MaximumRetryCount of 0 as "no limit")
+        "restart_policy": ({"Name": "on-failure", "MaximumRetryCount": cfg.restart_retries} if cfg.restart_retries > 0
+                           else {"Name": "no"}),
     }
 
 
@@ -112,6 +158,11 @@ class PoolManager:
         self.client = client
 
     def start(self, cfg: PoolConfig) -> list[str]:
+        if not any(Path(cfg.wheelhouse).glob("aiter_tuner-*.whl")):
+            raise FileNotFoundError(f"no aiter_tuner wheel in {cfg.wheelhouse} (scripts/build_wheelhouse.sh "
+                                    "builds it)")
+        if cfg.token_file and not os.path.isfile(cfg.token_file):
+            raise FileNotFoundError(f"the token file {cfg.token_file} does not exist")
         image = self.client.images.get(cfg.image)
         digest = resolve_digest(image.attrs, cfg.image)
         return [self.client.containers.run(**container_kwargs(cfg, g, digest)).id for g in cfg.gpus]
@@ -125,7 +176,7 @@ class PoolManager:
         cs = self.client.containers.list(all=True, filters={"label": f"{LABEL}={pool}"})
         for c in cs:
             c.stop(timeout=timeout_s)
-            c.remove()
+            c.remove(force=True)  # one docker restarted meanwhile (on-failure) goes too
         return len(cs)
 
 
@@ -139,15 +190,35 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--gpus", default="0", help="comma-separated GPU indices")
     s.add_argument("--budget-s", type=float, default=300.0)
     s.add_argument("--backend", default="aiter")
+    s.add_argument("--token-file", default=os.environ.get("TUNER_TOKEN_FILE"),
+                   help="a file holding the worker token (default: TUNER_TOKEN_FILE); mounted read-only into each "
+                        "container, never passed on a command line or in its environment")
+    s.add_argument("--wheelhouse", default="dist/wheelhouse",
+                   help="this project's wheel plus tenacity, urllib3 and pip (scripts/build_wheelhouse.sh)")
+    s.add_argument("--once", action="store_true", help="each worker exits when nothing is queued or leased for it")
+    s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="more worker settings, e.g. TUNER_RACE=exhaustive (repeatable)")
+    s.add_argument("--restart-retries", type=int, default=3,
+                   help="docker restarts a worker that fails this many times (0: never)")
     for name in ("list", "stop"):
         sub.add_parser(name).add_argument("--pool", required=True)
     args = p.parse_args(argv)
     mgr = PoolManager()
     if args.cmd == "start":
+        cpu_only = not os.path.exists("/dev/kfd")
+        if cpu_only:
+            print("no /dev/kfd on this host: the containers get no GPU devices and tune on the CPU", file=sys.stderr)
+        extra = dict(e.split("=", 1) for e in args.env)
         cfg = PoolConfig(args.pool, args.image, args.service, [int(g) for g in args.gpus.split(",")],
-                         args.budget_s, args.backend, group_ids=host_device_gids(),
+                         args.budget_s, args.backend, wheelhouse=args.wheelhouse, token_file=args.token_file,
+                         once=args.once, cpu_only=cpu_only, restart_retries=args.restart_retries, extra_env=extra,
+                         group_ids=host_device_gids(),
                          render_minors=kfd_render_minors() if os.path.isdir("/sys/class/kfd") else {})
-        print(json.dumps(mgr.start(cfg)))
+        try:
+            print(json.dumps(mgr.start(cfg)))
+        except FileNotFoundError as e:
+            print(f"pool start: error: {e}", file=sys.stderr)
+            return 2
     elif args.cmd == "list":
         print(json.dumps(mgr.list(args.pool), indent=1))
     else:

@@ -11,7 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.wire import DIGEST_RE
 
 _AITER_ENV = {"aiter_root": "AITER_ROOT", "aiter_commit": "AITER_COMMIT", "aiter_package": "AITER_PACKAGE_DIR"}
 
@@ -32,6 +34,8 @@ class WorkerSettings(BaseModel):
     image_digest: str | None = Field(None, description="digest of the image this container runs")
     worker_id: str | None = Field(None, description="default: <host>-<device>, e.g. node3-cuda0 or vm1-cpu")
     token: str | None = None
+    token_file: str | None = Field(None, description="a file holding the worker token (read when no --token is "
+                                   "given), so the token is never on a command line or in a container's config")
     aiter_root: str | None = Field(None, description="AITER's source tree (default: found from the aiter package)")
     aiter_commit: str | None = None
     aiter_package: str | None = Field(None, description="the installed aiter package dir (default: by import)")
@@ -41,8 +45,36 @@ class WorkerSettings(BaseModel):
     repeats: int = 15
     candidate_limit_s: float = 10.0
     poll_s: float = 5.0
+    outage_log_s: float = Field(30.0, gt=0, description="while the service is unreachable, say so this often")
     spool_dir: str | None = Field(None, description="finished results wait here until the service takes them "
                                                     "(default: per worker, under ~)")
+
+    @field_validator("service_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")) or not v.split("://", 1)[1].strip("/"):
+            raise ValueError(f"the service URL must start with http:// or https:// and name a host, got {v!r}")
+        return v
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not DIGEST_RE.fullmatch(v):
+            raise ValueError(f"expected sha256:<64 lowercase hex digits> (the image's digest), got {v!r}")
+        return v
+
+    def resolved_token(self) -> str | None:
+        """--token, else the first line of --token-file; a token file that is unreadable or empty is an error
+        (OSError/ValueError naming the file), never a worker silently without a token."""
+        if self.token or not self.token_file:
+            return self.token
+        try:
+            text = open(self.token_file, encoding="utf-8").read().strip()
+        except OSError as e:
+            raise OSError(f"cannot read the token file {self.token_file!r}: {e.strerror or e}") from None
+        if not text:
+            raise ValueError(f"the token file {self.token_file!r} is empty")
+        return text.splitlines()[0].strip()
 
     @staticmethod
     def env_name(field: str) -> str:

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.schemas import LeaseIn
 from app.db.models import Campaign, CampaignShape
+from app.domain.lease_states import ShapeState
 
 MAX_LISTED = 5
 
@@ -33,6 +34,18 @@ def idle_reason(s: Session, body: LeaseIn, digests: Collection[str] | None = Non
                        for d, g, cu, fam, n in elsewhere[:MAX_LISTED])
     more = ", ..." if len(elsewhere) > MAX_LISTED else ""
     return f"{head}; queued shapes exist for {listed}{more}"
+
+
+def in_flight(s: Session, body: LeaseIn, digests: Collection[str] | None = None) -> int:
+    """Shapes of this identity's campaigns leased now (to any worker): work that may yet come back to the queue."""
+    q = (select(func.count()).select_from(CampaignShape).join(Campaign, CampaignShape.campaign_id == Campaign.id)
+         .where(CampaignShape.state == ShapeState.LEASED, Campaign.image_digest == body.image_digest,
+                Campaign.gfx == body.gfx, Campaign.cu_num == body.cu_num))
+    if body.families is not None:
+        q = q.where(Campaign.family.in_(list(body.families)))
+    if digests is not None and body.image_digest not in digests:
+        return 0
+    return int(s.execute(q).scalar_one())
 
 
 def _short(digest: str) -> str:

@@ -127,6 +127,16 @@ class Fleet:
                 w.stopped = False
 
 
+def holds_sigterm(pid: int) -> bool:
+    """The process has a SIGTERM handler installed (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # gone: nothing to wait for
+    caught = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (signal.SIGTERM - 1)))
+
+
 def chaos(fleet: Fleet, rng: random.Random, until: threading.Event) -> None:
     """A worker SIGKILLed (one that has finished a shape since its start) or SIGSTOPped every 2-5 s, from several
     threads, so stops and kills overlap."""
@@ -229,6 +239,10 @@ def test_chaos_every_shape_tuned_once_nothing_lost(tmp_path, capsys):
         # spooled results of killed workers go out on their successors' next turns
         wait_for(lambda: not any(spooled(d) for d in (tmp_path / "spool").iterdir()), timeout=STALL_S, every=0.5)
         alive = {w.wid: w.proc.poll() is None for w in fleet.workers.values()}
+        # a worker restarted a moment ago may still be starting: the SIGTERM waits until it holds the signal (its
+        # first act, tests/e2e/test_worker_errors.py), else the interpreter's own start would die of it (-15)
+        wait_for(lambda: all(not alive[w.wid] or w.proc.poll() is not None or holds_sigterm(w.proc.pid)
+                             for w in fleet.workers.values()), timeout=120, every=0.05)
         for w in fleet.workers.values():
             w.proc.send_signal(signal.SIGTERM)
         codes = {w.wid: w.proc.wait(timeout=60) for w in fleet.workers.values()}

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 from docker.models.containers import _create_container_args
 
-from workers.pool import LABEL, PoolConfig, PoolManager, container_kwargs, kfd_render_minors, resolve_digest
+import pytest
+
+from workers.pool import (BOOTSTRAP, LABEL, TOKEN_PATH, WHEELS, PoolConfig, PoolManager, container_kwargs,
+                          kfd_render_minors, resolve_digest)
+from workers.settings import WorkerSettings
 
 DIGEST = "sha256:" + "a" * 64
+SECRET = "atk_secret-worker-token"
+
+
+@pytest.fixture(autouse=True)
+def _files(tmp_path_factory, monkeypatch):
+    """A wheelhouse with this project's wheel and a token file, as `pool start` needs them (the working dir)."""
+    d = tmp_path_factory.mktemp("pool")
+    monkeypatch.chdir(d)
+    (d / "wheels").mkdir()
+    (d / "wheels" / "aiter_tuner-0.1.0-py3-none-any.whl").write_bytes(b"")
+    (d / "token").write_text(SECRET + "\n")
+    return d
 
 
 def cfg(**kw):
+    kw = {"wheelhouse": "wheels", "token_file": "token", **kw}
     return PoolConfig("p1", "rocm/vllm:rocm7", "http://svc:8000", [0, 1], render_minors={0: 128, 1: 136},
                       group_ids=[44, 993], **kw)
 
@@ -23,6 +40,45 @@ def test_docker_builds_the_rocm_host_config_offline():
     assert hc["SecurityOpt"] == ["seccomp=unconfined"]
     env = container_kwargs(cfg(), 1, DIGEST)["environment"]
     assert env["TUNER_IMAGE_DIGEST"] == DIGEST and env["TUNER_GPU"] == "0" and env["TUNER_WORKER_ID"] == "p1-gpu1"
+
+
+def test_the_token_is_a_read_only_file_never_on_a_command_line_or_in_the_environment(_files):
+    tmp_path = _files
+    kw = container_kwargs(cfg(), 0, DIGEST)
+    assert kw["volumes"][str(tmp_path / "token")] == {"bind": TOKEN_PATH, "mode": "ro"}
+    env = kw["environment"]
+    assert env["TUNER_TOKEN_FILE"] == TOKEN_PATH and "TUNER_TOKEN" not in env
+    assert SECRET not in repr(kw), "the secret itself goes nowhere but the mounted file"
+    assert WorkerSettings.load({}, {**env, "TUNER_TOKEN_FILE": str(tmp_path / "token")}).resolved_token() == SECRET
+
+
+def test_the_wheel_is_installed_into_a_venv_over_the_image_then_the_console_script_runs(_files):
+    tmp_path = _files
+    kw = container_kwargs(cfg(), 0, DIGEST)
+    assert kw["command"] == ["python3", "-c", BOOTSTRAP]
+    assert kw["volumes"][str(tmp_path / "wheels")] == {"bind": WHEELS, "mode": "ro"}
+    assert "PYTHONPATH" not in kw["environment"] and not any("/opt/aiter-tuner\"" in v for v in kw["volumes"])
+    # the image's site-packages stay visible (its torch, aiter); the wheels only, from the mount, no index
+    assert "system_site_packages=True" in BOOTSTRAP and '"--no-deps", "--no-index"' in BOOTSTRAP
+    assert '"aiter-tuner-worker"' in BOOTSTRAP and "os.execv(exe" in BOOTSTRAP and "-m workers" not in BOOTSTRAP
+    compile(BOOTSTRAP, "bootstrap", "exec")
+
+
+def test_restarts_are_bounded_and_zero_means_none():
+    assert container_kwargs(cfg(), 0, DIGEST)["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 3}
+    assert container_kwargs(cfg(restart_retries=0), 0, DIGEST)["restart_policy"] == {"Name": "no"}  # not unlimited
+
+
+def test_without_gpu_devices_the_pool_runs_on_the_cpu():
+    kw = container_kwargs(cfg(cpu_only=True), 1, DIGEST)
+    assert kw["devices"] == [] and kw["group_add"] == [] and kw["environment"]["TUNER_GPU"] == "0"
+
+
+def test_start_refuses_a_missing_wheel_or_token_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no aiter_tuner wheel"):
+        PoolManager(FakeDocker()).start(cfg(wheelhouse=str(tmp_path / "none")))
+    with pytest.raises(FileNotFoundError, match="token file"):
+        PoolManager(FakeDocker()).start(cfg(token_file=str(tmp_path / "absent")))
 
 
 def test_without_a_render_node_the_gpu_is_pinned_by_visibility():
@@ -60,12 +116,12 @@ class FakeContainer:
     def stop(self, timeout):
         self.stopped = timeout
 
-    def remove(self):
+    def remove(self, force=False):
         self.status = "removed"
 
 
 class FakeDocker:
-    """The docker SDK's surface the manager uses; there is no Docker engine on this machine."""
+    """The docker SDK's surface the manager uses (tests/e2e/test_docker_pool.py runs it on a real engine)."""
 
     def __init__(self):
         self.runs = []

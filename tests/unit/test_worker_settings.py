@@ -24,8 +24,9 @@ def test_a_bad_environment_value_names_its_setting():
 
 
 def test_a_pool_container_environment_reads_back_as_the_same_settings():
-    cfg = PoolConfig("p1", "rocm/vllm:x", "http://svc:8000", [3], budget_s=90, backend="torch", token="atk_x")
+    cfg = PoolConfig("p1", "rocm/vllm:x", "http://svc:8000", [3], budget_s=90, backend="torch", token_file="tok",
+                     once=True)
     env = container_kwargs(cfg, 3, DIGEST)["environment"]
     s = WorkerSettings.load({}, env)
-    assert (s.service_url, s.image_digest, s.budget_s, s.backend, s.worker_id, s.gpu, s.token) == \
-        ("http://svc:8000", DIGEST, 90.0, "torch", "p1-gpu3", 0, "atk_x")
+    assert (s.service_url, s.image_digest, s.budget_s, s.backend, s.worker_id, s.gpu, s.token_file, s.once) == \
+        ("http://svc:8000", DIGEST, 90.0, "torch", "p1-gpu3", 0, "/run/secrets/aiter-tuner-token", True)

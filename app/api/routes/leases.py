@@ -16,7 +16,7 @@ from app.config import Settings
 from app.db.dialect import Rows, Steps
 from app.db.session import Database
 from app.errors import DomainError, Invalid
-from app.wire import (IDLE_HEADER, NAME_PATTERN, WORKER_HEADER, HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn,
+from app.wire import (IDLE_HEADER, IN_FLIGHT_HEADER, NAME_PATTERN, WORKER_HEADER, HeartbeatOut, LeaseIn, LeaseOut, ReleaseIn,
                       ReleaseOut, ResultIn, ResultOut, ResultOutcome, ResultsIn, ResultsOut, header_value)
 from app.metrics import BACKENDS, bounded
 from app.services import idle, leasing
@@ -86,10 +86,11 @@ async def lease(body: LeaseIn, f: Worker) -> LeaseOut | Response:
     if out is not None:
         return _json(out)
 
-    def why() -> str:
+    def why() -> tuple[str, int]:
         with f.db.session(write=False) as s:
-            return idle.idle_reason(s, body, f.who.digests)
-    return Response(status_code=204, headers={IDLE_HEADER: header_value(await f.run(why))})
+            return idle.idle_reason(s, body, f.who.digests), idle.in_flight(s, body, f.who.digests)
+    reason, leased = await f.run(why)
+    return Response(status_code=204, headers={IDLE_HEADER: header_value(reason), IN_FLIGHT_HEADER: str(leased)})
 
 
 # The lease routes answer with their model already built and serialized by pydantic (declared as
