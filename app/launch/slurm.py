@@ -8,7 +8,7 @@ run the worker:
 - plain: the worker is installed on the nodes (`aiter-tuner-worker`, or --worker-command);
 - pyxis: `srun --container-image=IMAGE@sha256:DIGEST` (NVIDIA's Pyxis/enroot, as AMD's benchmark fleets run), the
   wheelhouse and the token file mounted read-only, the wheel installed into the served image at start
-  (workers/pool.py's BOOTSTRAP: the image's torch and aiter stay);
+  (app/launch/bootstrap.py's BOOTSTRAP: the image's torch and aiter stay);
 - a site's own container runtime: --container-prefix "apptainer exec --rocm --bind ... docker://IMAGE@sha256:..."
   (it must bind the wheelhouse at /opt/aiter-tuner/wheels and the token file at /run/secrets/aiter-tuner-token).
 """
@@ -115,7 +115,7 @@ def render(args: argparse.Namespace) -> str:
     if args.runtime == "plain":
         lines.append(f"exec {args.worker_command}")
     else:
-        from workers.pool import BOOTSTRAP
+        from app.launch.bootstrap import BOOTSTRAP
         lines.append('export AITER_TUNER_VENV="/tmp/aiter-tuner-venv-${SLURM_JOB_ID}"  # tasks may share a /tmp')
         lines += ["read -r -d '' BOOTSTRAP <<'AITER_TUNER_BOOTSTRAP' || true", BOOTSTRAP.rstrip("\n"),
                   "AITER_TUNER_BOOTSTRAP"]
