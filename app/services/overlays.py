@@ -23,7 +23,7 @@ from app.domain.families import AiterRelease, TableFamily
 from app.domain.headers import Schema
 from app.domain.keys import row_key
 from app.domain.tables import Table, render_csv, rows_digest
-from app.errors import Conflict
+from app.errors import Conflict, NotFound
 from app.services.captures import family_or_422
 from app.services.schemas import release_of, schema_for, shipped_for
 from app.slot_cache import SlotCache
@@ -184,6 +184,11 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
     """The overlay, unchecked, with what the image ships and the release that will read it: the same object
     (read-only) while none of that changes."""
     fam = family_or_422(family)
+    if s.get(Image, digest) is None:  # release_of reads it too: one lookup
+        # a header-only table deployed as the only file would REPLACE the shipped one (AITER reads the env var's
+        # files instead of its default): never answer one for an image nobody named
+        raise NotFound(f"image_digest: the service has never seen {digest} (no capture, worker report or inherit "
+                       "named it): no overlay for it", "image_digest")
     release = release_of(s, digest)
     schema = schema_for(s, digest, fam.name)
     gfx = gfx or live_gfx(s, digest, fam.name)
