@@ -144,9 +144,14 @@ def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, over
     return out
 
 
+SHIPPED_UNKNOWN = ("no shipped tables reported for this image yet (a worker reports them at start): the layer value "
+                   "would list only the overlay, which would REPLACE the shipped table")
+
+
 def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
-         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = ()) -> dict:
-    """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted)."""
+         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True) -> dict:
+    """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted);
+    shipped_known: the image's worker reported its tables (else the layer form is not offered)."""
     base = configs_dir or "<aiter package>/aiter/configs"
 
     def path(name: str) -> str:
@@ -173,7 +178,11 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         notes.append(f"{family.name} kernels come from a table compiled into AITER's CK JIT module: deploy with "
                      f"AITER_REBUILD=1 in this image, with {family.env_var} already set so the overlay is visible at "
                      "build time (without a rebuild splitK and kernel mismatch, or a name-keyed kernel is missing).")
-    offered = [f for f in FORMS if arts[f].refused is None]
+    why_not = {f: arts[f].refused for f in FORMS}
+    if not shipped_known:  # the layer value would list the overlay alone: not a form to offer
+        why_not["layer"] = SHIPPED_UNKNOWN
+        notes.insert(0, f"not offered: layer: {SHIPPED_UNKNOWN}")
+    offered = [f for f in FORMS if why_not[f] is None]
     for f in FORMS:
         if arts[f].refused:
             notes.append(f"not offered: {f}: {arts[f].refused}")
@@ -187,7 +196,7 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         "download": "GET /v1/overlays/{image_digest}/" + family.name + ".csv?form=<form>: the file each form deploys",
         "layer": {"env": f"{family.env_var}={':'.join(path(n) for n in layer.files)}",
                   "files": [path(n) for n in layer.files], "overlay": f"{mount}/{overlay_name}",
-                  "offered": layer.refused is None, "why_not": layer.refused,
+                  "offered": why_not["layer"] is None, "why_not": why_not["layer"],
                   "exclude_shipped": bool(layer.excluded_shipped)},
         "merged": {"env": f"{family.env_var}={mount}/{merged_name}", "file": f"{mount}/{merged_name}",
                    "offered": arts["merged"].refused is None, "why_not": arts["merged"].refused},
@@ -200,7 +209,20 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         "rebuild": "AITER_REBUILD=1" if family.compiled else None,
         "log_hits": "AITER_LOG_TUNED_CONFIG=1",
         "notes": notes,
+        "shipped_tables_known": shipped_known,
     }
+
+
+def first_step(plan: dict) -> dict:
+    """What a person is told to do, from the plan alone (the campaign page renders this, never its own line):
+    the first offered form's setting or copy, and every form not offered with why."""
+    refused = [(f, plan[f]["why_not"]) for f in FORMS if not plan[f]["offered"]]
+    if not plan["offered"]:
+        return {"form": None, "line": None, "copy_to": None, "refused": refused}
+    form = plan["offered"][0]
+    if form == "model_configs_dropin":
+        return {"form": form, "line": None, "copy_to": plan[form]["copy_to"], "refused": refused}
+    return {"form": form, "line": plan[form]["env"], "copy_to": None, "refused": refused}
 
 
 def without_shipped_keys(release: AiterRelease, family: TableFamily, shipped: Shipped, overlay: Table,

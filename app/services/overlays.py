@@ -235,15 +235,9 @@ def deploy_plan(s: Session, digest: str, family: str) -> dict:
     from app.db.models import Image
     ov = build(s, digest, family)
     img = s.get(Image, digest)
-    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name, raced=ov.raced)
+    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name, raced=ov.raced,
+                      shipped_known=ov.shipped.known)
     out["release"] = ov.release.name
-    out["shipped_tables_known"] = ov.shipped.known
-    if not ov.shipped.known:  # the layer value would list the overlay alone: not a form to offer
-        why = ("no shipped tables reported for this image yet (a worker reports them at start): the layer value "
-               "would list only the overlay, which would REPLACE the shipped table")
-        out["layer"].update(offered=False, why_not=why)
-        out["offered"] = [f for f in out["offered"] if f != "layer"]
-        out["notes"].insert(0, f"not offered: layer: {why}")
     return out
 
 
