@@ -62,6 +62,24 @@ def _wait_up(url: str, timeout_s: float = 60) -> None:
             time.sleep(0.3)
 
 
+class Refused(Exception):
+    """The service answered, but not what the command needs: the message says what it said."""
+
+
+def _answer(r) -> object:  # type: ignore[no-untyped-def]
+    """r's JSON when it succeeded; else Refused with the service's own words (detail) and what to do."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if r.is_success and body is not None:
+        return body
+    detail = body.get("detail") if isinstance(body, dict) else r.text[:300]
+    hint = {401: ": pass a token with --token or TUNER_TOKEN (`aiter-tuner token create --role capture ...`)",
+            403: ": the token's role or digest scope does not cover this (a capture token scoped to the image)"}
+    raise Refused(f"{r.request.method} {r.request.url} answered {r.status_code}: {detail}{hint.get(r.status_code, '')}")
+
+
 def _cpu_count() -> int:
     from workers.identity import cpu_count  # what a CPU worker reports as its cu_num (not nproc: OMP_NUM_THREADS)
     return cpu_count()
@@ -70,16 +88,30 @@ def _cpu_count() -> int:
 def example(args: argparse.Namespace) -> int:
     import httpx
     url = args.service.rstrip("/")
-    _wait_up(url)
+    try:
+        _wait_up(url, args.wait_s)
+    except httpx.HTTPError as e:
+        print(f"aiter-tuner example-capture: could not reach the service at {url} ({type(e).__name__}: {e}) "
+              f"within {args.wait_s:g} s: is `aiter-tuner serve` running there? (--service or TUNER_SERVICE_URL)",
+              file=sys.stderr)
+        return 1
     tok = _token(args)
     headers = {"Authorization": f"Bearer {tok}"} if tok else {}
     cu_num = args.cu_num or (_cpu_count() if args.gfx == "cpu" else 304)
     body = {"image_digest": args.image_digest, "gfx": args.gfx, "cu_num": cu_num, "family": "bf16_gemm",
             "host": "example", "shapes": EXAMPLE_SHAPES}
-    r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
-    print(r.status_code, json.dumps(r.json()))
-    camps = httpx.get(f"{url}/v1/campaigns", timeout=30, headers=headers).json()
-    for c in camps:
+    try:
+        r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
+        out = _answer(r)
+        print(r.status_code, json.dumps(out))
+        camps = _answer(httpx.get(f"{url}/v1/campaigns", timeout=30, headers=headers))
+    except Refused as e:
+        print(f"aiter-tuner example-capture: {e}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as e:
+        print(f"aiter-tuner example-capture: lost the service at {url} ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
+    for c in camps:  # type: ignore[attr-defined]
         print(f"campaign {c['campaign_id']}: {c['family']} {c['gfx']}/{c['cu_num']} {c['shapes']} shapes, "
               f"{c['queued']} queued")
     return 0 if r.status_code == 201 else 1
@@ -178,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
     e.add_argument("--image-digest", default=EXAMPLE_DIGEST, help="the image the shapes are for (default: sha256:0…01)")
     e.add_argument("--gfx", default="gfx942", help="the identity workers will report: gfx942, gfx950, cpu, ...")
+    e.add_argument("--wait-s", type=float, default=60.0,
+                   help="how long to wait for the service to answer /healthz (a `serve &` just started)")
     e.add_argument("--cu-num", type=int, default=None,
                    help="their CU count (default: with --gfx cpu, the CPUs this process may use, as a CPU worker on "
                         "this machine reports them; else 304)")
