@@ -194,7 +194,15 @@ def capture(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def verify(argv: list[str]) -> int:
+    from workers.verify import main as verify_main  # in the served image, with the worker's dependencies
+    return verify_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"]:  # its flags are workers.verify's own: handed on whole
+        return verify(argv[1:])
     p = argparse.ArgumentParser(prog="aiter-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the service (migrates its database first)")
@@ -220,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     cap = sub.add_parser("capture", help="follow a server's log (and vLLM metrics) and post AITER's lookups")
     add_arguments(cap)
     cap.set_defaults(fn=capture)
+    sub.add_parser("verify", add_help=False,
+                   help="in the served image: replay a deployed overlay, or prove the engagement verdict with "
+                        "AITER's own lookup (`aiter-tuner verify --help`)")
     t = sub.add_parser("token", help="create, list or revoke API tokens (in the database at DATABASE_URL)")
     tsub = t.add_subparsers(dest="action", required=True)
     c = tsub.add_parser("create")

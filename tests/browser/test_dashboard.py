@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.browser.conftest import ARTIFACTS
-from tests.conftest import DIGEST, ROOT
+from tests.conftest import WORKER, DIGEST, ROOT
 from workers.identity import cpu_count
 
 CPU = {"gfx": "cpu", "cu_num": cpu_count()}  # the identity a worker on this machine reports
@@ -23,7 +22,7 @@ def campaign(live_server):
     cid = c.post("/v1/captures", json={"image_digest": DIGEST, "family": "bf16_gemm", "shapes": SHAPES,
                                        "aiter_version": "0.1.13", **CPU}).json()["campaign_id"]
     # tune three of four shapes with a real worker, then leave the last one queued
-    out = subprocess.run([sys.executable, "-m", "workers", "--service", live_server.url, "--backend", "torch",
+    out = subprocess.run([*WORKER, "--service", live_server.url, "--backend", "torch",
                           "--budget-s", "90", "--image-digest", DIGEST, "--worker-id", "browser-w", "--once",
                           "--max-shapes", "3", "--max-batches", "1", "--repeats", "5", "--min-improvement-pct", "-100"],
                          cwd=ROOT, env=dict(os.environ, TUNER_TOKEN=live_server.token("worker", "b")),

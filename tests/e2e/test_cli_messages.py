@@ -36,3 +36,17 @@ def test_a_dead_server_is_a_message_naming_it(tmp_path):
     r = example(dead, "--wait-s", "1")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"could not reach the service at {dead}" in r.stderr and "within 1 s" in r.stderr
+
+
+def test_the_console_scripts_work_where_the_directory_holds_its_own_app_package(tmp_path):
+    """`python -m workers` puts the working directory first on sys.path, so a directory holding its own `app`
+    package (any FastAPI project) shadows ours; the console scripts the docs and tests use do not."""
+    from tests.conftest import WORKER, console_script
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("raise ImportError('a project of its own')\n")
+    shadowed = subprocess.run([sys.executable, "-m", "workers", "--help"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+    assert shadowed.returncode != 0 and "a project of its own" in shadowed.stderr  # why the docs stopped using it
+    for argv in ([*WORKER, "--help"], [console_script("aiter-tuner"), "verify", "--help"]):
+        r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "usage:" in r.stdout, (argv, r.stderr)

@@ -73,7 +73,7 @@ def _counting_after(report: dict, start, later: BackgroundTasks) -> dict:  # typ
 
 @router.post("/v1/campaigns/{campaign_id}/engagement/proofs", status_code=201, response_model=ProofRecorded)
 def post_engagement_proof(campaign_id: IdPath, body: EngagementProofIn, db: DbDep, who: WorkerAuth) -> dict:
-    """AITER's own lookup run in the served image (python -m workers.verify --engagement), per captured shape."""
+    """AITER's own lookup run in the served image (aiter-tuner verify --engagement), per captured shape."""
     with db.session() as s:
         who.check_digest(engagement.campaign_or_404(s, campaign_id).image_digest)
         return engagement.record_proof(s, campaign_id, body)
