@@ -242,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     r = tsub.add_parser("revoke")
     r.add_argument("id", type=int)
     t.set_defaults(fn=token_cmd)
+    la = sub.add_parser("launch", help="start workers (and the service) where fleets run them")
+    lsub = la.add_subparsers(dest="engine", required=True)
+    from app.launch import k8s  # light: argparse and the manifests' data
+    lk = lsub.add_parser("k8s", help="write Kubernetes manifests: the workers' work-queue Job (and a KEDA "
+                                     "ScaledJob), the service on PostgreSQL, the Secrets they read")
+    k8s.add_arguments(lk)
+    lk.set_defaults(fn=k8s.main)
     i = sub.add_parser("inherit", help="an image upgrade: IMAGE inherits the campaigns and tuning of --from "
                                        "(in the database at DATABASE_URL)")
     i.add_argument("image", help="the new image's digest (sha256:...)")
