@@ -117,6 +117,44 @@ def example(args: argparse.Namespace) -> int:
     return 0 if r.status_code == 201 else 1
 
 
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds / 60:.1f} min"
+
+
+def demand_cmd(args: argparse.Namespace) -> int:
+    """What is queued and what it will cost, from the campaigns' own figures (GET /v1/demand)."""
+    import httpx
+    url = args.service.rstrip("/")
+    tok = _token(args)
+    params = {k: v for k, v in (("image_digest", args.image_digest), ("gfx", args.gfx), ("cu_num", args.cu_num))
+              if v is not None}
+    try:
+        d = _answer(httpx.get(f"{url}/v1/demand", params=params, timeout=30,
+                              headers={"Authorization": f"Bearer {tok}"} if tok else {}))
+    except Refused as e:
+        print(f"aiter-tuner demand: {e}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as e:
+        print(f"aiter-tuner demand: could not reach the service at {url} ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    assert isinstance(d, dict)
+    for row in d["identities"]:
+        unit = "CPU" if row["gfx"] == "cpu" else "GPU"
+        print(f"{row['image_digest']} {row['gfx']}/{row['cu_num']}: {row['queued_shapes']} shapes queued "
+              f"({row['leased_shapes']} leased), about {_hours(row['gpu_s_queued_est'])} of {unit} time")
+        for f in row["families"]:
+            if f["queued_shapes"] or f["leased_shapes"]:
+                print(f"  {f['family']} (campaign {f['campaign_id']}): {f['queued_shapes']} x "
+                      f"{f['est_shape_cost_s']:.1f} s per shape ({f['cost_basis']})")
+    t = d["total"]
+    print(f"total: {t['queued_shapes']} shapes queued, about {_hours(t['gpu_s_queued_est'])} of device time "
+          f"({t['gpu_s_queued_est']:.0f} s); on N devices about 1/N of it")
+    return 0
+
+
 def _write_secret(path: str, secret: str) -> None:
     """Mode 0600, whole or not at all: a reader never sees half a token."""
     tmp = f"{path}.tmp"
@@ -224,6 +262,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="their CU count (default: with --gfx cpu, the CPUs this process may use, as a CPU worker on "
                         "this machine reports them; else 304)")
     e.set_defaults(fn=example)
+    dm = sub.add_parser("demand", help="the work queued per worker identity and its estimated device time, from "
+                                       "the campaigns' own figures (GET /v1/demand)")
+    dm.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
+    dm.add_argument("--token", default=None, help="a read token where reads are closed (default: TUNER_TOKEN, "
+                                                  "then the admin token file)")
+    dm.add_argument("--image-digest")
+    dm.add_argument("--gfx")
+    dm.add_argument("--cu-num", type=int)
+    dm.add_argument("--json", action="store_true", help="the endpoint's answer as it is")
+    dm.set_defaults(fn=demand_cmd)
     from app.capture.agent import add_arguments
     cap = sub.add_parser("capture", help="follow a server's log (and vLLM metrics) and post AITER's lookups")
     add_arguments(cap)

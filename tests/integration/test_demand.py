@@ -4,9 +4,12 @@ images only; the estimate moves from the default to the campaign's own measured 
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import DIGEST, OTHER_DIGEST, capture
+from tests.conftest import ADMIN, DIGEST, OTHER_DIGEST, ROOT, capture, console_script
 from tests.integration.test_leasing_api import lease, ok_row, plausible_us
 
 DEFAULT_COST = 30.0  # Settings.default_shape_cost_s: the estimate before any result
@@ -65,3 +68,12 @@ def test_demand_per_identity_in_json_and_on_metrics_scoped_and_measured(live_ser
     assert mine["families"][0]["cost_basis"].startswith("median race seconds")
     assert gauges(admin.get("/metrics").text)[("aiter_tuner_queued_gpu_seconds_estimate", DIGEST, "gfx942",
                                                 "304")] == 24.0
+
+    # the CLI line an operator reads: shapes x the campaign's own seconds per shape
+    out = subprocess.run([console_script("aiter-tuner"), "demand", "--service", live_server.url, "--image-digest",
+                          DIGEST], cwd=ROOT, env=dict(os.environ, TUNER_TOKEN=ADMIN), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"{DIGEST} gfx942/304: 2 shapes queued (0 leased), about 0.4 min of GPU time" in out.stdout
+    assert "bf16_gemm (campaign 1): 2 x 12.0 s per shape (median race seconds" in out.stdout
+    assert "total: 2 shapes queued" in out.stdout
