@@ -148,6 +148,20 @@ SHIPPED_UNKNOWN = ("no shipped tables reported for this image yet (a worker repo
                    "would list only the overlay, which would REPLACE the shipped table")
 
 
+def why_not(arts: dict[str, Artifact], shipped_known: bool) -> dict[str, str | None]:
+    """Per form, why it is not offered (None: offered): what AITER would do with it, and the layer's value without
+    the image's tables (it would list the overlay alone and replace the shipped table)."""
+    out = {f: arts[f].refused for f in FORMS}
+    if not shipped_known:
+        out["layer"] = SHIPPED_UNKNOWN
+    return out
+
+
+def first_offered(arts: dict[str, Artifact], shipped_known: bool) -> str | None:
+    """The plan's first offered form: the one the engagement check, the page and a proof default to."""
+    return next((f for f, why in why_not(arts, shipped_known).items() if why is None), None)
+
+
 def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
          mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True) -> dict:
     """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted);
@@ -178,11 +192,10 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         notes.append(f"{family.name} kernels come from a table compiled into AITER's CK JIT module: deploy with "
                      f"AITER_REBUILD=1 in this image, with {family.env_var} already set so the overlay is visible at "
                      "build time (without a rebuild splitK and kernel mismatch, or a name-keyed kernel is missing).")
-    why_not = {f: arts[f].refused for f in FORMS}
+    refused = why_not(arts, shipped_known)
     if not shipped_known:  # the layer value would list the overlay alone: not a form to offer
-        why_not["layer"] = SHIPPED_UNKNOWN
         notes.insert(0, f"not offered: layer: {SHIPPED_UNKNOWN}")
-    offered = [f for f in FORMS if why_not[f] is None]
+    offered = [f for f in FORMS if refused[f] is None]
     for f in FORMS:
         if arts[f].refused:
             notes.append(f"not offered: {f}: {arts[f].refused}")
@@ -196,7 +209,7 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         "download": "GET /v1/overlays/{image_digest}/" + family.name + ".csv?form=<form>: the file each form deploys",
         "layer": {"env": f"{family.env_var}={':'.join(path(n) for n in layer.files)}",
                   "files": [path(n) for n in layer.files], "overlay": f"{mount}/{overlay_name}",
-                  "offered": why_not["layer"] is None, "why_not": why_not["layer"],
+                  "offered": refused["layer"] is None, "why_not": refused["layer"],
                   "exclude_shipped": bool(layer.excluded_shipped)},
         "merged": {"env": f"{family.env_var}={mount}/{merged_name}", "file": f"{mount}/{merged_name}",
                    "offered": arts["merged"].refused is None, "why_not": arts["merged"].refused},

@@ -108,6 +108,8 @@ def test_the_campaign_page_tells_what_the_deploy_plan_says(client):
     assert f"offers the <b>{first}</b> form" in page
     assert f'<code id="envline">{plan[first]["env"]}</code>' in page
     assert f"not offered: <b>layer</b>: {plan['layer']['why_not']}" in page
+    assert f"on the <b>{first}</b> form" in page  # the prediction is on the form the plan offers, too
+    assert client.get(f"/v1/campaigns/{cid}/engagement").json()["form"] == first
     # the image's tables reported: the plan now offers the layer over them, and so does the page
     default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
     assert client.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}}).status_code == 200
@@ -115,4 +117,4 @@ def test_the_campaign_page_tells_what_the_deploy_plan_says(client):
     assert plan["offered"][0] == "layer" and ":" in plan["layer"]["env"]
     page = html.unescape(client.get(f"/campaigns/{cid}").text)
     assert "offers the <b>layer</b> form" in page and f'<code id="envline">{plan["layer"]["env"]}</code>' in page
-    assert "not offered: <b>layer</b>" not in page
+    assert "not offered: <b>layer</b>" not in page and "on the <b>layer</b> form" in page
