@@ -146,6 +146,9 @@ def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, over
 
 SHIPPED_UNKNOWN = ("no shipped tables reported for this image yet (a worker reports them at start): the layer value "
                    "would list only the overlay, which would REPLACE the shipped table")
+# the merged file over tables nobody reported is the overlay alone: set as the value, it replaces the shipped table
+MERGED_UNKNOWN = ("no shipped tables reported for this image yet (a worker reports them at start): the merged file "
+                  "would be the overlay alone, which would REPLACE the shipped table")
 
 
 def why_not(arts: dict[str, Artifact], shipped_known: bool) -> dict[str, str | None]:
@@ -154,6 +157,7 @@ def why_not(arts: dict[str, Artifact], shipped_known: bool) -> dict[str, str | N
     out = {f: arts[f].refused for f in FORMS}
     if not shipped_known:
         out["layer"] = SHIPPED_UNKNOWN
+        out["merged"] = out["merged"] or MERGED_UNKNOWN
     return out
 
 
@@ -193,8 +197,9 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
                      f"AITER_REBUILD=1 in this image, with {family.env_var} already set so the overlay is visible at "
                      "build time (without a rebuild splitK and kernel mismatch, or a name-keyed kernel is missing).")
     refused = why_not(arts, shipped_known)
-    if not shipped_known:  # the layer value would list the overlay alone: not a form to offer
-        notes.insert(0, f"not offered: layer: {SHIPPED_UNKNOWN}")
+    if not shipped_known:  # the layer value would list the overlay alone, the merged file be it: neither offered
+        notes[:0] = [f"not offered: layer: {SHIPPED_UNKNOWN}"] + (
+            [f"not offered: merged: {MERGED_UNKNOWN}"] if arts["merged"].refused is None else [])
     offered = [f for f in FORMS if refused[f] is None]
     for f in FORMS:
         if arts[f].refused:
@@ -212,7 +217,7 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
                   "offered": refused["layer"] is None, "why_not": refused["layer"],
                   "exclude_shipped": bool(layer.excluded_shipped)},
         "merged": {"env": f"{family.env_var}={mount}/{merged_name}", "file": f"{mount}/{merged_name}",
-                   "offered": arts["merged"].refused is None, "why_not": arts["merged"].refused},
+                   "offered": refused["merged"] is None, "why_not": refused["merged"]},
         "model_configs_dropin": {"copy_to": f"{base}/model_configs/{overlay_name}",
                                  "why": "merged with no env var set: the name contains "
                                         f"'{family.merge_name}' and not 'untuned'",
