@@ -62,6 +62,24 @@ def _wait_up(url: str, timeout_s: float = 60) -> None:
             time.sleep(0.3)
 
 
+class Refused(Exception):
+    """The service answered, but not what the command needs: the message says what it said."""
+
+
+def _answer(r) -> object:  # type: ignore[no-untyped-def]
+    """r's JSON when it succeeded; else Refused with the service's own words (detail) and what to do."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if r.is_success and body is not None:
+        return body
+    detail = body.get("detail") if isinstance(body, dict) else r.text[:300]
+    hint = {401: ": pass a token with --token or TUNER_TOKEN (`aiter-tuner token create --role capture ...`)",
+            403: ": the token's role or digest scope does not cover this (a capture token scoped to the image)"}
+    raise Refused(f"{r.request.method} {r.request.url} answered {r.status_code}: {detail}{hint.get(r.status_code, '')}")
+
+
 def _cpu_count() -> int:
     from app.aiter_install import cpu_count  # what a CPU worker reports as its cu_num (not nproc: OMP_NUM_THREADS)
     return cpu_count()
@@ -70,19 +88,71 @@ def _cpu_count() -> int:
 def example(args: argparse.Namespace) -> int:
     import httpx
     url = args.service.rstrip("/")
-    _wait_up(url)
+    try:
+        _wait_up(url, args.wait_s)
+    except httpx.HTTPError as e:
+        print(f"aiter-tuner example-capture: could not reach the service at {url} ({type(e).__name__}: {e}) "
+              f"within {args.wait_s:g} s: is `aiter-tuner serve` running there? (--service or TUNER_SERVICE_URL)",
+              file=sys.stderr)
+        return 1
     tok = _token(args)
     headers = {"Authorization": f"Bearer {tok}"} if tok else {}
     cu_num = args.cu_num or (_cpu_count() if args.gfx == "cpu" else 304)
     body = {"image_digest": args.image_digest, "gfx": args.gfx, "cu_num": cu_num, "family": "bf16_gemm",
             "host": "example", "shapes": EXAMPLE_SHAPES}
-    r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
-    print(r.status_code, json.dumps(r.json()))
-    camps = httpx.get(f"{url}/v1/campaigns", timeout=30, headers=headers).json()
-    for c in camps:
+    try:
+        r = httpx.post(f"{url}/v1/captures", json=body, timeout=30, headers=headers)
+        out = _answer(r)
+        print(r.status_code, json.dumps(out))
+        camps = _answer(httpx.get(f"{url}/v1/campaigns", timeout=30, headers=headers))
+    except Refused as e:
+        print(f"aiter-tuner example-capture: {e}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as e:
+        print(f"aiter-tuner example-capture: lost the service at {url} ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
+    for c in camps:  # type: ignore[attr-defined]
         print(f"campaign {c['campaign_id']}: {c['family']} {c['gfx']}/{c['cu_num']} {c['shapes']} shapes, "
               f"{c['queued']} queued")
     return 0 if r.status_code == 201 else 1
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds / 60:.1f} min"
+
+
+def demand_cmd(args: argparse.Namespace) -> int:
+    """What is queued and what it will cost, from the campaigns' own figures (GET /v1/demand)."""
+    import httpx
+    url = args.service.rstrip("/")
+    tok = _token(args)
+    params = {k: v for k, v in (("image_digest", args.image_digest), ("gfx", args.gfx), ("cu_num", args.cu_num))
+              if v is not None}
+    try:
+        d = _answer(httpx.get(f"{url}/v1/demand", params=params, timeout=30,
+                              headers={"Authorization": f"Bearer {tok}"} if tok else {}))
+    except Refused as e:
+        print(f"aiter-tuner demand: {e}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as e:
+        print(f"aiter-tuner demand: could not reach the service at {url} ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    assert isinstance(d, dict)
+    for row in d["identities"]:
+        unit = "CPU" if row["gfx"] == "cpu" else "GPU"
+        print(f"{row['image_digest']} {row['gfx']}/{row['cu_num']}: {row['queued_shapes']} shapes queued "
+              f"({row['leased_shapes']} leased), about {_hours(row['gpu_s_queued_est'])} of {unit} time")
+        for f in row["families"]:
+            if f["queued_shapes"] or f["leased_shapes"]:
+                print(f"  {f['family']} (campaign {f['campaign_id']}): {f['queued_shapes']} x "
+                      f"{f['est_shape_cost_s']:.1f} s per shape ({f['cost_basis']})")
+    t = d["total"]
+    print(f"total: {t['queued_shapes']} shapes queued, about {_hours(t['gpu_s_queued_est'])} of device time "
+          f"({t['gpu_s_queued_est']:.0f} s); on N devices about 1/N of it")
+    return 0
 
 
 def _write_secret(path: str, secret: str) -> None:
@@ -207,7 +277,24 @@ def capture(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def verify(argv: list[str]) -> int:
+    """Hands on to the worker's console script aiter-tuner-verify (workers/verify.py: in the served image, with the
+    worker's dependencies): the service's package never imports the worker's (tests/unit/test_layering.py)."""
+    import shutil
+    from pathlib import Path
+    beside = Path(sys.argv[0]).resolve().parent / "aiter-tuner-verify"
+    exe = str(beside) if beside.is_file() else shutil.which("aiter-tuner-verify")
+    if exe is None:
+        print("aiter-tuner verify needs the worker's console script aiter-tuner-verify: "
+              "pip install 'aiter-tuner[worker]'", file=sys.stderr)
+        return 2
+    os.execv(exe, [exe, *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"]:  # its flags are workers.verify's own: handed on whole
+        return verify(argv[1:])
     p = argparse.ArgumentParser(prog="aiter-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the service (migrates its database first)")
@@ -223,14 +310,29 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--token", default=None, help="a capture token (default: TUNER_TOKEN, then the admin token file)")
     e.add_argument("--image-digest", default=EXAMPLE_DIGEST, help="the image the shapes are for (default: sha256:0…01)")
     e.add_argument("--gfx", default="gfx942", help="the identity workers will report: gfx942, gfx950, cpu, ...")
+    e.add_argument("--wait-s", type=float, default=60.0,
+                   help="how long to wait for the service to answer /healthz (a `serve &` just started)")
     e.add_argument("--cu-num", type=int, default=None,
                    help="their CU count (default: with --gfx cpu, the CPUs this process may use, as a CPU worker on "
                         "this machine reports them; else 304)")
     e.set_defaults(fn=example)
+    dm = sub.add_parser("demand", help="the work queued per worker identity and its estimated device time, from "
+                                       "the campaigns' own figures (GET /v1/demand)")
+    dm.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
+    dm.add_argument("--token", default=None, help="a read token where reads are closed (default: TUNER_TOKEN, "
+                                                  "then the admin token file)")
+    dm.add_argument("--image-digest")
+    dm.add_argument("--gfx")
+    dm.add_argument("--cu-num", type=int)
+    dm.add_argument("--json", action="store_true", help="the endpoint's answer as it is")
+    dm.set_defaults(fn=demand_cmd)
     from app.capture.agent import add_arguments
     cap = sub.add_parser("capture", help="follow a server's log (and vLLM metrics) and post AITER's lookups")
     add_arguments(cap)
     cap.set_defaults(fn=capture)
+    sub.add_parser("verify", add_help=False,
+                   help="in the served image: replay a deployed overlay, or prove the engagement verdict with "
+                        "AITER's own lookup (`aiter-tuner verify --help`)")
     t = sub.add_parser("token", help="create, list or revoke API tokens (in the database at DATABASE_URL)")
     tsub = t.add_subparsers(dest="action", required=True)
     c = tsub.add_parser("create")
@@ -242,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
     r = tsub.add_parser("revoke")
     r.add_argument("id", type=int)
     t.set_defaults(fn=token_cmd)
+    la = sub.add_parser("launch", help="start workers (and the service) where fleets run them")
+    lsub = la.add_subparsers(dest="engine", required=True)
+    from app.launch import k8s  # light: argparse and the manifests' data
+    lk = lsub.add_parser("k8s", help="write Kubernetes manifests: the workers' work-queue Job (and a KEDA "
+                                     "ScaledJob), the service on PostgreSQL, the Secrets they read")
+    k8s.add_arguments(lk)
+    lk.set_defaults(fn=k8s.main)
     i = sub.add_parser("inherit", help="an image upgrade: IMAGE inherits the campaigns and tuning of --from "
                                        "(in the database at DATABASE_URL)")
     i.add_argument("image", help="the new image's digest (sha256:...)")

@@ -19,7 +19,7 @@ import anyio
 from fastapi import FastAPI, Response, routing
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.orm import configure_mappers
 
 from app import errors
@@ -32,7 +32,7 @@ from app.db.dialect import start_lock
 from app.db.session import Database
 from app.limits import BodyLimit
 from app.auth import ClosedDocs, ReadAuth
-from app.metrics import LatencyMiddleware, Metrics
+from app.metrics import LatencyMiddleware, Metrics, exposition
 from app.web import routes as web
 from app.services import caches, leasing, tokens
 from app.ttl_cache import TTLCache
@@ -180,7 +180,8 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus(who: ReadAuth) -> Response:  # with reads closed, a token is needed here too
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition(metrics, db, settings.default_shape_cost_s, who.digests),
+                        media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(LatencyMiddleware, metrics=metrics)
     app.add_middleware(ClosedDocs, settings=settings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -64,6 +64,38 @@ class _DbCollector:
                 leases.add_metric([state], counts.get(state, 0))
         yield shapes
         yield leases
+
+
+class DemandCollector:
+    """The work queued per worker identity (app/services/demand.py) as gauges, for one scrape: built per request
+    with the caller's digest scope, so a scoped token's scrape names its own images only."""
+
+    def __init__(self, db, default_cost: float, digests):  # type: ignore[no-untyped-def]
+        self.db, self.default_cost, self.digests = db, default_cost, digests
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from app.services.demand import demand
+        labels = ["image_digest", "gfx", "cu_num"]
+        shapes = GaugeMetricFamily("aiter_tuner_queued_shapes", "Shapes queued per worker identity (leased ones "
+                                   "are held by running workers)", labels=labels)
+        secs = GaugeMetricFamily("aiter_tuner_queued_gpu_seconds_estimate", "Estimated device seconds of the queued "
+                                 "shapes per worker identity (each campaign's median race seconds per shape, else "
+                                 "TUNER_DEFAULT_SHAPE_COST_S)", labels=labels)
+        with self.db.session(write=False) as s:
+            d = demand(s, self.default_cost, self.digests)
+        for row in d["identities"]:
+            key = [row["image_digest"], row["gfx"], str(row["cu_num"])]
+            shapes.add_metric(key, row["queued_shapes"])
+            secs.add_metric(key, row["gpu_s_queued_est"])
+        yield shapes
+        yield secs
+
+
+def exposition(metrics: Metrics, db, default_cost: float, digests) -> bytes:  # type: ignore[no-untyped-def]
+    """/metrics: the app's registry, then the demand gauges for this caller's scope."""
+    scoped = CollectorRegistry()
+    scoped.register(DemandCollector(db, default_cost, digests))
+    return generate_latest(metrics.registry) + generate_latest(scoped)
 
 
 class LatencyMiddleware:

@@ -101,7 +101,7 @@ class ProvedShape(Wire):
 
 
 class EngagementProofIn(Wire):
-    """AITER's own lookup, run in the served image on one deploy form (python -m workers.verify --engagement)."""
+    """AITER's own lookup, run in the served image on one deploy form (aiter-tuner verify --engagement)."""
     form: Literal["layer", "merged", "model_configs_dropin"]
     worker_id: str = Field(max_length=128)
     aiter_commit: str | None = Field(None, max_length=80)

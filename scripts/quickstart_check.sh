@@ -57,6 +57,8 @@ import sys, tomllib
 torch = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["torch"]
 assert not any("==" in r for r in torch), f"the torch extra pins an exact version: {torch}"
 PY
+# the console scripts, never `python -m workers` (a working directory holding its own `app` package shadows ours)
+! grep -qE '(python3?|\.venv/bin/python) -m workers( |\.verify)' "$R" || { echo "README: python -m workers"; exit 1; }
 TUNER_CU_NUM=304x .venv/bin/aiter-tuner token list >/dev/null  # a malformed value stops only `capture`
 if TUNER_CU_NUM=304x .venv/bin/aiter-tuner capture --once 2>cu.err; then exit 1; fi
 grep -q TUNER_CU_NUM cu.err || { cat cu.err; exit 1; }

@@ -119,6 +119,17 @@ def pytest_terminal_summary(terminalreporter):
         f"(SOURCES.csv there).", red=True, bold=True)
 
 
+def console_script(name: str) -> str:
+    """One of this install's console scripts (aiter-tuner, aiter-tuner-worker), beside the Python running the
+    tests: never `python -m workers`, which imports whatever `app` package the working directory holds."""
+    path = Path(sys.executable).parent / name
+    assert path.exists(), f"{path}: the project is not installed in this environment (pip install -e '.[dev]')"
+    return str(path)
+
+
+WORKER = [console_script("aiter-tuner-worker")]
+
+
 def engines() -> list[str]:
     return ["sqlite", "postgresql"] if PG_URL else ["sqlite"]
 

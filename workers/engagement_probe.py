@@ -1,4 +1,4 @@
-"""Call AITER's own table lookup for captured shapes: what `python -m workers.verify --engagement` runs inside
+"""Call AITER's own table lookup for captured shapes: what `aiter-tuner verify --engagement` runs inside
 the served image (AITER imported for real), and what tests/differential runs on CPU (AITER's same files with
 the hardware queries stubbed). A probe returns (hit, row) per shape; the row is the tuned row AITER uses.
 

@@ -1,10 +1,10 @@
 """Verify a deployed overlay in the served image, and post the outcome to the service (the campaign page
 shows it):
 
-    python -m workers.verify --service URL --image-digest sha256:... --family bf16_gemm
+    aiter-tuner verify --service URL --image-digest sha256:... --family bf16_gemm
         replays the overlay's rows through AITER's production op with the family tuner's --run_config
         (AITER sets AITER_REBUILD=2 itself so compiled tables rebuild);
-    python -m workers.verify --service URL --engagement --campaign 7 [--form layer|merged|model_configs_dropin]
+    aiter-tuner verify --service URL --engagement --campaign 7 [--form layer|merged|model_configs_dropin]
         deploys the form the deploy plan offers (its env value, or the drop-in file), imports this image's AITER
         and calls AITER's own lookup for every captured shape of the campaign: the proof beside the prediction.
 """
@@ -157,7 +157,7 @@ def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workers.verify", description=__doc__)
+    p = argparse.ArgumentParser(prog="aiter-tuner verify", description=__doc__)
     p.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
     p.add_argument("--image-digest", default=os.environ.get("TUNER_IMAGE_DIGEST"), required=False)
     p.add_argument("--family")

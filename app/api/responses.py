@@ -44,6 +44,36 @@ class CampaignSummary(Open):
     build_s: float = 0.0  # compile lane: JIT build seconds for this image and family, apart from race time
 
 
+class DemandFamily(Open):
+    campaign_id: int
+    family: str
+    queued_shapes: int
+    leased_shapes: int
+    est_shape_cost_s: float  # the campaign's own figure: median race seconds of its results, else the default
+    cost_basis: str
+
+
+class DemandIdentity(Open):
+    image_digest: str
+    gfx: str
+    cu_num: int
+    queued_shapes: int
+    leased_shapes: int  # held by running workers: not work for new ones
+    gpu_s_queued_est: float  # device seconds the queued shapes are estimated to take (CPU seconds for gfx=cpu)
+    families: list[DemandFamily]
+
+
+class DemandTotals(BaseModel):
+    queued_shapes: int
+    leased_shapes: int
+    gpu_s_queued_est: float
+
+
+class Demand(BaseModel):
+    identities: list[DemandIdentity]
+    total: DemandTotals
+
+
 class ShapePage(Open):
     shapes: list[dict[str, Any]]
     next: str | int | None = None

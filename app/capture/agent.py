@@ -28,7 +28,7 @@ from app.capture.spool import Spool
 from app.capture.tail import FileFollower, Position, StdinFollower
 from app.domain.capture_parsing import from_events
 from app.domain.families import FAMILIES
-from app.domain.log_lines import parse_log
+from app.domain.log_lines import described, parse_log
 
 log = logging.getLogger("aiter-tuner.capture")
 MAX_SHAPES_PER_CAPTURE = 1000
@@ -93,6 +93,7 @@ class Agent:
                    saved.get("path") == args.log else None)
             self.reader = FileFollower(args.log, pos)
         self.rejected = 0
+        self.lines_read = self.made = 0  # this run's: --once says so when the log held no AITER line
 
     # -- reading -------------------------------------------------------------------------------------------
     def _lines(self, drain: bool) -> list[str]:
@@ -151,6 +152,7 @@ class Agent:
         if isinstance(self.reader, FileFollower):
             p = self.reader.pos
             st["log"] = {"path": self.args.log, "inode": p.inode, "offset": p.offset, "head": p.head}
+        self.lines_read, self.made = self.lines_read + len(lines), self.made + made
         if made:
             st["seq"] += 1
         if made or (st["metrics"], st["log"]) != before:  # an idle cycle writes nothing
@@ -226,6 +228,12 @@ def jittered(ceiling: float) -> float:
 def _once(agent: Agent) -> int:
     while agent.collect(drain=True):  # a big log takes several reads (each one bounded in bytes)
         pass
+    if not agent.made and not agent.spool.pending:  # silence would read as "posted"
+        where = "standard input" if agent.args.log == "-" else agent.args.log
+        print(f"aiter-tuner capture: nothing to post: no AITER lookup line in {where} ({agent.lines_read} new "
+              f"line(s) read{'' if agent.args.log == '-' else ' since the spool last stopped'}). Looked for "
+              f"{described()}.", file=sys.stderr)
+        return 0
     give_up, ceiling = time.monotonic() + agent.args.retry_s, 0.5
     while not agent.deliver():
         delay = jittered(ceiling)

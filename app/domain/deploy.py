@@ -145,9 +145,32 @@ def artifacts(release: AiterRelease, family: TableFamily, shipped: Shipped, over
     return out
 
 
+SHIPPED_UNKNOWN = ("no shipped tables reported for this image yet (a worker reports them at start): the layer value "
+                   "would list only the overlay, which would REPLACE the shipped table")
+# the merged file over tables nobody reported is the overlay alone: set as the value, it replaces the shipped table
+MERGED_UNKNOWN = ("no shipped tables reported for this image yet (a worker reports them at start): the merged file "
+                  "would be the overlay alone, which would REPLACE the shipped table")
+
+
+def why_not(arts: dict[str, Artifact], shipped_known: bool) -> dict[str, str | None]:
+    """Per form, why it is not offered (None: offered): what AITER would do with it, and the layer's value without
+    the image's tables (it would list the overlay alone and replace the shipped table)."""
+    out = {f: arts[f].refused for f in FORMS}
+    if not shipped_known:
+        out["layer"] = SHIPPED_UNKNOWN
+        out["merged"] = out["merged"] or MERGED_UNKNOWN
+    return out
+
+
+def first_offered(arts: dict[str, Artifact], shipped_known: bool) -> str | None:
+    """The plan's first offered form: the one the engagement check, the page and a proof default to."""
+    return next((f for f, why in why_not(arts, shipped_known).items() if why is None), None)
+
+
 def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
-         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = ()) -> dict:
-    """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted)."""
+         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True) -> dict:
+    """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted);
+    shipped_known: the image's worker reported its tables (else the layer form is not offered)."""
     base = configs_dir or "<aiter package>/aiter/configs"
 
     def path(name: str) -> str:
@@ -174,7 +197,11 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         notes.append(f"{family.name} kernels come from a table compiled into AITER's CK JIT module: deploy with "
                      f"AITER_REBUILD=1 in this image, with {family.env_var} already set so the overlay is visible at "
                      "build time (without a rebuild splitK and kernel mismatch, or a name-keyed kernel is missing).")
-    offered = [f for f in FORMS if arts[f].refused is None]
+    refused = why_not(arts, shipped_known)
+    if not shipped_known:  # the layer value would list the overlay alone, the merged file be it: neither offered
+        notes[:0] = [f"not offered: layer: {SHIPPED_UNKNOWN}"] + (
+            [f"not offered: merged: {MERGED_UNKNOWN}"] if arts["merged"].refused is None else [])
+    offered = [f for f in FORMS if refused[f] is None]
     for f in FORMS:
         if arts[f].refused:
             notes.append(f"not offered: {f}: {arts[f].refused}")
@@ -188,10 +215,10 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         "download": "GET /v1/overlays/{image_digest}/" + family.name + ".csv?form=<form>: the file each form deploys",
         "layer": {"env": f"{family.env_var}={':'.join(path(n) for n in layer.files)}",
                   "files": [path(n) for n in layer.files], "overlay": f"{mount}/{overlay_name}",
-                  "offered": layer.refused is None, "why_not": layer.refused,
+                  "offered": refused["layer"] is None, "why_not": refused["layer"],
                   "exclude_shipped": bool(layer.excluded_shipped)},
         "merged": {"env": f"{family.env_var}={mount}/{merged_name}", "file": f"{mount}/{merged_name}",
-                   "offered": arts["merged"].refused is None, "why_not": arts["merged"].refused},
+                   "offered": refused["merged"] is None, "why_not": refused["merged"]},
         "model_configs_dropin": {"copy_to": f"{base}/model_configs/{overlay_name}",
                                  "why": "merged with no env var set: the name contains "
                                         f"'{family.merge_name}' and not 'untuned'",
@@ -201,7 +228,20 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         "rebuild": "AITER_REBUILD=1" if family.compiled else None,
         "log_hits": "AITER_LOG_TUNED_CONFIG=1",
         "notes": notes,
+        "shipped_tables_known": shipped_known,
     }
+
+
+def first_step(plan: dict) -> dict:
+    """What a person is told to do, from the plan alone (the campaign page renders this, never its own line):
+    the first offered form's setting or copy, and every form not offered with why."""
+    refused = [(f, plan[f]["why_not"]) for f in FORMS if not plan[f]["offered"]]
+    if not plan["offered"]:
+        return {"form": None, "line": None, "copy_to": None, "refused": refused}
+    form = plan["offered"][0]
+    if form == "model_configs_dropin":
+        return {"form": form, "line": None, "copy_to": plan[form]["copy_to"], "refused": refused}
+    return {"form": form, "line": plan[form]["env"], "copy_to": None, "refused": refused}
 
 
 def without_shipped_keys(release: AiterRelease, family: TableFamily, shipped: Shipped, overlay: Table,

@@ -43,6 +43,14 @@ def _grammar() -> list[tuple[LogLine, tuple[TableFamily, ...], re.Pattern[str]]]
 
 _GRAMMAR = _grammar()
 _STARTS = tuple(dict.fromkeys(ll.start for ll, _, _ in _GRAMMAR))
+
+def described() -> str:
+    """What a reader looks for, in words (for a log that held none of it)."""
+    return (f"AITER's tuned-config lookup lines, which start with {', '.join(repr(s) for s in _STARTS)} (a miss: "
+            "'..., not found tuned config in ...'; a hit, only with AITER_LOG_TUNED_CONFIG=1 set on the server "
+            "before `import aiter`: '... is tuned ...')")
+
+
 _WORDS = tuple(dict.fromkeys(s.split()[0] for s in _STARTS))  # a line holding none of these is skipped at once
 
 

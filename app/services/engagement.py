@@ -18,6 +18,7 @@ from app.domain.keys import m_candidates
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
+from app.domain import deploy
 from app.domain.deploy import FORMS
 from app.domain.tables import Table, read_table, rows_digest
 from app.errors import Invalid
@@ -208,7 +209,7 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
         used = "supplied"
     else:
         arts = ov.artifacts()
-        form = form or next((f for f in FORMS if arts[f].refused is None), "layer")
+        form = form or deploy.first_offered(arts, ov.shipped.known) or "layer"  # the deploy plan's choice
         art = arts[form]
         refused = art.refused
         table = art.table if art.table is not None else Table(ov.table.header)

@@ -23,7 +23,7 @@ from app.domain.families import AiterRelease, TableFamily
 from app.domain.headers import Schema
 from app.domain.keys import row_key
 from app.domain.tables import Table, render_csv, rows_digest
-from app.errors import Conflict
+from app.errors import Conflict, NotFound
 from app.services.caches import caches_of
 from app.services.lookups import family_or_422
 from app.slot_cache import SlotCache
@@ -195,6 +195,11 @@ def build(s: Session, digest: str, family: str, gfx: str | None = None) -> Overl
     """The overlay, unchecked, with what the image ships and the release that will read it: the same object
     (read-only) while none of that changes."""
     fam = family_or_422(family)
+    if s.get(Image, digest) is None:  # release_of reads it too: one lookup
+        # a header-only table deployed as the only file would REPLACE the shipped one (AITER reads the env var's
+        # files instead of its default): never answer one for an image nobody named
+        raise NotFound(f"image_digest: the service has never seen {digest} (no capture, worker report or inherit "
+                       "named it): no overlay for it", "image_digest")
     release = release_of(s, digest)
     schema = schema_for(s, digest, fam.name)
     gfx = gfx or live_gfx(s, digest, fam.name)
@@ -241,15 +246,9 @@ def deployable(s: Session, digest: str, family: str, merged: bool = False, exclu
 def deploy_plan(s: Session, digest: str, family: str) -> dict:
     ov = build(s, digest, family)
     img = s.get(Image, digest)
-    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name, raced=ov.raced)
+    out = deploy.plan(ov.family, img.configs_dir if img else None, ov.artifacts(), ov.table.name, raced=ov.raced,
+                      shipped_known=ov.shipped.known)
     out["release"] = ov.release.name
-    out["shipped_tables_known"] = ov.shipped.known
-    if not ov.shipped.known:  # the layer value would list the overlay alone: not a form to offer
-        why = ("no shipped tables reported for this image yet (a worker reports them at start): the layer value "
-               "would list only the overlay, which would REPLACE the shipped table")
-        out["layer"].update(offered=False, why_not=why)
-        out["offered"] = [f for f in out["offered"] if f != "layer"]
-        out["notes"].insert(0, f"not offered: layer: {why}")
     return out
 
 

@@ -22,6 +22,7 @@ from app.auth import COOKIE, ReadAuth, resolve
 from app.config import Settings
 from app.db.models import Campaign
 from app.db.session import Database
+from app.domain import deploy
 from app.domain.families import get_family
 from app.errors import Forbidden
 from app.services import ab, campaign_page as page_engagement, campaigns, lookups, overlays, verifications, upgrades
@@ -175,8 +176,9 @@ def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: st
     # only the listed shapes are checked: the totals over every shape are counted off the request
     verdict, start_count = page_engagement.page_summary(s, campaign_id, shapes, db, head.counts.get(campaign_id, {}))
     return {"verifications": head.checks, "verdict": verdict, "versions": head.versions, "c": summary,
-            "shapes": shapes, "next": nxt,
-            "family": fam, "overlay_name": name, "env_line": f"{fam.env_var}=/overlays/{name}",
+            "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
+            # what to do with the file is the deploy plan's verdict, never a line of the page's own
+            "step": deploy.first_step(overlays.deploy_plan(s, summary["image_digest"], fam.name)),
             "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
             "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"}, start_count
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.browser.conftest import ARTIFACTS
-from tests.conftest import DIGEST, ROOT
+from tests.conftest import WORKER, DIGEST, ROOT
 from workers.identity import cpu_count
 
 CPU = {"gfx": "cpu", "cu_num": cpu_count()}  # the identity a worker on this machine reports
@@ -23,7 +22,7 @@ def campaign(live_server):
     cid = c.post("/v1/captures", json={"image_digest": DIGEST, "family": "bf16_gemm", "shapes": SHAPES,
                                        "aiter_version": "0.1.13", **CPU}).json()["campaign_id"]
     # tune three of four shapes with a real worker, then leave the last one queued
-    out = subprocess.run([sys.executable, "-m", "workers", "--service", live_server.url, "--backend", "torch",
+    out = subprocess.run([*WORKER, "--service", live_server.url, "--backend", "torch",
                           "--budget-s", "90", "--image-digest", DIGEST, "--worker-id", "browser-w", "--once",
                           "--max-shapes", "3", "--max-batches", "1", "--repeats", "5", "--min-improvement-pct", "-100"],
                          cwd=ROOT, env=dict(os.environ, TUNER_TOKEN=live_server.token("worker", "b")),
@@ -49,7 +48,9 @@ def test_a_person_sees_progress_downloads_the_overlay_and_sees_workers(live_serv
     page.wait_for_url(f"**/campaigns/{campaign}")
     assert page.locator("tr.shape[data-state='tuned']").count() == 3
     assert page.locator("tr.shape[data-state='queued']").count() == 1
-    assert page.locator("#envline").inner_text().startswith("AITER_CONFIG_GEMM_BF16=/overlays/")
+    # a CPU worker reports no AITER tables: neither the layer nor the merged file (the overlay alone then) is
+    # offered, and the page says not to set the variable rather than a value that replaces the shipped table
+    assert "do not set AITER_CONFIG_GEMM_BF16" in page.locator("#deploy-step").inner_text()
     svg = page.request.get(live_server.url + f"/campaigns/{campaign}/coverage.svg")
     assert svg.ok and "served-time coverage" in svg.text()
     with page.expect_download() as dl:

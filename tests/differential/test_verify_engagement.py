@@ -1,4 +1,4 @@
-"""python -m workers.verify --engagement on CPU: the service's real app, an image whose AITER is the pinned
+"""aiter-tuner verify --engagement on CPU: the service's real app, an image whose AITER is the pinned
 sources with the hardware stubbed (tests/differential/aiter_exec.py), every deploy form the plan offers.
 The proof posted beside the prediction must agree on every captured shape."""
 

@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import DIGEST, ROOT, wait_for
+from tests.conftest import WORKER, DIGEST, ROOT, wait_for
 from workers.identity import cpu_count
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +22,7 @@ SHAPES = [{"M": m, "N": 512, "K": 1024, "count": 10 + m} for m in (8, 16, 24, 32
 
 def worker(url, wid, budget, *extra, token):
     env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=token)
-    return subprocess.Popen([sys.executable, "-m", "workers", "--service", url, "--backend", "torch",
+    return subprocess.Popen([*WORKER, "--service", url, "--backend", "torch",
                              "--budget-s", str(budget), "--image-digest", DIGEST, "--worker-id", wid,
                              "--repeats", "10", "--poll-s", "0.2", "--min-improvement-pct", "-100", *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

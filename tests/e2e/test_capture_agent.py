@@ -120,6 +120,17 @@ def test_once_posts_every_family_and_a_restart_counts_nothing_twice(live_server,
     assert calls(live_server) == {"20": 3, "100": 1, "7": 1}
 
 
+def test_once_on_a_log_without_aiter_lines_says_so_and_what_it_looked_for(tmp_path):
+    """Issue 33: it printed nothing, which reads as "posted". Nothing is posted (the service need not be up)."""
+    log = tmp_path / "server.log"
+    log.write_text("INFO vLLM starting\nINFO Uvicorn running on http://0.0.0.0:8000\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = agent(env, f"http://127.0.0.1:{free_port()}", log, tmp_path / "spool", "--once", check=0)
+    assert f"nothing to post: no AITER lookup line in {log} (2 new line(s) read" in r.stderr, r.stderr
+    assert "'shape is M:'" in r.stderr and "not found tuned config" in r.stderr
+    assert "AITER_LOG_TUNED_CONFIG=1" in r.stderr
+
+
 def test_service_down_then_back_drains_the_spool_and_a_lost_ack_is_not_counted_twice(live_server, agent_env,
                                                                                       tmp_path):
     log, spool = tmp_path / "server.log", tmp_path / "spool"

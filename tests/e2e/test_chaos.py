@@ -23,7 +23,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import DIGEST, ROOT, start_server, wait_for
+from tests.conftest import WORKER, DIGEST, ROOT, start_server, wait_for
 from workers.identity import cpu_count
 from workers.spool import Spool
 
@@ -67,7 +66,7 @@ def cpu_worker(url: str, token: str, digest: str, wid: str, spool: Path, log: Pa
     the same id and spool delivers what the killed one left."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TUNER_TOKEN=token, OMP_NUM_THREADS="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "workers", "--service", url, "--backend", "torch", "--image-digest", digest,
+        [*WORKER, "--service", url, "--backend", "torch", "--image-digest", digest,
          "--worker-id", wid, "--budget-s", "2", "--repeats", "3", "--poll-s", "0.2", "--compile-budget-s", "0",
          "--min-improvement-pct", "-100", "--spool-dir", str(spool), *extra],
         cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)

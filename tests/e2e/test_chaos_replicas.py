@@ -15,7 +15,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import ADMIN, DIGEST, ROOT, LiveServer, spawn_server, wait_for, wait_up
+from tests.conftest import WORKER, ADMIN, DIGEST, ROOT, LiveServer, spawn_server, wait_for, wait_up
 from tests.e2e.test_chaos import ACCESS, DELIVERED, FINISHED, progress, spooled
 from tests.private_pg import private_pg  # noqa: F401 - the fixture
 from workers.identity import cpu_count
@@ -56,7 +55,7 @@ class Workers:
         for i in range(N_WORKERS):
             wid = f"replica-chaos-{i}"
             self.procs[wid] = subprocess.Popen(
-                [sys.executable, "-m", "workers", "--service", servers[i % len(servers)].url, "--backend", "torch",
+                [*WORKER, "--service", servers[i % len(servers)].url, "--backend", "torch",
                  "--image-digest", DIGEST, "--worker-id", wid, "--budget-s", "2", "--max-shapes", "3", "--repeats", "3",
                  "--poll-s", "0.2",
                  "--compile-budget-s", "0", "--min-improvement-pct", "-100", "--spool-dir", str(tmp / "spool" / wid)],

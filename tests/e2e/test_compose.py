@@ -35,7 +35,8 @@ from tests.e2e.test_capture_agent import bf16_miss
 pytestmark = pytest.mark.e2e
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 NEEDS_ENGINE = {"postgres": "the postgres:16 image (here the service runs on SQLite)",
-                "vllm": "a ROCm GPU, the vLLM image and a model (here the test writes the server's log)"}
+                "vllm": "a ROCm GPU, the vLLM image and a model (here the test writes the server's log)",
+                "worker-rocm": "a ROCm GPU and the served image (here the CPU worker runs the same command)"}
 # what a user's .env says on a host where the capture agent has no rocminfo
 USER_ENV = {"TUNER_GFX": "gfx942", "TUNER_CU_NUM": "304"}
 
@@ -55,7 +56,8 @@ def compose_config(user_env: dict[str, str], tmp) -> subprocess.CompletedProcess
     """`compose config` on the checkout's file, in a shell holding only user_env (and no .env file)."""
     env_file = tmp / "empty.env"
     env_file.write_text("")
-    return subprocess.run([*compose_cli(), "--env-file", str(env_file), "--profile", "serve", "config"], cwd=ROOT,
+    return subprocess.run([*compose_cli(), "--env-file", str(env_file), "--profile", "serve", "--profile", "rocm",
+                           "config"], cwd=ROOT,
                           capture_output=True, text=True, env={"PATH": os.environ["PATH"], **user_env})
 
 
@@ -109,6 +111,21 @@ def test_the_compose_file_is_consistent():
                 assert ro, "the checkout is mounted read-only"
         assert "install -q aiter-tuner" not in " ".join(argv(svc.get("command", ""))), \
             "never a package index's aiter-tuner"
+
+
+def test_a_rocm_worker_gets_the_gpu_as_amds_container_docs_say():
+    """ROCm's docker docs: --device=/dev/kfd --device=/dev/dri --group-add video (as compose keys, not comments);
+    the rest of it is the CPU worker's: one command, one token, one service."""
+    svcs = services()
+    gpu, cpu = svcs["worker-rocm"], svcs["worker"]
+    assert set(gpu["devices"]) == {"/dev/kfd", "/dev/dri"} or {d.split(":")[0] for d in gpu["devices"]} == {
+        "/dev/kfd", "/dev/dri"}
+    assert "video" in gpu["group_add"] and gpu["ipc"] == "host"
+    assert gpu["profiles"] == ["rocm"] and "devices" not in cpu  # a CPU host has no /dev/kfd
+    assert argv(gpu["command"]) == argv(cpu["command"]) and gpu["depends_on"] == cpu["depends_on"]
+    assert gpu["environment"]["TUNER_BACKEND"] == "aiter" and gpu["environment"]["TUNER_EXAMPLE_GFX"] == ""
+    for svc in (gpu, cpu):  # the console script: `python -m workers` breaks where the cwd has its own `app`
+        assert argv(svc["command"])[-1].rstrip().endswith("exec aiter-tuner-worker")
 
 
 def checkout_copy(dest) -> None:

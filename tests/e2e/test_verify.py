@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import DIGEST, ROOT
+from tests.conftest import console_script, DIGEST, ROOT
 from tests.integration.test_leasing_api import ok_row
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -34,7 +33,7 @@ def _tuned_campaign(c):
 
 def run_verify(live_server, root, rc):
     env = dict(os.environ, TUNER_TOKEN=live_server.token("worker", "verifier", DIGEST), STUB_RUN_RC=str(rc))
-    return subprocess.run([sys.executable, "-m", "workers.verify", "--service", live_server.url, "--image-digest",
+    return subprocess.run([console_script("aiter-tuner"), "verify", "--service", live_server.url, "--image-digest",
                            DIGEST, "--family", "bf16_gemm", "--aiter-root", str(root), "--worker-id", "gpu0"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 

@@ -70,7 +70,7 @@ def test_an_installed_wheel_serves_makes_tokens_and_runs_a_worker(tmp_path):
         assert listed == {"bootstrap-admin": "admin", "w1": "worker", "c1": "capture"}, listed
         run(bin_, "aiter-tuner", "example-capture", "--gfx", "cpu", env=dict(env, TUNER_TOKEN=capture["token"]),
             cwd=work)
-        out = run(bin_, "python", "-m", "workers", "--backend", "torch", "--once", "--budget-s", "60",
+        out = run(bin_, "aiter-tuner-worker", "--backend", "torch", "--once", "--budget-s", "60",
                   "--max-shapes", "1", "--max-batches", "1", "--image-digest", EXAMPLE_DIGEST,
                   env=dict(env, TUNER_TOKEN=worker["token"]), cwd=work)
         summary = json.loads(out.strip().splitlines()[-1])

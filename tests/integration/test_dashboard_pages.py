@@ -90,3 +90,30 @@ def test_a_campaign_the_default_won_says_why_its_overlay_is_empty_and_plots_what
     with client.app.state.db.session(write=False) as s:
         last = campaigns.coverage_points(s, cid)[-1][1]
     assert camp["served_time_covered"] == 1.0 and last == 1.0
+
+
+def test_the_campaign_page_tells_what_the_deploy_plan_says(client):
+    """Issue 33: the page told you to mount the file and set AITER_CONFIG_* while the plan refused that form for an
+    image whose tables are unknown (the value would name the overlay alone and REPLACE the shipped table; so would
+    the merged file, which is the overlay alone then). The page renders the plan's verdict: its first offered form,
+    or none, and each refused form with why; the prediction is on the same form."""
+    import html
+
+    from tests.conftest import CONFIGS, DIGEST
+    cid = capture(client, [{"M": 1, "N": 1280, "K": 8192}, {"M": 3, "N": 77, "K": 99}]).json()["campaign_id"]
+    tune_all(client)
+    plan = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()
+    assert plan["offered"] == [] and not plan["shipped_tables_known"]  # the tables are unknown
+    page = html.unescape(client.get(f"/campaigns/{cid}").text)
+    assert 'id="no-form"' in page and 'id="envline"' not in page and "do not set AITER_CONFIG_GEMM_BF16" in page
+    for form in ("layer", "merged"):
+        assert f"not offered: <b>{form}</b>: {plan[form]['why_not']}" in page and "REPLACE" in plan[form]["why_not"]
+    # the image's tables reported: the plan now offers the layer over them, and so do the page and the prediction
+    default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
+    assert client.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}}).status_code == 200
+    plan = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()
+    assert plan["offered"][0] == "layer" and ":" in plan["layer"]["env"] and "merged" in plan["offered"]
+    page = html.unescape(client.get(f"/campaigns/{cid}").text)
+    assert "offers the <b>layer</b> form" in page and f'<code id="envline">{plan["layer"]["env"]}</code>' in page
+    assert "not offered: <b>layer</b>" not in page and "on the <b>layer</b> form" in page
+    assert client.get(f"/v1/campaigns/{cid}/engagement").json()["form"] == "layer"

@@ -68,6 +68,8 @@ def test_deploy_plan_lists_the_shipped_tables_then_the_overlay(client):
     # without the image's tables the layer value is the overlay alone, which replaces the shipped table: not offered
     assert "layer" not in bf16["offered"] and not bf16["layer"]["offered"], bf16
     assert "REPLACE" in bf16["layer"]["why_not"] and plan["layer"]["offered"] and "layer" in plan["offered"]
+    # nor the merged file: over no reported tables it is the overlay alone (issue 33)
+    assert "merged" not in bf16["offered"] and "REPLACE" in bf16["merged"]["why_not"], bf16
 
 
 def test_bucket_plan_covers_every_captured_m_of_a_real_model_with_fewer_rows():

@@ -35,6 +35,22 @@ def test_overlay_unknown_family_and_bad_digest(client):
     assert client.get("/v1/overlays/sha256:zz/bf16_gemm.csv").json()["field"] == "image_digest"
 
 
+def test_an_image_never_seen_has_no_overlay_but_a_known_one_without_rows_keeps_its_plan(client):
+    """A header-only table for an unknown digest, deployed as the only file, would replace AITER's shipped table:
+    404 naming the digest on every overlay route. A known image with no rows answers what its deploy plan says."""
+    unknown = "sha256:" + "ef" * 32
+    for path in (f"{unknown}/bf16_gemm.csv", f"{unknown}/bf16_gemm", f"{unknown}/bf16_gemm/deploy",
+                 f"{unknown}/bf16_gemm.csv?form=merged"):
+        r = client.get(f"/v1/overlays/{path}")
+        assert r.status_code == 404 and r.json()["field"] == "image_digest", (path, r.text)
+        assert unknown in r.json()["detail"]
+    capture(client, [{"M": 1, "N": 1280, "K": 8192}])  # DIGEST is known now, with no tuned row
+    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")
+    assert r.status_code == 200 and rows(r.text) == []
+    plan = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()
+    assert plan["shipped_tables_known"] is False and "layer" not in plan["offered"]
+
+
 def test_merged_overlay_over_the_image_default_has_unique_keys(client):
     default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
     r = client.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}})

@@ -47,16 +47,19 @@ def test_example_capture_for_a_cpu_reports_the_cpu_worker_count_not_nproc(monkey
     sent = {}
 
     class Reply:
-        status_code = 201
+        status_code, is_success = 201, True
+
+        def __init__(self, body):
+            self.body = body
 
         def json(self):
-            return {}
+            return self.body
 
-    monkeypatch.setattr(cli, "_wait_up", lambda url: None)
+    monkeypatch.setattr(cli, "_wait_up", lambda url, timeout_s: None)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what `nproc` would print
     import httpx
-    monkeypatch.setattr(httpx, "post", lambda url, json, **kw: sent.update(json) or Reply())
-    monkeypatch.setattr(httpx, "get", lambda url, **kw: type("R", (), {"json": lambda self: []})())
+    monkeypatch.setattr(httpx, "post", lambda url, json, **kw: sent.update(json) or Reply({}))
+    monkeypatch.setattr(httpx, "get", lambda url, **kw: Reply([]))
     assert cli.main(["example-capture", "--gfx", "cpu", "--token", "t"]) == 0
     assert sent["gfx"] == "cpu" and sent["cu_num"] == cpu_count()
 

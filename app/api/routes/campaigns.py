@@ -8,11 +8,12 @@ from fastapi import APIRouter, BackgroundTasks, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DbDep, IdPath, SettingsDep
-from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, EngagementReport, ProofRecorded,
-                               Requeued, ShapePage, WorkerInfo, csv_body)
-from app.schemas import EngagementProofIn
+from app.api.responses import (BucketApply, BucketPlan, CampaignDetail, CampaignSummary, Demand, EngagementReport,
+                               ProofRecorded, Requeued, ShapePage, WorkerInfo, csv_body)
+from app.schemas import EngagementProofIn, check_digest
 from app.auth import AdminAuth, Principal, ReadAuth, WorkerAuth
-from app.services import buckets, campaigns, engagement, leasing, lookups, pages, upgrades
+from app.errors import Invalid
+from app.services import buckets, campaigns, demand, engagement, leasing, lookups, pages, upgrades
 
 router = APIRouter(tags=["campaigns"])
 
@@ -26,6 +27,22 @@ def _scoped(s, who: Principal, campaign_id: int) -> None:  # type: ignore[no-unt
 def list_campaigns(db: DbDep, settings: SettingsDep, who: ReadAuth) -> list[dict]:
     with db.session(write=False) as s:
         return [c for c in campaigns.summaries(s, settings.default_shape_cost_s) if who.may_see(c["image_digest"])]
+
+
+@router.get("/v1/demand", response_model=Demand)
+def get_demand(db: DbDep, settings: SettingsDep, who: ReadAuth,
+               image_digest: Annotated[str | None, Query(max_length=80)] = None,
+               gfx: Annotated[str | None, Query(max_length=40)] = None, cu_num: int | None = None) -> dict:
+    """Work queued per worker identity (image digest, gfx, cu_num): shapes and estimated device seconds, for an
+    autoscaler (KEDA's metrics-api trigger reads `total.gpu_s_queued_est` or `total.queued_shapes`); a scoped
+    token sees its images only. The same figures are the aiter_tuner_queued_* gauges on /metrics."""
+    if image_digest is not None:
+        try:
+            image_digest = check_digest(image_digest)
+        except ValueError as e:
+            raise Invalid(f"image_digest: {e}", "image_digest") from None
+    with db.session(write=False) as s:
+        return demand.demand(s, settings.default_shape_cost_s, who.digests, image_digest, gfx, cu_num)
 
 
 Limit = Annotated[int, Query(description="shapes per page")]
@@ -73,7 +90,7 @@ def _counting_after(report: dict, start, later: BackgroundTasks) -> dict:  # typ
 
 @router.post("/v1/campaigns/{campaign_id}/engagement/proofs", status_code=201, response_model=ProofRecorded)
 def post_engagement_proof(campaign_id: IdPath, body: EngagementProofIn, db: DbDep, who: WorkerAuth) -> dict:
-    """AITER's own lookup run in the served image (python -m workers.verify --engagement), per captured shape."""
+    """AITER's own lookup run in the served image (aiter-tuner verify --engagement), per captured shape."""
     with db.session() as s:
         who.check_digest(lookups.campaign_or_404(s, campaign_id).image_digest)
         return engagement.record_proof(s, campaign_id, body)
