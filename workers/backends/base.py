@@ -27,6 +27,11 @@ class ShapeResult:
     started_at: str | None = None
     finished_at: str | None = None
     race: dict[str, Any] | None = None  # what the race cost (samples, sampled seconds); local, not posted
+    # how far the timing can be believed (issue 34): the decision's confidence over capture windows, the
+    # winner's capture-to-capture spread, and the decision, its reason, worst/p90/drift of the winner
+    confidence: float | None = None
+    spread: float | None = None
+    timing: dict[str, Any] | None = None
 
     def payload(self, backend: str, aiter_commit: str | None) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "race"}
