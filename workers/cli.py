@@ -14,11 +14,11 @@ from workers.identity import default_worker_id, detect
 from workers.settings import WorkerSettings
 
 
-def make_backend(cfg: WorkerSettings, device: str):  # type: ignore[no-untyped-def]
+def make_backend(cfg: WorkerSettings, device: str, llc_bytes: int | None = None):  # type: ignore[no-untyped-def]
     if cfg.backend == "torch":
         from workers.backends.torch_race import TorchBackend
         return TorchBackend(device=device, repeats=cfg.repeats, candidate_limit_s=cfg.candidate_limit_s,
-                            race=cfg.race, min_improvement_pct=cfg.min_improvement_pct)
+                            race=cfg.race, min_improvement_pct=cfg.min_improvement_pct, llc_bytes=llc_bytes)
     from workers.backends.aiter_tuner import AiterBackend
     return AiterBackend(root=Path(cfg.aiter_root) if cfg.aiter_root else None, two_phase=cfg.race == "halving",
                         min_improvement_pct=cfg.min_improvement_pct)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --image-digest (or TUNER_IMAGE_DIGEST) is required", file=sys.stderr)
         return 2
     ident = detect(cfg.gpu)
-    backend = make_backend(cfg, ident.device)
+    backend = make_backend(cfg, ident.device, ident.llc_bytes)
     worker_id = cfg.worker_id or default_worker_id(ident)
     client = ServiceClient(cfg.service_url, token=cfg.token)
     agent_cfg = AgentConfig(worker_id=worker_id, image_digest=cfg.image_digest, budget_s=cfg.budget_s,

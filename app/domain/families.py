@@ -45,6 +45,16 @@ FP8_OF_GFX = {"gfx942": "torch.float8_e4m3fnuz", **{g: "torch.float8_e4m3fn" for
     "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1151", "gfx1200", "gfx1201", "gfx1250")}}
 GPU_FP8 = "@fp8"  # in an OpRemap: the running GPU's own fp8
 
+# The last-level cache a timing scrub must evict, by gfx: the 256 MiB AMD Infinity Cache (MALL) of MI300X/MI325X
+# (gfx942, CDNA3 white paper) and MI350X/MI355X (gfx950, CDNA4 white paper); a 2x-L2 scrub (4 MiB L2 per XCD)
+# left it warm (issue 34). A gfx not listed: the L2 torch reports is the last level (NVIDIA: 50 MiB on an H200).
+LLC_BYTES_OF_GFX = {"gfx942": 256 << 20, "gfx950": 256 << 20}
+
+
+def llc_bytes(gfx: str, l2_bytes: int | None = None) -> int | None:
+    """The device's last-level cache in bytes: the gfx's Infinity Cache where it has one, else its L2."""
+    return LLC_BYTES_OF_GFX.get(gfx, l2_bytes or None)
+
 
 def gpu_fp8(gfx: str) -> str:
     return FP8_OF_GFX.get(gfx, "torch.uint8")

@@ -119,7 +119,8 @@ def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after
                     "served": x.priority, "state": x.state, "attempts": x.attempts, "last_error": x.last_error,
                     "kernel": r.kernel_name if r else None, "us": r.us if r else None,
                     "default_us": r.default_us if r else None, "backend": r.backend if r else None,
-                    "gpu_s": r.elapsed_s if r else None})
+                    "gpu_s": r.elapsed_s if r else None, "confidence": r.confidence if r else None,
+                    "spread": r.spread if r else None, "timing": r.timing if r else None})
     return out, nxt
 
 

@@ -136,6 +136,18 @@ def test_results_carry_confidence_spread_worst_p90_and_drift():
     for c in res.candidates:
         assert c["worst_us"] >= c["us"] and c["p90_us"] <= c["worst_us"] and c["drift"] is not None
         assert len(c["captures"]) == 5
+    from app import wire
+    posted = wire.ResultIn.model_validate(res.payload("torch", None))  # what the service stores and shows
+    assert posted.timing.windows == 5 and posted.confidence == res.confidence
+    assert posted.candidates[0].captures and posted.candidates[0].worst_us is not None
+
+
+def test_the_scrub_is_sized_from_the_last_level_cache():
+    """256 MiB Infinity Cache on gfx942/gfx950 from the family data, the L2 elsewhere; the scrub is twice it."""
+    from app.domain.families import llc_bytes
+    assert llc_bytes("gfx942", 4 << 20) == llc_bytes("gfx950", 4 << 20) == 256 << 20
+    assert llc_bytes("sm_90", 50 << 20) == 50 << 20
+    assert torch_race.Timer(torch.device("cpu"), llc_bytes=256 << 20).scrub_bytes() == 512 << 20
 
 
 HOG = "import sys\nprint('go', flush=True)\nwhile True:\n    pass\n"

@@ -42,6 +42,11 @@ class ShapeResult:
         return d
 
 
+class GpuBusy(RuntimeError):
+    """The device was not idle (another process on it, or the race's control kernel drifted) and re-timing did
+    not help: the agent hands the lease back with this reason and books nothing (issue 34)."""
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 

@@ -30,7 +30,7 @@ import torch
 
 from app.domain.families import get_family
 from workers import gpu_idle
-from workers.backends.base import Batch, Emit, ShapeResult, now_iso, row_helps
+from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
 
 _DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32}
 ERR_MAX = get_family("bf16_gemm").err_max  # the only family this backend races
@@ -108,9 +108,6 @@ def versus(x: "Entry", p: "Entry") -> tuple[float, int, int]:
     return statistics.median(ratios), sum(r < 1 for r in ratios), len(ratios)
 
 
-class GpuBusy(RuntimeError):
-    """The device was not idle (another process, or the control kernel drifted) and re-timing did not help:
-    the lease goes back with this reason, nothing is booked."""
 
 
 def _split_k_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, parts: int,
