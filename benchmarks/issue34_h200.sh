@@ -7,6 +7,7 @@ NEW="--shapes benchmarks/new_shapes_bf16.csv"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > $OUT/log.txt 2>&1
 nvidia-smi --query-compute-apps=pid --format=csv >> $OUT/log.txt 2>&1
 if [ "$1" = A ]; then
+  CUDA_LAUNCH_BLOCKING=1 timeout 60 python3 benchmarks/smoke_gpu.py >> $OUT/log.txt 2>&1
   timeout 330 python3 benchmarks/early_stop.py --device cuda:0 $HEAD --confirm --budget-s 300 --out $OUT/head1.json >> $OUT/log.txt 2>&1
   echo "=== faults" >> $OUT/log.txt
   timeout 120 python3 benchmarks/planted_faults.py --device cuda:0 --out $OUT/faults.json >> $OUT/log.txt 2>&1

@@ -338,7 +338,10 @@ class Timer:
                     g.replay()
                     torch.cuda.synchronize()
                     return out
-                return g.replay, self.GRAPH_CALLS, guarded
+
+                def replay(_g: Any = g, _fn: Callable[[], Any] = fn) -> None:  # fn (and what it reads) lives on
+                    _g.replay()
+                return replay, self.GRAPH_CALLS, guarded
         fn()
 
         def eager_guarded() -> Any:  # eager calls record nothing to lose: a later call's own output
