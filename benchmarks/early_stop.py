@@ -98,11 +98,11 @@ def head_to_head(backend: TorchBackend, item: dict, inputs: tuple, mine: str, th
     by = {c.name: c for c in candidates(a, b, bias, dt)}
     es = [Entry(by[mine]), Entry(by[theirs])]
     ref = a.double() @ b.double().t() + (bias.double() if bias is not None else 0)
-    backend._inputs = (a, b, bias, dt, ref)
+    backend._inputs, backend._check_ref = (a, b, bias, dt, ref), (ref, dt)
     try:
         backend._final(Race(es, "referee"), es, n, windows=captures)
     finally:
-        backend._inputs = None
+        backend._inputs = backend._check_ref = None
     if any(e.error for e in es):
         return {"ratio": math.inf, "windows": 0, "slower_in": 0, "slower_conf": 1.0,
                 "error": "; ".join(f"{e.name}: {e.error}" for e in es if e.error)}

@@ -21,7 +21,8 @@ def make_backend(cfg: WorkerSettings, device: str, llc_bytes: int | None = None)
                             race=cfg.race, min_improvement_pct=cfg.min_improvement_pct, llc_bytes=llc_bytes)
     from workers.backends.aiter_tuner import AiterBackend
     return AiterBackend(root=Path(cfg.aiter_root) if cfg.aiter_root else None, two_phase=cfg.race == "halving",
-                        min_improvement_pct=cfg.min_improvement_pct)
+                        min_improvement_pct=cfg.min_improvement_pct, replay=device.startswith("cuda"),
+                        device=device, llc_bytes=llc_bytes)
 
 
 def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:

@@ -77,6 +77,12 @@ def check_output(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -
     return err, None
 
 
+def snr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """20 * log10(||ref|| / ||out - ref||): the output's signal-to-noise ratio against the reference, in dB."""
+    noise = float((out.double() - ref.double()).norm())
+    return math.inf if noise == 0 else 20 * math.log10(max(1e-300, float(ref.double().norm())) / noise)
+
+
 def negative_controls(out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> str | None:
     """Two corrupted copies of a passing output that the check must fail: shifted by one element (an index
     bug) and pushed 1.5x past the tolerance everywhere (a scale bug). A control that passes means the check
@@ -564,6 +570,15 @@ class TorchBackend:
         self._inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.dtype, torch.Tensor] | None = None
         self._window = 0
         self._idle_at = -math.inf  # when the device's process list last showed no other process
+        self._check_ref: tuple[torch.Tensor, torch.dtype] | None = None  # what a capture window's guard checks
+        self.snr_min_db: float | None = None  # an fp8 family's SNR gate (aiter_replay), None: no gate
+
+    def _checked(self, out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> tuple[float, str | None]:
+        """check_output, then the SNR gate where the family has one."""
+        err, why = check_output(out, ref, out_dtype)
+        if why is None and self.snr_min_db is not None and (snr := snr_db(out, ref)) < self.snr_min_db:
+            why = f"SNR {snr:.1f} dB under {self.snr_min_db:g} dB"
+        return err, why
 
     def kernel_catalog(self) -> dict[str, list[str]]:
         """{family: names} for PUT /v1/images/{digest}/tables (workers/cli.py)."""
@@ -650,10 +665,10 @@ class TorchBackend:
             if idle.others:
                 raise GpuBusy(f"other processes on {self.device} before the race: {idle.describe()}")
             self._idle_at = time.monotonic()
-        self._inputs = (a, b, bias, out_dtype, ref)
+        self._inputs, self._check_ref = (a, b, bias, out_dtype, ref), (ref, out_dtype)
         race = {"exhaustive": self.exhaustive, "confirm": self.confirm}.get(kind, self.halving)(
             cands, ref, out_dtype, batch, protected)
-        self._inputs = None
+        self._inputs = self._check_ref = None
         if race is None:
             return None
         return self._verdict(batch, item, race, ref, out_dtype, t0, started, note)
@@ -698,7 +713,7 @@ class TorchBackend:
         catch voids the check, and the candidate with it."""
         try:
             _, e.out = self.timer.once(e.cand.fn)
-            e.err, why = check_output(e.out, ref, out_dtype)
+            e.err, why = self._checked(e.out, ref, out_dtype)
         except Exception as ex:
             e.error = f"{type(ex).__name__}: {ex}"[:500]
             return False
@@ -833,8 +848,8 @@ class TorchBackend:
                     try:
                         run, calls, guarded = self.timer.capture(fresh.get(e.name, e.cand.fn))
                         why = None
-                        if self._inputs is not None:
-                            why = check_output(guarded(), self._inputs[4], self._inputs[3])[1]
+                        if self._check_ref is not None:
+                            why = self._checked(guarded(), *self._check_ref)[1]
                     except Exception as ex:
                         e.error = f"{type(ex).__name__}: {ex}"[:500]
                         self.timer.sync()
