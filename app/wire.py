@@ -193,6 +193,26 @@ class Candidate(Wire):
     us: float | None = Field(None, ge=0)
     err_ratio: float | None = Field(None, ge=0)
     error: str | None = Field(None, max_length=4000)
+    # the final round's worst and p90 sample, drift (last capture window's median / the first's - 1), spread
+    # (slowest capture window's median / the fastest's - 1) and each window's median (issue 34)
+    worst_us: float | None = Field(None, ge=0)
+    p90_us: float | None = Field(None, ge=0)
+    drift: float | None = Field(None, ge=-1, le=1e6)
+    spread: float | None = Field(None, ge=0, le=1e6)
+    captures: list[Annotated[float, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+
+
+class Timing(Wire):
+    """How far a result's timing can be believed (issue 34): the decision over the capture windows and why."""
+
+    decision: Literal["win", "tie", "lead", "samples"] | None = None  # samples: no capture windows to decide on
+    reason: str | None = Field(None, max_length=1000)
+    windows: int = Field(0, ge=0, le=1000)  # capture windows timed
+    busy_windows: int = Field(0, ge=0, le=1000)  # windows thrown away and timed again (the GPU was busy)
+    worst_us: float | None = Field(None, ge=0)
+    p90_us: float | None = Field(None, ge=0)
+    drift: float | None = Field(None, ge=-1, le=1e6)
+    spread: float | None = Field(None, ge=0, le=1e6)
 
 
 class ResultIn(Wire):
@@ -211,6 +231,10 @@ class ResultIn(Wire):
     started_at: AwareDatetime | None = None  # with its timezone: a naive time is no instant
     finished_at: AwareDatetime | None = None
     aiter_commit: str | None = Field(None, max_length=80)
+    # the decision's sign-test confidence over the capture windows, the winner's capture-to-capture spread
+    confidence: float | None = Field(None, ge=0, le=1)
+    spread: float | None = Field(None, ge=0, le=1e6)
+    timing: Timing | None = None
 
 
 class ResultOut(BaseModel):

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from workers.backends.base import Backend, Batch, ShapeResult, now_iso
+from workers.backends.base import Backend, Batch, GpuBusy, ShapeResult, now_iso
 from app.wire import MAX_BUDGET_S, MAX_RESULTS
 from workers.client import Fatal, LeaseLost, Refused, ServiceClient, ServiceError, Stopped
 from workers.identity import WorkerIdentity
@@ -59,6 +59,7 @@ class Stats:
     lost_leases: int = 0
     refused: int = 0  # results the service refused (4xx): reported as failed shapes
     backend_errors: int = 0  # shapes whose backend raised: reported as failed shapes
+    busy_handbacks: int = 0  # leases handed back because the GPU was busy (GpuBusy): nothing booked
     superseded: int = 0  # late results for shapes another worker had meanwhile
     overruns: int = 0  # leases that ran out of their own time (budget + grace) with a shape unfinished
     budget_s: float = 0.0  # the budget the lease requests ask for (twice an overrun lease's run, from then on)
@@ -334,6 +335,9 @@ class Agent:
             self.backend.run(batch, emit)
         except Fatal:  # from a post inside emit: no shape's fault; the finished ones stay spooled
             raise
+        except GpuBusy as e:  # the device is shared: nothing is booked, the unfinished shapes go back (release)
+            self.stats.busy_handbacks += 1
+            log.warning("lease %s handed back: the GPU is busy: %s", lid, e)
         except Exception as e:  # the shape the backend was on fails; the batch's others go back untouched
             current = next((x["shape_id"] for x in lease["shapes"] if x["shape_id"] not in finished), None)
             log.error("backend error on shape %s: %s", current, e)

@@ -25,14 +25,15 @@ if TYPE_CHECKING:
 
 
 
-def make_backend(cfg: WorkerSettings, device: str):  # type: ignore[no-untyped-def]
+def make_backend(cfg: WorkerSettings, device: str, llc_bytes: int | None = None):  # type: ignore[no-untyped-def]
     if cfg.backend == "torch":
         from workers.backends.torch_race import TorchBackend
         return TorchBackend(device=device, repeats=cfg.repeats, candidate_limit_s=cfg.candidate_limit_s,
-                            race=cfg.race, min_improvement_pct=cfg.min_improvement_pct)
+                            race=cfg.race, min_improvement_pct=cfg.min_improvement_pct, llc_bytes=llc_bytes)
     from workers.backends.aiter_tuner import AiterBackend
     return AiterBackend(root=Path(cfg.aiter_root) if cfg.aiter_root else None, two_phase=cfg.race == "halving",
-                        min_improvement_pct=cfg.min_improvement_pct)
+                        min_improvement_pct=cfg.min_improvement_pct, replay=device.startswith("cuda"),
+                        device=device, llc_bytes=llc_bytes)
 
 
 def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
@@ -129,7 +130,7 @@ def _main(argv: list[str] | None, stop: threading.Event) -> int:
     client = ServiceClient(cfg.service_url, token=token, stop=stop, outage_log_every_s=cfg.outage_log_s)
     try:
         ident = detect(cfg.gpu)
-        backend = make_backend(cfg, ident.device)
+        backend = make_backend(cfg, ident.device, ident.llc_bytes)
         worker_id = cfg.worker_id or default_worker_id(ident)
         agent_cfg = AgentConfig(worker_id=worker_id, image_digest=cfg.image_digest, budget_s=cfg.budget_s,
                                 compile_budget_s=cfg.compile_budget_s,

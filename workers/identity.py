@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from app.aiter_install import cpu_count
+from app.domain.families import llc_bytes
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,7 @@ class WorkerIdentity:
     cu_num: int
     device: str  # torch device string the backend runs on
     host: str
+    llc_bytes: int | None = None  # the last-level cache a timing scrub must evict (app/domain/families.py)
 
 
 def detect(gpu: int | None) -> WorkerIdentity:
@@ -28,7 +30,8 @@ def detect(gpu: int | None) -> WorkerIdentity:
         p = torch.cuda.get_device_properties(gpu)
         arch = getattr(p, "gcnArchName", "") or ""
         gfx = arch.split(":", 1)[0] if arch.startswith("gfx") else f"sm_{p.major}{p.minor}"
-        return WorkerIdentity(gfx, int(p.multi_processor_count), f"cuda:{gpu}", host)
+        llc = llc_bytes(gfx, int(getattr(p, "L2_cache_size", 0) or 0))
+        return WorkerIdentity(gfx, int(p.multi_processor_count), f"cuda:{gpu}", host, llc)
     return WorkerIdentity("cpu", cpu_count(), "cpu", host)
 
 

@@ -187,10 +187,11 @@ PLAIN_SQL = {
     "measured_default": "UPDATE shapes SET default_us = :us, default_measured = TRUE, priority = :priority "
                         "WHERE id = :sid",
     "add_result": "INSERT INTO results (shape_id, lease_id, worker_id, backend, image_digest, aiter_commit, status, "
-                  "us, err_ratio, verified, kernel_name, default_us, row, candidates, error, elapsed_s, started_at, "
-                  "finished_at, created_at) VALUES (:sid, :lid, :wid, :backend, :digest, :aiter_commit, :status, "
-                  ":us, :err_ratio, :verified, :kernel_name, :default_us, ${json:row}, ${json:candidates}, :error, "
-                  ":elapsed_s, :started_at, :finished_at, :now) RETURNING id",
+                  "us, err_ratio, verified, kernel_name, default_us, row, candidates, error, confidence, spread, "
+                  "timing, elapsed_s, started_at, finished_at, created_at) VALUES (:sid, :lid, :wid, :backend, "
+                  ":digest, :aiter_commit, :status, :us, :err_ratio, :verified, :kernel_name, :default_us, "
+                  "${json:row}, ${json:candidates}, :error, :confidence, :spread, ${json:timing}, :elapsed_s, "
+                  ":started_at, :finished_at, :now) RETURNING id",
     "result_of": "SELECT id, verified FROM results WHERE lease_id = :lid AND shape_id = :sid",
     "costs": "SELECT r.elapsed_s FROM results r JOIN shapes s ON s.id = r.shape_id WHERE s.campaign_id = :cid "
              "AND r.backend = :backend AND r.elapsed_s IS NOT NULL AND r.status IN ('ok', 'default_best') "

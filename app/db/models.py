@@ -195,6 +195,10 @@ class Result(Base):
     row: Mapped[dict | None] = mapped_column(JSON)  # the winner in the family's tuned schema
     candidates: Mapped[list] = mapped_column(JSON, default=list)
     error: Mapped[str | None] = mapped_column(Text)
+    # issue 34: the decision's confidence over capture windows, the winner's spread, the decision and its reason
+    confidence: Mapped[float | None] = mapped_column(Float)
+    spread: Mapped[float | None] = mapped_column(Float)
+    timing: Mapped[dict | None] = mapped_column(JSON)
     elapsed_s: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

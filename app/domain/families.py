@@ -46,6 +46,38 @@ FP8_OF_GFX = {"gfx942": "torch.float8_e4m3fnuz", **{g: "torch.float8_e4m3fn" for
     "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1151", "gfx1200", "gfx1201", "gfx1250")}}
 GPU_FP8 = "@fp8"  # in an OpRemap: the running GPU's own fp8
 
+# The last-level cache a timing scrub must evict, by gfx: the 256 MiB AMD Infinity Cache (MALL) of MI300X/MI325X
+# (gfx942, CDNA3 white paper) and MI350X/MI355X (gfx950, CDNA4 white paper); a 2x-L2 scrub (4 MiB L2 per XCD)
+# left it warm (issue 34). A gfx not listed: the L2 torch reports is the last level (NVIDIA: 50 MiB on an H200).
+LLC_BYTES_OF_GFX = {"gfx942": 256 << 20, "gfx950": 256 << 20}
+
+
+# An fp8 family's output is gated on its SNR against the reference, 20 * log10(||ref|| / ||out - ref||) (issue 34),
+# beside AITER's error ratio. 20 dB (a 10% relative RMS error): e4m3's 3-bit mantissa rounds an input by at most
+# 2^-4 (~29 dB RMS against an unquantized reference), and AITER's references are computed from the same
+# quantized inputs (gemm_a8w8_tune.py:100 gemm_a8w8_ref), so a right kernel sits far above it (its bf16 output's
+# own rounding: ~50 dB) and a wrong one (index, scale or layout bugs: 0 dB and below) far under. PyTorch's own
+# quantization tests ask 30 dB of int8 models (test/test_quantized_models.py).
+SNR_MIN_DB_OF_MATH = {"fp8": 20.0}
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """How the aiter backend's graph-captured replay (workers/backends/aiter_replay.py) runs one tuned kernel and
+    the default op of a family, with the tuner script's own functions (TableFamily.tuner_script)."""
+
+    data: str  # tuner-module function(M, N, K, seed, dtype, q_dtype_w) -> dict of named tensors
+    data_args: tuple[str, ...]  # the shape cells after M, N, K, each eval'd as AITER's run_config does
+    ref: str  # tuner-module function(*inputs) -> the reference output
+    inputs: tuple[str, ...]  # the data dict's tensors passed to the kernel, the op and the reference
+    kernel: str  # tuner-module function(*inputs, out, kernelId, splitK) -> out: one tuned kernel
+    op: str  # "module:function" the image runs with no row (the default path): op(*inputs) -> out
+
+
+def llc_bytes(gfx: str, l2_bytes: int | None = None) -> int | None:
+    """The device's last-level cache in bytes: the gfx's Infinity Cache where it has one, else its L2."""
+    return LLC_BYTES_OF_GFX.get(gfx, l2_bytes or None)
+
 
 def gpu_fp8(gfx: str) -> str:
     return FP8_OF_GFX.get(gfx, "torch.uint8")
@@ -509,6 +541,7 @@ class TableFamily:
     tuner_races: bool = True
     # the matrix-core precision the kernels run at: picks the peak FLOP/s and operand bytes in roofline.py
     math: str = "bf16"
+    replay: ReplaySpec | None = None  # the aiter backend's graph-captured confirmation (None: AITER's timing only)
     # --- how the run-time lookup treats the table (aiter-tuning.md 1.4, 2.x, 6)
     gfx_source: str = "runtime"  # "get_gfx": honours GPU_ARCHS, last entry (tuned_gemm.py:28)
     gfx_on_miss: bool = False  # an untuned shape's default path calls get_gfx() (GPU_ARCHS), which may raise
@@ -991,7 +1024,12 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         tuned_variants=_CK_OLD_VARIANT, math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py",
         # the tuner races kernels_list only and names a row by kernels_list[kernelId].name (gemm_a8w8_tune.py:
         # 121-124, 223-228)
-        catalog_lists=(("csrc/ck_gemm_a8w8/gemm_a8w8_common.py", "kernels_list"),)),
+        catalog_lists=(("csrc/ck_gemm_a8w8/gemm_a8w8_common.py", "kernels_list"),),
+        # gemm_a8w8_tune.py:74-108 (generate_data, gemm_a8w8_ref, run_gemm_a8w8) and :139-180 (run_config: the
+        # data with seed 0, bf16 and eval(q_dtype_w); gemm_a8w8 is the production op)
+        replay=ReplaySpec(data="generate_data", data_args=("q_dtype_w",), ref="gemm_a8w8_ref",
+                          inputs=("x", "weight", "x_scale", "w_scale"), kernel="run_gemm_a8w8",
+                          op="aiter.ops.gemm_op_a8w8:gemm_a8w8")),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", gfx_optional=True, env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
         log_lines=LOG_A8W8,

@@ -119,7 +119,8 @@ def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after
                     "served": x.priority, "state": x.state, "attempts": x.attempts, "last_error": x.last_error,
                     "kernel": got.kernel_name if got else None, "us": got.us if got else None,
                     "default_us": got.default_us if got else None, "backend": got.backend if got else None,
-                    "gpu_s": got.elapsed_s if got else None})
+                    "gpu_s": got.elapsed_s if got else None, "confidence": got.confidence if got else None,
+                    "spread": got.spread if got else None, "timing": got.timing if got else None})
     return out, nxt
 
 

@@ -506,7 +506,9 @@ def _add_result(p: Plain, shape, lease, body: ResultIn, now: datetime, row: dict
         "digest": lease.image_digest, "aiter_commit": body.aiter_commit, "status": status, "us": body.us,
         "err_ratio": body.err_ratio, "verified": verified, "kernel_name": body.kernel_name,
         "default_us": body.default_us, "row": p.to_doc(row), "candidates": p.to_doc([c.model_dump() for c in body.candidates]),
-        "error": body.error, "elapsed_s": body.elapsed_s, "started_at": p.stamp(body.started_at),
+        "error": body.error, "confidence": body.confidence, "spread": body.spread,
+        "timing": p.to_doc(body.timing.model_dump() if body.timing else None),
+        "elapsed_s": body.elapsed_s, "started_at": p.stamp(body.started_at),
         "finished_at": p.stamp(body.finished_at or now), "now": p.stamp(now)})[0][0]
 
 

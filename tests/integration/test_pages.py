@@ -178,3 +178,24 @@ def test_a_large_campaign_report_checks_its_page_and_counts_totals_per_version_o
     two = f"{header}\n{row.format(m=7)}\n{row.format(m=8)}\n"
     assert view(table=two)["hits"] is None
     assert settled(table=two)["hits"] > 1  # M=8 is also the padded M of smaller shapes
+
+
+def test_a_results_timing_confidence_and_spread_are_stored_and_shown_on_the_campaign_page(client):
+    """Issue 34: what a worker says of its timing (the decision's confidence over capture windows, the winner's
+    spread, worst/p90/drift) is kept with the result and shown beside the shape; out of range is a 422."""
+    from tests.integration.test_leasing_api import ok_row, plausible_us
+
+    cid = capture(client, [{"M": 1, "N": 64, "K": 64}]).json()["campaign_id"]
+    body = lease(client, max_shapes=1, budget_s=1000).json()
+    item = body["shapes"][0]
+    good = ok_row(body, item, plausible_us(body, item, 2.0))
+    timing = {"decision": "win", "reason": "x 2.00% faster than torch_linear in 5 of 5 capture windows",
+              "windows": 5, "busy_windows": 1, "worst_us": 3.0, "p90_us": 2.5, "drift": 0.004, "spread": 0.012}
+    bad = client.post(f"/v1/leases/{body['lease_id']}/results", json={**good, "confidence": 1.5})
+    assert bad.status_code == 422 and "confidence" in bad.text
+    r = client.post(f"/v1/leases/{body['lease_id']}/results",
+                    json={**good, "confidence": 0.96875, "spread": 0.012, "timing": timing})
+    assert r.status_code == 200, r.text
+    page = client.get(f"/campaigns/{cid}").text
+    assert '<td class="num confidence" title="win: x 2.00% faster' in page and ">0.969</td>" in page
+    assert '<td class="num spread">1.2%</td>' in page

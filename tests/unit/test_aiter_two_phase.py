@@ -111,3 +111,21 @@ def test_a_carried_shape_confirms_its_incumbent_through_run_config(standin, monk
     assert "standin_kernel_6" in carried.race["confirmed"] and "gone_kernel" not in carried.race["confirmed"]
     assert carried.kernel_name == "standin_kernel_0"  # 9% faster than the incumbent end to end: overturned
     assert tie.kernel_name == "standin_kernel_1" and tie.status == "ok"  # kernel 0 is 4% faster: a tie here
+
+
+def test_the_confirmed_finalists_are_replayed_in_capture_windows_with_the_same_controls(standin, monkeypatch):
+    """Issue 34: after AITER's --run_config, the confirmed finalists and the default path are raced again by
+    workers/backends/aiter_replay.py in the image's Python (the tuner module's own generate_data, reference and
+    kernel entry; the stand-in's kernels are real int8 GEMMs on the CPU plus their true time): 5 capture
+    windows, guard, negative controls; the result carries the replay's confidence, spread and decision.
+    Guards AiterBackend._replayed and _replay_verdict."""
+    monkeypatch.setenv("STANDIN_DEFAULT_US", "3000")
+    seen, cmds = race(standin, lease(1), replay=True, device="cpu", budget=240.0)
+    assert any("workers.backends.aiter_replay" in c for c in cmds)
+    (res,) = seen
+    assert isinstance(res.race["replay"], dict), res.race
+    assert res.timing["windows"] == 5 and res.timing["decision"] in ("win", "tie", "lead")
+    by = {c["name"]: c for c in res.candidates if c.get("captures")}
+    assert "aiter_default_path" in by and len(by["aiter_default_path"]["captures"]) == 5
+    assert res.status == "ok" and res.kernel_name != "standin_kernel_3" and res.us < res.default_us
+    assert res.confidence is not None and res.spread is not None

@@ -68,7 +68,8 @@ def test_halving_screens_everyone_and_times_only_finalists_fully(monkeypatch):
     assert res.race["kind"] == "halving" and len(res.candidates) == 10
     for n in slow_names:
         assert by[n]["samples"] == 1 and by[n]["rounds"] == 0 and by[n]["err_ratio"] is None
-    assert by["wrong_but_fast"]["samples"] >= 6 and by["wrong_but_fast"]["err_ratio"] > 0.05
+    # checked before the final round (issue 34): a wrong finalist is never timed in it
+    assert by["wrong_but_fast"]["err_ratio"] > 0.05 and not by["wrong_but_fast"]["final"]
     assert by["torch_linear"]["samples"] >= 6 + 3 and by["torch_linear"]["err_ratio"] == 0.0
     assert res.kernel_name != "wrong_but_fast" and res.status in ("ok", "default_best")
     assert res.race["samples"] < 6 * len(res.candidates)
@@ -356,7 +357,8 @@ def test_a_carried_shape_races_only_the_default_the_incumbent_and_known_finalist
     assert res.race["kind"] == "confirm" and res.race["skipped"] == ["gone_kernel"]
     assert sorted(c["name"] for c in res.candidates) == ["old_winner", "runner_up", "torch_linear"]
     by = {c["name"]: c["samples"] for c in res.candidates}  # a contested tie may time its pair again
-    assert by["torch_linear"] == torch_race.Schedule().confirm <= min(by.values())
+    sch = torch_race.Schedule()
+    assert by["torch_linear"] == sch.captures * sch.per_window(sch.confirm) <= min(by.values())
     assert res.kernel_name in ("old_winner", "runner_up") and res.status == "ok"
 
 

@@ -37,7 +37,7 @@ from typing import Any
 from app.domain.families import FAMILIES, TableFamily, get_family
 from app.domain.keys import row_key
 from app.domain.tables import Table, read_table, render_csv
-from workers.backends.base import Batch, Emit, ShapeResult, now_iso, row_helps
+from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
 
 # the families whose AITER tuner this backend can race (TableFamily.tuner_script, tuner_races)
 TUNABLE = [f.name for f in FAMILIES.values() if f.tuner_script and f.tuner_races]
@@ -202,13 +202,17 @@ class AiterBackend:
                  margin_s: float = 5.0, extra: tuple[str, ...] = (), two_phase: bool = True,
                  screen_warmup: int = 2, screen_iters: int = 10, screen_share: float = 0.6, top_k: int = 2,
                  band: float = 0.05, max_finalists: int = 4, err_max: float = 0.05,
-                 min_improvement_pct: float = 3.0, incumbent_tie: float = 0.01):
+                 min_improvement_pct: float = 3.0, incumbent_tie: float = 0.01, replay: bool = False,
+                 device: str = "cuda:0", llc_bytes: int | None = None):
         self.root = root or default_aiter_root()
         self.mp, self.python, self.poll_s, self.margin_s, self.extra = mp, python, poll_s, margin_s, extra
         self.two_phase, self.screen_warmup, self.screen_iters = two_phase, screen_warmup, screen_iters
         self.screen_share, self.top_k, self.band, self.max_finalists = screen_share, top_k, band, max_finalists
         self.err_max, self.min_improvement_pct = err_max, min_improvement_pct
         self.incumbent_tie = incumbent_tie  # a confirmed incumbent keeps a gain under this (the torch tie floor)
+        # issue 34: the confirmed finalists and the default timed again by aiter_replay.py (CUDA-graph capture
+        # windows, guard, negative controls, SNR gate, capture-aware decision) where the family has a ReplaySpec
+        self.replay, self.device, self.llc_bytes = replay, device, llc_bytes
 
     def run(self, batch: Batch, emit: Emit) -> None:
         if self.root is None:
@@ -307,6 +311,7 @@ class AiterBackend:
                     if sid in rank and bench["status"] == "OK" and bench["e2e_us"]:
                         confirmed.setdefault(sid, []).append((rank[sid], bench))
         screen_rows = match_rows(family, lease, read_table(tuned.read_text(), str(tuned))) if tuned.exists() else {}
+        replayed = self._replayed(batch, family, tmp, confirmed) if self.replay and family.replay and confirmed else {}
         for item in lease["shapes"]:
             sid = item["shape_id"]
             cands = [{"name": r.get("kernelName") or r.get("kernelId"), "us": _us(r), "err_ratio": _err(family, r)}
@@ -332,7 +337,54 @@ class AiterBackend:
                                   finished_at=now_iso())
             res.candidates = cands[:10_000]
             res.race = {"confirmed": [_kernel(r) for r, _ in confirmed.get(sid, [])]}
+            if sid in replayed and res.status != "failed":
+                self._replay_verdict(family, lease, res, confirmed[sid], replayed[sid], elapsed, started)
             emit(res)
+
+    def _replayed(self, batch: Batch, family: TableFamily, tmp: Path,
+                  confirmed: dict[int, list[tuple[dict[str, str], dict[str, Any]]]]) -> dict[int, dict[str, Any]]:
+        """Run aiter_replay.py in the image's Python over the confirmed finalists: shape_id -> its record. A busy
+        GPU hands the lease back (GpuBusy); a replay that fails leaves AITER's own confirmation standing."""
+        import json
+        by_sid = {x["shape_id"]: x for x in batch.lease["shapes"]}
+        shapes = [{"shape_id": sid, "cells": by_sid[sid]["shape"], "incumbent": by_sid[sid].get("incumbent"),
+                   "finalists": [{"name": _kernel(r), "kernelId": r.get("kernelId"), "splitK": r.get("splitK") or 0}
+                                 for r, _ in rows if r.get("kernelId") not in (None, "")]}
+                  for sid, rows in confirmed.items()]
+        job, out = tmp / "replay_job.json", tmp / "replay_out.json"
+        job.write_text(json.dumps({"root": str(self.root), "family": family.name, "device": self.device,
+                                   "llc_bytes": self.llc_bytes, "shapes": shapes}))
+        cmd = [self.python, "-m", "workers.backends.aiter_replay", str(job), str(out)]
+        rc, lines, how = self._run(cmd, batch, batch.deadline - self.margin_s / 2)
+        if how != "done" or rc != 0 or not out.exists():
+            return {sid: {"error": f"replay did not finish ({how}, exit {rc}): " + "\n".join(lines[-20:])[-2000:]}
+                    for sid in confirmed}
+        got = {r["shape_id"]: r for r in json.loads(out.read_text())}
+        busy = [r["busy"] for r in got.values() if r.get("busy")]
+        if busy:
+            raise GpuBusy(busy[0])
+        return got
+
+    def _replay_verdict(self, family: TableFamily, lease: dict[str, Any], res: ShapeResult,
+                        rows: list[tuple[dict[str, str], dict[str, Any]]], rec: dict[str, Any], elapsed: float,
+                        started: str) -> None:
+        """The replay's decision replaces AITER's profiler timing: its winner's row (or the default), its times,
+        confidence, spread and decision; its candidates (worst, p90, drift, each capture window) beside the
+        screen's."""
+        res.race = dict(res.race or {}, replay=rec.get("error") or rec.get("timing"))
+        if rec.get("error") or not rec.get("winner"):
+            return  # AITER's own confirmation stands; the replay's failure is recorded
+        res.candidates = [*rec["candidates"], *res.candidates][:10_000]
+        res.confidence, res.spread, res.timing = rec.get("confidence"), rec.get("spread"), rec.get("timing")
+        res.default_us = rec.get("default_us")
+        row = next((r for r, _ in rows if _kernel(r) == rec["winner"]), None)
+        if row is None or not row_helps(rec["us"], res.default_us, self.min_improvement_pct):
+            res.status, res.row, res.us = "default_best", None, rec["us"]
+            res.kernel_name = rec["winner"]
+            return
+        won = result_from_row(family, lease, res.shape_id, row, elapsed, started)
+        res.status, res.row, res.kernel_name, res.err_ratio = won.status, won.row, won.kernel_name, won.err_ratio
+        res.us = rec["us"]
 
     def _screened(self, family: TableFamily, lease: dict[str, Any], profile: Path) -> dict[int, list[dict[str, str]]]:
         """shape_id -> its valid screened candidates (time measured, error inside AITER's errRatio), fastest first."""

@@ -27,6 +27,11 @@ class ShapeResult:
     started_at: str | None = None
     finished_at: str | None = None
     race: dict[str, Any] | None = None  # what the race cost (samples, sampled seconds); local, not posted
+    # how far the timing can be believed (issue 34): the decision's confidence over capture windows, the
+    # winner's capture-to-capture spread, and the decision, its reason, worst/p90/drift of the winner
+    confidence: float | None = None
+    spread: float | None = None
+    timing: dict[str, Any] | None = None
 
     def payload(self, backend: str, aiter_commit: str | None) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "race"}
@@ -35,6 +40,11 @@ class ShapeResult:
         d["candidates"] = [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in c.items()}
                            for c in self.candidates]
         return d
+
+
+class GpuBusy(RuntimeError):
+    """The device was not idle (another process on it, or the race's control kernel drifted) and re-timing did
+    not help: the agent hands the lease back with this reason and books nothing (issue 34)."""
 
 
 def now_iso() -> str:

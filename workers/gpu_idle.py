@@ -1,0 +1,80 @@
+"""Is the GPU ours alone? The compute processes on a device, from the vendor's tool where there is one
+(nvidia-smi, amd-smi, rocm-smi), else torch.cuda.list_gpu_processes (NVML through pynvml).
+
+A container's tool may list processes by host PID: where this process's own PID is not among those listed
+while it holds the device, the list cannot tell ours from another's and is not used (`attributable` False);
+the race's control kernel (torch_race.Timer.busy) still sees a neighbour by the time it costs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Processes:
+    tool: str | None = None  # what listed them; None: nothing could
+    pids: list[int] = field(default_factory=list)  # every compute process listed on the device
+    attributable: bool = False  # our own PID is among them: the others are others
+
+    @property
+    def others(self) -> list[int]:
+        return [p for p in self.pids if p != os.getpid()] if self.attributable else []
+
+    def describe(self) -> str:
+        return f"pids {self.others} ({self.tool})"
+
+
+def _run(cmd: list[str]) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _index(device: Any) -> int:
+    return int(getattr(device, "index", None) or 0)
+
+
+def list_processes(device: Any) -> Processes:
+    """Compute processes on `device` (a torch.device); a CPU device has none to list."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return Processes()
+    import torch
+    idx = _index(device)
+    if torch.version.hip is None:
+        out = _run(["nvidia-smi", "-i", str(idx), "--query-compute-apps=pid", "--format=csv,noheader"])
+        if out is not None:
+            return _own(Processes("nvidia-smi", [int(x) for x in re.findall(r"\d+", out)]))
+    else:
+        out = _run(["amd-smi", "process", "-g", str(idx), "--json"])
+        if out is not None:
+            return _own(Processes("amd-smi", [int(p) for p in re.findall(r'"pid"\s*:\s*(\d+)', out)]))
+        out = _run(["rocm-smi", "--showpids", "--json"])
+        if out is not None:
+            try:
+                pids = [int(k.split()[-1]) for k in json.loads(out).get("system", {}) if k.startswith("PID")]
+            except (ValueError, AttributeError):
+                pids = []
+            return _own(Processes("rocm-smi", pids))
+    try:
+        text = torch.cuda.list_gpu_processes(idx)
+    except Exception:  # no pynvml / amdsmi: nothing to list
+        return Processes()
+    return _own(Processes("torch.cuda.list_gpu_processes", [int(x) for x in re.findall(r"process\s+(\d+)", text)]))
+
+
+def _own(p: Processes) -> Processes:
+    p.attributable = os.getpid() in p.pids
+    return p
+
+
+def others(device: Any) -> Processes:
+    return list_processes(device)
