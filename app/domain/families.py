@@ -492,8 +492,8 @@ class TableFamily:
     # the op's libtype dispatch decides)
     flydsl_miss: str = "ignored"
     # the lookup tells a FlyDSL row by its libtype and asks the FlyDSL catalog for its kernel: one the catalog does
-    # not know is taken as flydsl absent (flydsl_miss); the catalog's names start with this (None: not asked, a
-    # FlyDSL row is told by its libtype or a flydsl_ kernel name)
+    # not know is taken as flydsl absent (flydsl_miss); the kernel names the catalog knows, a regex re.fullmatch'ed
+    # on the row's kernel name (None: not asked, a FlyDSL row is told by its libtype or a flydsl_ kernel name)
     flydsl_catalog: str | None = None
     # cells that must be filled in a deployed row, and (column, value) rows that are exempt from a column
     filled: tuple[str, ...] = ("kernelName", "libtype")
@@ -572,6 +572,9 @@ class TableFamily:
     kernel_columns: tuple[str, ...] = ("kernelName",)
     # the MoE op's argument path and stage launchers (fused_moe.py); None: not a MoE op
     moe_op: MoeOpPath | None = None
+    # issue 35 (w35b): AITER files the op imports beside its lookup's (the FlyDSL GEMM catalog), which the
+    # differential harness runs as they are
+    op_sources: tuple[str, ...] = ()
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -600,8 +603,9 @@ class TableFamily:
         return next((e for e in self.op_entries if e.serves(shape)), None)
 
     def flydsl_known(self, row: dict[str, str]) -> bool:
-        """The FlyDSL catalog has the row's kernel (flydsl_catalog)."""
-        return self.flydsl_catalog is None or any(str(row.get(c, "")).startswith(self.flydsl_catalog)
+        """The FlyDSL catalog has the row's kernel (flydsl_catalog: the whole name, as AITER's parser fullmatches
+        it; the name pandas read, so an empty cell is no name)."""
+        return self.flydsl_catalog is None or any(re.fullmatch(self.flydsl_catalog, str(row.get(c) or "")) is not None
                                                   for c in self.kernel_columns)
 
     def other_op(self, shape: dict[str, str]) -> bool:
@@ -720,6 +724,22 @@ _MXSCALE_OP = OpEntry(
     (_t("m", "b", "k", dtype="dtypes.fp8"), _t("b", "n", "k", dtype="dtypes.fp8"),
      _t("m", "b", "(k+127)//128", dtype="torch.uint8"), _t("b", "(n+127)//128", "(k+127)//128", dtype="torch.uint8")),
     (("aiter.ops.opus.bmm_op:bmm_a8w8_mxscale_opus", "opus"),))
+
+# --- issue 35 (w35b): engagement at the op, the FlyDSL GEMM catalog --------------------------------------------
+# get_flydsl_splitk_hgemm_kernel_params (ops/flydsl/gemm_kernels.py:579-586) knows a name that is in its catalog
+# (_SPLITK_HGEMM_KERNELS, :689-697: every name flydsl_kernel_name builds, :118-175) or that _parse_hgemm_kernel_params
+# reads (:539-576): _HGEMM_KERNEL_RE (:45-65) fullmatched, a_dtype equal to w_dtype (here a backreference). Every
+# catalog name is one the regex reads, so the regex decides. Names of the format before ROCm/aiter#3469 (no
+# _block_k_warp<n>) are not read: tuned_gemm.py:163-177 falls back to the next padded M, then its default.
+FLYDSL_HGEMM_NAME = (
+    r"flydsl_gemm(?P<stages>\d+)_a(?P<a_dtype>[a-z0-9]+)_w(?P=a_dtype)_(?P<out_dtype>[a-z0-9]+)_"
+    r"t(?P<tile_m>\d+)x(?P<tile_n>\d+)x(?P<tile_k>\d+)_split_k(?P<split_k>\d+)_block_m_warp(?P<block_m_warps>\d+)_"
+    r"block_n_warp(?P<block_n_warps>\d+)_block_k_warp(?P<block_k_warps>\d+)_async_copy(?P<async_copy>True|False)_"
+    r"b_to_lds(?P<b_to_lds>True|False)_b_preshuffle(?P<b_preshuffle>True|False)_c_to_lds(?P<c_to_lds>True|False)"
+    r"(?P<small_m_suffix>(?:_small_m)(?:_nr(?P<n_tile_repeat>\d+))?(?:_pn(?P<persistent_n_tiles>\d+))?"
+    r"(?:_wpe(?P<waves_per_eu>\d+))?(?:_ur(?P<b_to_lds_unroll>\d+))?)?_(?P<target_gfx>gfx[0-9a-z]+)")
+FLYDSL_HGEMM_SOURCES = ("aiter/ops/flydsl/gemm_kernels.py",)  # what the differential harness runs the catalog from
+# --- end issue 35 (w35b) FlyDSL catalog ------------------------------------------------------------------------
 
 _P1X32, _SWIGLU = ("q_type", "==", "QuantType.per_1x32"), ("act_type", "==", "ActivationType.Swiglu")
 _BF16, _FP4X2 = "torch.bfloat16", "torch.float4_e2m1fn_x2"
@@ -900,7 +920,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                          row_when=(("libtype", "in", "flydsl|triton|opus"),))),
         gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
         # tuned_gemm.py:163-177: a flydsl row runs only where get_flydsl_splitk_hgemm_kernel_params knows its kernel
-        flydsl_catalog="flydsl_", op_entries=(_BF16_OP,),
+        flydsl_catalog=FLYDSL_HGEMM_NAME, op_entries=(_BF16_OP,), op_sources=FLYDSL_HGEMM_SOURCES,
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16 input,
         # N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`

@@ -282,7 +282,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         pytest.skip(f"{rel_name} ships no {family_name} table")
     if src is None:  # the current release: the first local tree with the lookup (conftest)
         cpp = [f"csrc/{family.tuner_script.split('/')[1]}"] if family.cpp_key and family.tuner_script else []
-        src = tree_with(family.aiter_lookup.split(":")[0], *cpp, *(family.moe_op.sources if family.moe_op else ()))
+        src = tree_with(family.aiter_lookup.split(":")[0], *cpp, *(family.moe_op.sources if family.moe_op else ()),
+                        *family.op_sources)
         csrc = src / "csrc"
     gfx, cu = ident
     rng = random.Random(f"{rel_name}-{family_name}")  # the same overlay for every identity and FlyDSL setting
@@ -705,8 +706,41 @@ _BLOCK_CELLS = [{"libtype": lt, "kernelName": "svc", "splitK": "0", "kernelId": 
 _MX_CELLS = [{"libtype": "opus", "kernelId": "3", "splitK": "0"}, {"libtype": "opus", "kernelId": "", "splitK": "0"},
              {"libtype": "flydsl", "kernelId": "3", "splitK": "0"}, {"libtype": "ck", "kernelId": "3", "splitK": "0"},
              None]
+def flydsl_names(seed: int, n: int = 40):
+    """Fresh shapes (seeded random M, N, K, dtypes; none from the fixtures) with FlyDSL rows at the raw M and at a
+    padded M, their kernel names as AITER's catalog builds them today, in the format before ROCm/aiter#3469 (no
+    _block_k_warp), with another weight dtype than the activation's, another gfx suffix, or a bare prefix: AITER's
+    real catalog (ops/flydsl/gemm_kernels.py) decides each (tuned_gemm.py:163-177)."""
+    def case(ident):
+        def make(family, header, _shapes, pool):
+            rng = random.Random(f"flydsl-names-{seed}")
+            shapes, rows = [], []
+            for i in range(n):
+                dt = rng.choice(("torch.bfloat16", "torch.float16"))
+                s = dict(M=str(rng.randint(1, 9000)), N=str(64 * rng.randint(2, 300)), K=str(64 * rng.randint(2, 200)),
+                         bias=rng.choice(("True", "False")), dtype=dt, outdtype=dt, scaleAB="False",
+                         bpreshuffle="False")
+                a = "bf16" if dt == "torch.bfloat16" else "f16"
+                name = (f"flydsl_gemm{rng.randint(2, 8)}_a{a}_w{a}_{a}_t{rng.choice((16, 32, 64))}x"
+                        f"{rng.choice((64, 128))}x{rng.choice((64, 128))}_split_k{rng.randint(1, 13)}_block_m_warp"
+                        f"{rng.choice((1, 2))}_block_n_warp{rng.choice((1, 2, 4))}_block_k_warp{rng.choice((1, 2))}_"
+                        f"async_copy{ident[0] != 'gfx942'}_b_to_ldsTrue_b_preshuffleFalse_c_to_ldsFalse_{ident[0]}")
+                names = (name, re.sub(r"_block_k_warp\d+", "", name), name.replace(f"_w{a}_", "_wfp8_"),
+                         name.replace(ident[0], "gfx1250"), "flydsl_gemm2_" + a)
+                shapes.append(s)
+                for m in {s["M"], str(rng.choice(m_candidates(family, s)))}:
+                    libtype = "flydsl" if rng.random() < 0.85 else rng.choice(("asm", "hipblaslt"))
+                    v = {**result_cells(family, pool, rng), **s, "M": m, "gfx": ident[0], "cu_num": str(ident[1]),
+                         "libtype": libtype, "solidx": "0", "splitK": "0", "kernelName": rng.choice(names)}
+                    rows.append({c: v.get(c, "") for c in header})
+            return shapes, Table(header, rows, "svc_0123456789ab_" + family.tuned_file)
+        return make
+    return case
+
+
 OP_CASES = {
     "bf16_solfuncs": ("bf16_gemm", rows_case(_BF16_SHAPES, _BF16_CELLS)),
+    "bf16_flydsl_names": ("bf16_gemm", flydsl_names(35)),
     "a8w8_bpreshuffle_ops": ("a8w8_bpreshuffle_gemm", rows_case(_BPRE_SHAPES, _BPRE_CELLS * 3)),
     "blockscale_bpreshuffle_libtypes": ("a8w8_blockscale_bpreshuffle_gemm",
                                         rows_case(_distinct(len(_BLOCK_CELLS), M="64", K="7168"), _BLOCK_CELLS)),
