@@ -209,12 +209,14 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
           shapes: list[dict[str, str]], table: Table, flydsl: bool = True,
           cpp_at: tuple[str, int] | None = None,
           build_targets: tuple[tuple[str, int], ...] | None = None,
-          prepared: Lookup | None = None, arch: str | None = None) -> list[ShapeEngagement]:
+          prepared: Lookup | None = None, arch: str | None = None,
+          env: dict[str, str] | None = None) -> list[ShapeEngagement]:
     """Per captured shape, whether AITER's lookup finds a row it uses. (gfx, cu_num): what the Python lookup keys
     on; cpp_at: the device the compiled table is asked for (default the same); build_targets: the (gfx, cu_num)
     rows it is built from (default cpp_at) - see families.lookup_identity. prepared: prepare() of these
     arguments, made earlier. arch: what get_gfx() answers (families.LookupIdentity.arch), which a MoE op's
-    branches read (default the device's gfx). Raises LookupRaises where the loader itself would raise on the table."""
+    branches read (default the device's gfx). env: the serving environment a capture carried (the variables a MoE
+    op reads, _with_env). Raises LookupRaises where the loader itself would raise on the table."""
     cpp_at = cpp_at or (gfx, cu_num)
     lk = prepared or prepare(family, key_columns, gfx, table, build_targets or (cpp_at,))
     if lk.raises is not None:
@@ -229,7 +231,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     out: list[ShapeEngagement] = []
     closest: dict[tuple, str] = {}
     for raw in shapes:
-        shape = family.looked_up(raw, cpp_at[0], arch)  # the op's own remaps run on the device's gfx
+        shape = family.looked_up(with_env(family, raw, env), cpp_at[0], arch)  # remaps run on the device's gfx
         refused = family.moe_op.refuses(shape, cpp_at[0], flydsl, arch) if family.moe_op else None
         if refused is not None:  # the op raises before it looks anything up
             out.append(ShapeEngagement(raw, False, [], reason=f"AITER raises on this call ({refused.where}: "
@@ -305,6 +307,14 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                                                f"{raising.reason}): " + reason)
         out.append(res)
     return _op_paths(family, cpp_at[0], out)
+
+
+def with_env(family: TableFamily, shape: dict[str, str], env: dict[str, str] | None) -> dict[str, str]:
+    """The call's cells with the serving environment's variables its MoE op reads (MoeOpPath.env: fused_moe.py:76,
+    :768, :781-784, :799-800), as the capture's env carries them; one unset keeps its unset value (call_defaults)."""
+    if family.moe_op is None or not env:
+        return shape
+    return dict(shape, **{k: env[k] for k in family.moe_op.env if k in env})
 
 
 def _tier_lacking(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int, shape: dict[str, str],

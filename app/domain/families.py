@@ -79,6 +79,12 @@ def holds(cells: dict[str, str], cond: tuple[str, str, str]) -> bool:
             return float(cell) != 0 if cell else True
         except ValueError:
             return True
+    if op == "!int":  # issue 35 (w35b): int() of the cell raises (an environment variable AITER int()s)
+        try:
+            int(cell)
+            return False
+        except ValueError:
+            return True
     return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|"), "!in": cell not in val.split("|")}[op]
 
 
@@ -277,6 +283,8 @@ def moe_holds(cells: dict[str, str], cond: tuple[str, str, str], gfx: str) -> bo
     integer cell below / above the value)."""
     col, op, val = cond
     val = val.replace(GPU_FP8, gpu_fp8(gfx))
+    if val.startswith("$"):  # issue 35 (w35b): another cell of the call (an environment variable the op reads)
+        val = str(cells.get(val[1:], "")).strip()
     cell = str(cells.get(col, "") if cells.get(col) is not None else "").strip()
     if op == "~":
         return re.match(val, cell) is not None
@@ -285,7 +293,11 @@ def moe_holds(cells: dict[str, str], cond: tuple[str, str, str], gfx: str) -> bo
             n = float(cell)
         except ValueError:
             return False
-        return n < int(val) if op == "<" else n > int(val)
+        try:
+            bound = int(val)
+        except ValueError:
+            return False  # a bound int() rejects: the op raises first (MoeOpPath.raises)
+        return n < bound if op == "<" else n > bound
     return holds(cells, (col, op, val))
 
 
@@ -364,6 +376,9 @@ class MoeOpPath:
     # (MissRaises: where, what it raises where one lacks), looked up with tier_cells in place of the call's
     tiers_cover: MissRaises | None = None
     tier_cells: tuple[tuple[str, str], ...] = ()
+    # issue 35 (w35b): the serving environment's variables the op reads (their unset values are in call_defaults): a
+    # capture's env sets them for its calls (engagement.check's env)
+    env: tuple[str, ...] = ()
     # the stage launchers (stage 1, stage 2) the op's metadata transform accepts; any other route raises (why)
     stages: tuple[str, ...] = ()
     stages_raise: str = ""
@@ -741,6 +756,18 @@ FLYDSL_HGEMM_NAME = (
 FLYDSL_HGEMM_SOURCES = ("aiter/ops/flydsl/gemm_kernels.py",)  # what the differential harness runs the catalog from
 # --- end issue 35 (w35b) FlyDSL catalog ------------------------------------------------------------------------
 
+# --- issue 35 (w35b): the MoE op's environment knobs -------------------------------------------------------------
+# _fused_moe_impl reads these on every call (fused_moe.py:768, :781-784, :799-800; GPTOSS_SWIGLU_MXFP4_BF16_BOUND at
+# import, :76), as (name, the value unset); a capture's env carries the server's (app/capture/identity.py)
+MOE_ENV = (("AITER_BF16_FP8_MOE_BOUND", "256"), ("GPTOSS_SWIGLU_MXFP4_BF16_BOUND", "256"), ("AITER_SITUV2_A8W4", "0"),
+           ("AITER_SITUV2_A4W4", "0"), ("AITER_FORCE_A8W4", "0"))
+# int() of a bound that is no integer raises ValueError: at import (:76, the whole module), or on every call (:768)
+MOE_ENV_RAISES = tuple(MissRaises(w, f"ValueError: int() of {v} (the serving environment's) is not an integer",
+                                  when=((v, "!int", ""),))
+                       for w, v in (("fused_moe.py:76", "GPTOSS_SWIGLU_MXFP4_BF16_BOUND"),
+                                    ("fused_moe.py:768", "AITER_BF16_FP8_MOE_BOUND")))
+# --- end issue 35 (w35b) MoE environment -------------------------------------------------------------------------
+
 _P1X32, _SWIGLU = ("q_type", "==", "QuantType.per_1x32"), ("act_type", "==", "ActivationType.Swiglu")
 _BF16, _FP4X2 = "torch.bfloat16", "torch.float4_e2m1fn_x2"
 # fused_moe.py:759-806 (_fused_moe_impl), env unset (AITER_BF16_FP8_MOE_BOUND and GPTOSS_SWIGLU_MXFP4_BF16_BOUND
@@ -755,15 +782,19 @@ _FMOE_A_DTYPE = (
                  ("q_dtype_w", "==", _FP4X2)) + g, a)
       for g, a in (((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), ((), _FP4X2))),
     MoeADtype((_SHARED,), ""),
-    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),  # :799-803
+    # :799-803: AITER_FORCE_A8W4 `in ("1")` is a substring test of "1": set empty, it forces fp8 too
+    MoeADtype((("gfx", "==", "gfx1250"), ("AITER_FORCE_A8W4", "in", "|1")), GPU_FP8),
+    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),
     MoeADtype((_P1X32, ("q_dtype_w", "==", "torch.int4")), _BF16),  # :769-771
     MoeADtype((_P1X32, ("q_dtype_w", "==", GPU_FP8)), GPU_FP8),  # :772-774
-    MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")), _BF16),  # :776-788
-    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"), ("token", "<", "256")), _BF16),  # :789-790
+    *(MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")) + c, a) for c, a in (  # :776-788
+        ((("AITER_SITUV2_A8W4", "==", "1"),), GPU_FP8), ((("AITER_SITUV2_A4W4", "==", "1"),), _FP4X2), ((), _BF16))),
+    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"),
+               ("token", "<", "$GPTOSS_SWIGLU_MXFP4_BF16_BOUND")), _BF16),  # :789-790
     MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED")), _FP4X2),
     *(b for cond in (_SWIGLU, ("gate_mode", "==", "GateMode.INTERLEAVE")) for b in (  # :791-795
         MoeADtype((_P1X32, cond, ("gfx", "!=", "gfx950")), _BF16),
-        MoeADtype((_P1X32, cond, ("token", "<", "256")), _BF16),
+        MoeADtype((_P1X32, cond, ("token", "<", "$AITER_BF16_FP8_MOE_BOUND")), _BF16),
         MoeADtype((_P1X32, cond), GPU_FP8))),
     MoeADtype((_P1X32,), _FP4X2),  # :796-797
     MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8),  # :759
@@ -832,13 +863,14 @@ _FMOE_ROUTES_0_1_7 = (
         (_CK_KN1,), (("q_type", "==", "QuantType.per_1x128"), ("doweight_stage1", "in", "1|True")),
         (("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}"),))),
     MoeRoute("fused_moe.py:706-729 (0.1.7)", (), "asm_stage1", "ck_moe_stage2_fwd"))
-FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE, call_defaults=(("gate_mode", "GateMode.SEPARATED"),),
+FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE,
+                    call_defaults=(("gate_mode", "GateMode.SEPARATED"),) + MOE_ENV, env=tuple(n for n, _ in MOE_ENV),
                     call_variants=tuple(((("gate_mode", g), ("entry", e))) for e in ("fused_moe", "shared")
                                         for g in ("GateMode.SEPARATED", "GateMode.INTERLEAVE")),
                     launchers=_FMOE_LAUNCHERS, needs=("_is_mxfp4_kname", "parse_flydsl_v2_gemm2_kernel"),
                     sources=("aiter/ops/flydsl/mxfp4_kname.py", "aiter/ops/flydsl/grouped_moe_gfx1250.py"),
                     calls_get_gfx=True, routes=_FMOE_ROUTES,
-                    raises=(MissRaises(
+                    raises=MOE_ENV_RAISES + (MissRaises(
                         "fused_moe.py:855-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
                         "gfx942/gfx950, g1u1 weights and no doweight_stage1",
                         when=(_P1X32, ("q_dtype_w", "==", _FP4X2), ("q_dtype_a", "==", _BF16),
@@ -859,7 +891,9 @@ FHMOE_OP = MoeOpPath(
     "fhmoe.py:563-586", (MoeADtype((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), MoeADtype((), _FP4X2)),
     call_variants=((("entry", "fhmoe"),),), launchers=_FMOE_LAUNCHERS, routes=_FMOE_ROUTES, calls_get_gfx=True,
     needs=FMOE_OP.needs, sources=("aiter/fhmoe.py",) + FMOE_OP.sources,
-    raises=tuple(MissRaises("fhmoe.py:48-85", why, when=((c, op, v),)) for c, op, v, why in _FHMOE_RAISES),
+    call_defaults=MOE_ENV, env=FMOE_OP.env,  # issue 35 (w35b): _fused_moe_impl still int()s its bound (:768)
+    raises=MOE_ENV_RAISES[:1] + tuple(MissRaises("fhmoe.py:48-85", why, when=((c, op, v),))
+                                      for c, op, v, why in _FHMOE_RAISES) + MOE_ENV_RAISES[1:],
     table_when=(("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
                 ("hidden_pad", "==", "0"), ("intermediate_pad", "==", "0"), ("gate_mode", "==", "GateMode.INTERLEAVE"),
                 ("doweight_stage1", "in", "0|False")),

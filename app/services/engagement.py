@@ -230,7 +230,7 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
                            [x.shape for x in shapes], table, flydsl=ident["flydsl"], cpp_at=cpp_at,
                            build_targets=targets,  # the built form's table is prepared once (Overlay.lookup)
                            prepared=None if used == "supplied" else ov.lookup(used, ident["lookup_gfx"], targets),
-                           arch=ident["lookup_arch"])
+                           arch=ident["lookup_arch"], env=ident["env"])
     except eng.LookupRaises as e:
         refused = f"AITER's loader raises on this table: {e}"
         checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
@@ -390,15 +390,16 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
     camp = s.scalars(select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx,
                                             Campaign.cu_num == cu_num, Campaign.family == fam.name)).first()
     predicted: dict[tuple, tuple] = {}
-    form = None
+    form, env = None, {}
     if camp is not None:
         v = verdicts(s, camp.id, form=deploy_form)
+        env = v.ident["env"]
         form = v.used
         for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
-            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails, c.row is not None))
+            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx, env), (x, c.hit, c.fails, c.row is not None))
     report = []
     for k, c in counts.items():
-        x, hit, fails, found = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False, False))
+        x, hit, fails, found = predicted.get(_as_logged(fam, c["shape"], gfx, env), (None, None, False, False))
         observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
         # a row AITER finds is logged as used even where its kernel then raises, or the op's dispatch then runs
         # another kernel (a MoE stage route, a libtype the op does not run)
@@ -415,11 +416,11 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
                     f"is the service's verdict on the {form or 'layer'} form; a disagreement is a defect of the model"}
 
 
-def _as_logged(family: TableFamily, shape: dict[str, str], gfx: str) -> tuple:
+def _as_logged(family: TableFamily, shape: dict[str, str], gfx: str, env: dict[str, str] | None = None) -> tuple:
     """A shape as AITER's log lines print it: raw M for GEMMs, the looked-up (padded) token for MoE, the
     arguments as the op on gfx hands them to the lookup (TableFamily.op_remaps)."""
     m = family.m_column
-    cells = family.looked_up(shape, gfx)
+    cells = {k: v for k, v in family.looked_up(eng.with_env(family, shape, env), gfx).items() if k in shape}
     if m is not None and m in cells and family.padding.startswith("moe"):
         cells[m] = str(m_candidates(family, cells)[0])
     return tuple(sorted(cells.items()))

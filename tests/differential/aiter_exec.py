@@ -437,7 +437,9 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
     out = Outcome()
     before = _hashes(root)
     extra = {"AITER_LOG_TUNED_CONFIG": "1", "GPU_ARCHS": ident.env.get("GPU_ARCHS"), "CU_NUM": ident.env.get("CU_NUM"),
-             "AITER_ONLINE_TUNE": None, "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None}
+             "AITER_ONLINE_TUNE": None, "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None,
+             # the variables a MoE op reads (MoeOpPath.env): the serving environment's, else unset
+             **{k: ident.env.get(k) for k in (family.moe_op.env if family.moe_op else ())}}
     with _merge_lock(), _env({family.env_var: env_value, **extra}):
         p = AiterProcess(src, root, ident, release, csrc)
         try:

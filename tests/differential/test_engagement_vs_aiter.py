@@ -304,6 +304,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
     if case is not None:
         shapes, overlay = case(family, header, shapes, result_pool(configs, family))
     ident_x = ax.Identity(gfx, cu, flydsl, env)
+    env_of_server = env  # what a capture's env carries (env is the deploy's table path below)
     li = lookup_identity(family, gfx, cu, env)  # how the service reads the serving environment
     env_error = "; ".join(e for e in (li.error, li.build_error if family.compiled else None) if e) or None
     where = f"{gfx}/{cu}" + "".join(f" {k}={v!r}" for k, v in env.items())
@@ -337,7 +338,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         aiter_fails = out.error or out.lookup_error
         mine = None if art.table is None or art.refused else eng.check(
             family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
-            build_targets=li.build_targets, arch=li.arch)
+            build_targets=li.build_targets, arch=li.arch, env=env_of_server)
         refused = art.refused or env_error
         if mine and aiter_fails and all(m.verdict == "raises" for m in mine) and len({m.reason for m in mine}) == 1:
             refused = refused or mine[0].reason  # the op raises on every call (OpPath): read as the loader's by run()
@@ -369,7 +370,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
             disagreements += log_disagreements(family, [shapes[i] for i in kept],
                                                [theirs[i] if out.raised[i] is None else (False, {"kernelName1": ""})
                                                 for i in kept], out.log, gfx,
-                                               [s for i, s in enumerate(shapes) if i not in set(kept)], li.arch)[:4]
+                                               [s for i, s in enumerate(shapes) if i not in set(kept)], li.arch,
+                                               env_of_server)[:4]
         bad = 0
         for s, m, (h, c), raised in zip(shapes, mine, theirs, out.raised):
             # a row AITER's lookup returned (used or not) must be the row the service found; a shape AITER
@@ -393,7 +395,7 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
 
 
 def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str,
-                      raised: list[dict] = (), arch: str | None = None) -> list[str]:
+                      raised: list[dict] = (), arch: str | None = None, env: dict | None = None) -> list[str]:
     """AITER's own log lines of these lookups (AITER_LOG_TUNED_CONFIG=1), read with the service's grammar
     (TableFamily.log_lines): every line is this family's and names a shape probed (as AITER printed it: MoE
     prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
@@ -401,11 +403,13 @@ def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], 
     printed: dict[tuple, bool] = {}
     for s, (_, c) in zip(shapes, theirs):
         found = c is not None and ("us" in c or "kernelName1" in c)
-        s = family.looked_up(s, gfx, arch)  # as the op hands it to the lookup, which prints it
+        # as the op hands it to the lookup (under the serving environment), which prints it
+        s = {k: v for k, v in family.looked_up(eng.with_env(family, s, env), gfx, arch).items() if k in s}
         s.update({c: str(int(s[src]) + off) for c, src, off in family.lookup_derived})  # as the lookup keys it
         for m in (m_candidates(family, s) if family.m_column == "token" else [None]):
             printed[make_shape(family, s if m is None else dict(s, token=str(m)), "probe").key] = found
-    maybe = {make_shape(family, family.looked_up(s, gfx, arch), "probe").key for s in raised} - set(printed)
+    maybe = {make_shape(family, {k: v for k, v in family.looked_up(eng.with_env(family, s, env), gfx, arch).items()
+                                 if k in s}, "probe").key for s in raised} - set(printed)
     events = parse_log("\n".join(log)).events
     if not family.log_lines:  # its lookup logs no line of the grammar's (GDN, grouped fmoe; mxscale's logger is
         # `from aiter import logger`, which the harness does not capture)
@@ -751,7 +755,8 @@ OP_CASES = {
 
 # ------------------------------------------------------------------ the MoE op's own argument path (fused_moe)
 
-def fmoe_activation_dtypes(ident, situv2: bool = True):
+def fmoe_activation_dtypes(ident, situv2: bool = True, tokens: tuple[str, ...] = ("100", "255", "256", "1000"),
+                           quant: str | None = None):
     """Captured per_1x32 and per_Token shapes whose q_dtype_a is, or is not, the one _fused_moe_impl derives from
     the weight dtype, activation and raw token count (fused_moe.py:761-806): rows keyed on the captured value
     (what a tuner writes for the capture) and on every other activation dtype, with kernels of their own kind.
@@ -765,9 +770,9 @@ def fmoe_activation_dtypes(ident, situv2: bool = True):
     def case(family, header, shapes, pool):
         out, keyed = [], []
         for act, w, q in bases:
-            if act == "ActivationType.Situv2" and not situv2:
+            if (act == "ActivationType.Situv2" and not situv2) or quant not in (None, q):
                 continue
-            for token in ("100", "255", "256", "1000"):
+            for token in tokens:
                 for a in ("torch.bfloat16", _FP4, fp8):
                     s = dict(token=token, model_dim="4096", inter_dim="512", expert="128", topk="8", act_type=act,
                              dtype="torch.bfloat16", q_dtype_a=a, q_dtype_w=w, q_type=q, use_g1u1="1",
@@ -869,6 +874,28 @@ def test_fhmoe_needs_every_tier_and_flydsl_stages_as_its_entry_does(name, ident,
     up to M, two FlyDSL stages (TableFamily.moe_op: FHMOE_OP); 0.1.7 has no fhmoe."""
     compare(RELEASES[0], "fhmoe", ident, flydsl, tmp_path, case=fhmoe_tiers(ident, *FHMOE_TIERS[name]),
             label=f"fhmoe_{name}")
+
+
+# the serving environment's MoE knobs (fused_moe.py:76, :768, :781-784, :799-803), as a capture's env carries them:
+# other bounds, the SiTUv2 activation switches, AITER_FORCE_A8W4 set (empty too: `in ("1")` is a substring test) on a
+# GPU_ARCHS whose last entry is gfx1250, and bounds int() rejects
+MOE_ENVS = ({"AITER_BF16_FP8_MOE_BOUND": "1000"}, {"AITER_BF16_FP8_MOE_BOUND": "64"},
+            {"GPTOSS_SWIGLU_MXFP4_BF16_BOUND": "2048"}, {"GPTOSS_SWIGLU_MXFP4_BF16_BOUND": "1"},
+            {"AITER_SITUV2_A8W4": "1"}, {"AITER_SITUV2_A4W4": "1"}, {"AITER_SITUV2_A8W4": "true"},
+            {"GPU_ARCHS": "gfx942;gfx1250", "AITER_FORCE_A8W4": ""}, {"GPU_ARCHS": "gfx942;gfx1250", "AITER_FORCE_A8W4": "1"},
+            {"GPU_ARCHS": "gfx942;gfx1250", "AITER_FORCE_A8W4": "0"}, {"AITER_BF16_FP8_MOE_BOUND": "x"}, {})
+
+
+@pytest.mark.parametrize("env", MOE_ENVS, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_fmoe_derives_the_activation_dtype_from_the_servers_environment(ident, env, tmp_path):
+    """_fused_moe_impl reads its bounds and switches from the environment (fused_moe.py:76, :768, :776-803): the
+    service derives q_dtype_a from the capture's env, on fresh seeded tokens around each bound."""
+    rng = random.Random(f"moe-env-{sorted(env.items())}")
+    tokens = tuple(str(t) for t in sorted({rng.randint(1, 3000) for _ in range(4)} | {63, 64, 999, 1000, 2047}))
+    # per_1x32 calls: the branches that read the environment (per_Token's q_dtype_a is the weight's whatever it says)
+    compare(RELEASES[0], "fmoe", ident, True, tmp_path, env=env,
+            case=fmoe_activation_dtypes(ident, tokens=tokens, quant="QuantType.per_1x32"), label="fmoe_env")
 
 
 def gdn_bv_cells(ident):

@@ -3,7 +3,7 @@ file:line; tests/differential/test_engagement_vs_aiter.py checks the same agains
 
 from __future__ import annotations
 
-from app.domain.engagement import check
+from app.domain.engagement import check, with_env
 from app.domain.families import FAMILIES
 from app.domain.tables import Table
 
@@ -41,3 +41,32 @@ def test_a_flydsl_row_engages_only_where_aiters_catalog_reads_its_kernel_name():
     for m in ("2", "3", "4"):
         assert not got[m].hit and got[m].verdict == "miss", (m, got[m])
         assert "catalog" in got[m].reason
+
+
+FMOE = FAMILIES["fmoe"]
+_FP4 = "torch.float4_e2m1fn_x2"
+
+
+def _fmoe_call(token: str, q_dtype_a: str, act: str = "ActivationType.Swiglu") -> dict[str, str]:
+    return dict(token=token, model_dim="4096", inter_dim="512", expert="128", topk="8", act_type=act,
+                dtype="torch.bfloat16", q_dtype_a=q_dtype_a, q_dtype_w=_FP4, q_type="QuantType.per_1x32",
+                use_g1u1="1", doweight_stage1="0")
+
+
+def test_fmoe_derives_the_activation_dtype_from_the_captured_environment():
+    """_fused_moe_impl reads AITER_BF16_FP8_MOE_BOUND per call (fused_moe.py:768), GPTOSS_SWIGLU_MXFP4_BF16_BOUND at
+    import (:76), AITER_SITUV2_A8W4/A4W4 (:781-784) and AITER_FORCE_A8W4 (:799-800): the lookup is keyed on what it
+    derives under the server's environment (the capture's env), and an int() it cannot make raises on every call."""
+    fp8 = "torch.float8_e4m3fn"
+    derived = lambda shape, env: FMOE.looked_up(with_env(FMOE, shape, env), "gfx950")["q_dtype_a"]  # noqa: E731
+    interleave = dict(_fmoe_call("100", fp8), gate_mode="GateMode.INTERLEAVE")
+    assert derived(_fmoe_call("100", _FP4), {}) == "torch.bfloat16"  # Swiglu, separated: 100 < 256
+    assert derived(_fmoe_call("100", _FP4), {"GPTOSS_SWIGLU_MXFP4_BF16_BOUND": "64"}) == _FP4
+    assert derived(interleave, {"AITER_BF16_FP8_MOE_BOUND": "64"}) == fp8
+    situ = _fmoe_call("100", fp8, "ActivationType.Situv2")
+    assert derived(situ, {}) == "torch.bfloat16" and derived(situ, {"AITER_SITUV2_A8W4": "1"}) == fp8
+    assert derived(situ, {"AITER_SITUV2_A4W4": "1"}) == _FP4
+    assert FMOE.moe_op.q_dtype_a(with_env(FMOE, situ, {"AITER_FORCE_A8W4": ""}), "gfx950", "gfx1250") == fp8
+    (res,) = check(FMOE, FMOE.key_columns, "gfx950", 256, [_fmoe_call("100", _FP4)], Table(FMOE.tuned_header, []),
+                   env={"AITER_BF16_FP8_MOE_BOUND": "x"})
+    assert res.verdict == "raises" and "fused_moe.py:768" in res.reason
