@@ -222,9 +222,9 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     if lk.raises is not None:
         raise LookupRaises(lk.raises)
     if lk.misses is not None:
-        return _op_paths(family, cpp_at[0], [ShapeEngagement(
-            shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)], reason=lk.misses)
-            for shape in shapes])
+        return _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, [
+            ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)],
+                            reason=lk.misses) for shape in shapes]))
     key_columns, rows, index, cpp = lk.key_columns, lk.rows, lk.index, lk.cpp
     if index is None:  # family.key_match == "wildcard"
         return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
@@ -306,7 +306,25 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 res.fails, res.reason = True, (f"AITER raises on a shape without a row ({raising.where}: "
                                                f"{raising.reason}): " + reason)
         out.append(res)
-    return _op_paths(family, cpp_at[0], out)
+    return _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, out))
+
+
+def _default_stages_wrapped(family: TableFamily, device_gfx: str, flydsl: bool, arch: str | None,
+                            env: dict[str, str] | None, out: list[ShapeEngagement]) -> list[ShapeEngagement]:
+    """A shared-expert call without a row still has its default stages put through fhmoe_'s wrapper step, which
+    raises unless they are the two FlyDSL stages (fhmoe.py:304-317, :563-613; without FlyDSL they never are):
+    MoeOpPath.stages_raise_on_miss. A call looked up in another table (tried_m empty) is not this table's miss."""
+    op = family.moe_op
+    if op is None or not op.stages:
+        return out
+    for res in out:
+        if res.hit or res.fails or res.row is not None or not res.tried_m:
+            continue
+        why = op.stages_raise_on_miss(family.looked_up(with_env(family, res.shape, env), device_gfx, arch),
+                                      device_gfx, flydsl, arch)
+        if why is not None:
+            res.fails, res.reason = True, f"AITER raises on this call ({why}): no row, and " + res.reason
+    return out
 
 
 def with_env(family: TableFamily, shape: dict[str, str], env: dict[str, str] | None) -> dict[str, str]:

@@ -336,6 +336,8 @@ class MoeRoute:
     stage1: MoeStage
     stage2: MoeStage = None
     own_names: bool = False
+    # issue 35 (w35b): the launchers a route with own_names builds (stage 1, stage 2), where a wrapper step checks them
+    builds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -382,6 +384,8 @@ class MoeOpPath:
     # the stage launchers (stage 1, stage 2) the op's metadata transform accepts; any other route raises (why)
     stages: tuple[str, ...] = ()
     stages_raise: str = ""
+    # issue 35 (w35b): the calls the metadata transform is applied to (conditions on the call's cells; empty: all)
+    stages_when: tuple[tuple[str, str, str], ...] = ()
 
     def _derive(self, full: dict[str, str], gfx: str) -> str:
         for b in self.a_dtype:
@@ -432,7 +436,8 @@ class MoeOpPath:
         full["run_1stage"] = str(row["run_1stage"] if row.get("run_1stage") is not None else "") \
             if "run_1stage" in row else "0"
         route = next((r for r in self.routes if all(moe_holds(full, c, gfx) for c in r.when)), None)
-        if self.stages and (route is None or route.own_names or self._picked(route, full) != self.stages):
+        if self.stages and self.wraps_stages(full, gfx) and (
+                route is None or (route.own_names and not route.builds) or self._picked(route, full) != self.stages):
             return "fails", self.stages_raise
         if route is None:
             return "hit", ""
@@ -454,9 +459,27 @@ class MoeOpPath:
             return "hit", ""
         return "default", f"the op's stages ({route.where}) do not run the row's kernels"
 
+    def wraps_stages(self, full: dict[str, str], gfx: str) -> bool:
+        """The op's metadata transform (stages) is applied to this call (stages_when)."""
+        return all(moe_holds(full, c, gfx) for c in self.stages_when)
+
+    def stages_raise_on_miss(self, cells: dict[str, str], gfx: str, flydsl: bool,
+                             arch: str | None = None) -> str | None:
+        """issue 35 (w35b): a call without a row gets the op's default stages (get_2stage_cfgs with no cfg: no
+        kernel names, run_1stage off for per_1x32, fused_moe.py:2377-2402), which the metadata transform checks as
+        it checks a row's: what it raises, or None."""
+        if not self.stages or not self.wraps_stages(self._cells(cells, gfx, flydsl, arch), gfx):
+            return None
+        use, why = self.row_use(cells, {"kernelName1": "", "kernelName2": "", "run_1stage": "0", "ksplit": "0"},
+                                gfx, flydsl, arch)
+        return why if use == "fails" else None
+
     @staticmethod
     def _picked(route: MoeRoute, full: dict[str, str]) -> tuple[str, ...]:
-        """The launchers a route builds for the row (a 1-stage route: stage 1 only)."""
+        """The launchers a route builds for the row (a 1-stage route: stage 1 only; a route naming its own
+        kernels: what it builds)."""
+        if route.own_names:
+            return route.builds
         out = []
         for stage, col in ((route.stage1, "kernelName1"), (route.stage2, "kernelName2")):
             name = full[col] if full[col] != "Null" else ""
@@ -820,6 +843,10 @@ _CKTILE = ("cktile_moe_stage1", "cktile_moe_stage2")
 _S2_TAIL = ((r"opus_moe2", "opus_a8w4_stage2_wrapper"), (r"cktile_", "cktile_moe_stage2"), (r"", "ck_moe_stage2_fwd"))
 _S2_FLYDSL = ((r"flydsl_", "_flydsl_stage2_wrapper"),) + _S2_TAIL
 _CK_KN1 = ("kernelName1", "~", r".*ck2stages")
+# issue 35 (w35b): the stages _use_fhmoe_wrappers accepts (fhmoe.py:304-317), and what it raises on any other
+_FLYDSL_STAGES = ("_flydsl_stage1_wrapper", "_flydsl_stage2_wrapper")
+_FHMOE_STAGES_RAISE = ("NotImplementedError: Heterogeneous MXFP4/FP8 experts require the two-stage FlyDSL path "
+                       "(fhmoe.py:304-317)")
 # get_2stage_cfgs' stage choice for a row found (fused_moe.py:2328-2975), the weights marked is_shuffled as the
 # serving frameworks prepare them, AITER_FLYDSL_FORCE unset (its default "1"); first that fits
 _FMOE_ROUTES = (
@@ -839,10 +866,10 @@ _FMOE_ROUTES = (
     MoeRoute("fused_moe.py:2652-2690", (_P1X32, ("q_dtype_w", "==", "torch.int4"), _FLYDSL), None, own_names=True),
     MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("act_type", "==", "ActivationType.Situv2"),
                                         ("q_dtype_a", "==", _BF16), _W_FP4, _G1U1, _NO_DOWEIGHT, _FLYDSL), None,
-             own_names=True),
+             own_names=True, builds=_FLYDSL_STAGES),
     MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("q_dtype_a", "in", f"{_FP4X2}|{GPU_FP8}"),
                                         ("q_dtype_w", "in", f"{_FP4X2}|{GPU_FP8}"), _G1U1, _NO_DOWEIGHT, _FLYDSL),
-             None, own_names=True),
+             None, own_names=True, builds=_FLYDSL_STAGES),
     *(MoeRoute("fused_moe.py:2798-2837", (_HALF, _P1X32, _W_FP4) + c, *_CKTILE) for c in (
         (("act_type", "!=", "ActivationType.Swiglu"), ("ksplit", ">", "1")),
         (_SWIGLU, ("q_dtype_a", "!=", _FP4X2), ("ksplit", ">", "1")),
@@ -868,8 +895,13 @@ FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE,
                     call_variants=tuple(((("gate_mode", g), ("entry", e))) for e in ("fused_moe", "shared")
                                         for g in ("GateMode.SEPARATED", "GateMode.INTERLEAVE")),
                     launchers=_FMOE_LAUNCHERS, needs=("_is_mxfp4_kname", "parse_flydsl_v2_gemm2_kernel"),
-                    sources=("aiter/ops/flydsl/mxfp4_kname.py", "aiter/ops/flydsl/grouped_moe_gfx1250.py"),
+                    # issue 35 (w35b): aiter/fhmoe.py, where a shared-expert call goes (fused_moe.py:495-536)
+                    sources=("aiter/ops/flydsl/mxfp4_kname.py", "aiter/ops/flydsl/grouped_moe_gfx1250.py",
+                             "aiter/fhmoe.py"),
                     calls_get_gfx=True, routes=_FMOE_ROUTES,
+                    # issue 35 (w35b): fhmoe_ applies its wrapper step to the stages of a shared-expert call whatever
+                    # table it read (fhmoe.py:563-613 passes _metadata_transform=_use_fhmoe_wrappers, :304-317)
+                    stages=_FLYDSL_STAGES, stages_raise=_FHMOE_STAGES_RAISE, stages_when=(_SHARED,),
                     raises=MOE_ENV_RAISES + (MissRaises(
                         "fused_moe.py:855-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
                         "gfx942/gfx950, g1u1 weights and no doweight_stage1",
@@ -890,7 +922,7 @@ _FHMOE_RAISES = (("gfx", "!=", "gfx950", "NotImplementedError: Heterogeneous MXF
 FHMOE_OP = MoeOpPath(
     "fhmoe.py:563-586", (MoeADtype((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), MoeADtype((), _FP4X2)),
     call_variants=((("entry", "fhmoe"),),), launchers=_FMOE_LAUNCHERS, routes=_FMOE_ROUTES, calls_get_gfx=True,
-    needs=FMOE_OP.needs, sources=("aiter/fhmoe.py",) + FMOE_OP.sources,
+    needs=FMOE_OP.needs, sources=FMOE_OP.sources,
     call_defaults=MOE_ENV, env=FMOE_OP.env,  # issue 35 (w35b): _fused_moe_impl still int()s its bound (:768)
     raises=MOE_ENV_RAISES[:1] + tuple(MissRaises("fhmoe.py:48-85", why, when=((c, op, v),))
                                       for c, op, v, why in _FHMOE_RAISES) + MOE_ENV_RAISES[1:],
@@ -900,9 +932,7 @@ FHMOE_OP = MoeOpPath(
     tiers_cover=MissRaises("fhmoe.py:345-385,579-583", "NotImplementedError: The active FHMoE config does not cover "
                                                        "this DSV4 I384 token shape"),
     tier_cells=(("dtype", _BF16), ("q_dtype_a", GPU_FP8)),
-    stages=("_flydsl_stage1_wrapper", "_flydsl_stage2_wrapper"),
-    stages_raise="NotImplementedError: Heterogeneous MXFP4/FP8 experts require the two-stage FlyDSL path "
-                 "(fhmoe.py:310-317)")
+    stages=_FLYDSL_STAGES, stages_raise=_FHMOE_STAGES_RAISE)
 # amd-aiter 0.1.7 fused_moe.py:218-221: the weight's dtype (uint32: fp8), fp4x2 for per_1x32
 FMOE_OP_0_1_7 = MoeOpPath("fused_moe.py:218-221 (0.1.7)", (
     MoeADtype((_P1X32,), _FP4X2), MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8), MoeADtype((), "@w")),

@@ -898,6 +898,47 @@ def test_fmoe_derives_the_activation_dtype_from_the_servers_environment(ident, e
             case=fmoe_activation_dtypes(ident, tokens=tokens, quant="QuantType.per_1x32"), label="fmoe_env")
 
 
+def fmoe_shared_calls(seed: int, n: int = 24):
+    """Fresh shared-expert calls outside the DSV4 I384 contract (seeded random sizes, tokens below the fp8 bound: a
+    captured fp8 activation only fhmoe_'s INTERLEAVE call derives), with rows of two FlyDSL stages, two CK stages, an
+    asm 1-stage kernel, or none: fhmoe_ puts their stages through _use_fhmoe_wrappers (fhmoe.py:304-317, :563-613),
+    which raises on any but the two FlyDSL stages."""
+    def case(ident):
+        fp8 = "torch.float8_e4m3fnuz" if ident[0] == "gfx942" else "torch.float8_e4m3fn"
+        kinds = ({"kernelName1": "flydsl_moe1_svc", "kernelName2": "flydsl_moe2_svc", "run_1stage": "0"},
+                 {"kernelName1": "moe_ck2stages_gemm1_svc", "kernelName2": "moe_ck2stages_gemm2_svc", "run_1stage": "0"},
+                 {"kernelName1": "_ZN5aiter_svcE", "kernelName2": "", "run_1stage": "1", "xbf16": "0", "flat": "0"},
+                 None)
+
+        def make(family, header, _shapes, pool):
+            rng = random.Random(f"fmoe-shared-{seed}")
+            shapes, rows = [], []
+            for i in range(n):
+                s = dict(token=str(rng.randint(1, 255)), model_dim=str(256 * rng.randint(4, 28)),
+                         inter_dim=str(128 * rng.randint(1, 24)), expert=str(rng.choice((64, 128, 256, 257))),
+                         topk=str(rng.randint(2, 9)), act_type="ActivationType.Silu", dtype="torch.bfloat16",
+                         q_dtype_a=fp8 if i % 5 else _FP4, q_dtype_w=_FP4, q_type="QuantType.per_1x32", use_g1u1="1",
+                         doweight_stage1="0")  # every fifth an fp4 activation: a plain fused_moe call
+                shapes.append(s)
+                kind = kinds[i % len(kinds)]
+                if kind is not None:
+                    v = {**s, **kind, "token": str(rng.choice(m_candidates(family, s))), "gfx": ident[0],
+                         "cu_num": str(ident[1]), "block_m": "32", "ksplit": "0", "us": f"{rng.uniform(1, 50):.3f}"}
+                    rows.append({c: v.get(c, "") for c in header})
+            return shapes, Table(header, rows, "svc_0123456789ab_" + family.tuned_file)
+        return make
+    return case
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_shared_expert_calls_outside_the_dsv4_contract_go_through_fhmoes_wrapper_step(ident, flydsl, tmp_path):
+    """fused_moe with shared experts outside the DSV4 I384 contract reads tuned_fmoe, then fhmoe_'s wrapper step
+    (fhmoe.py:304-317) raises unless both stages are FlyDSL's: the probe calls fused_moe with shared weights (AITER's
+    own fhmoe_), and the service must say raises, hit or miss as it does."""
+    compare(RELEASES[0], "fmoe", ident, flydsl, tmp_path, case=fmoe_shared_calls(35)(ident), label="fmoe_shared")
+
+
 def gdn_bv_cells(ident):
     """Rows whose BV the K5 opt op does not run (linear_attention_prefill_kernels.py:1270: BV in 16, 32, 64), beside
     rows it runs: AITER raises on the first, and the service must predict it (TableFamily.read_cells)."""

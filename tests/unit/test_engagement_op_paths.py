@@ -70,3 +70,27 @@ def test_fmoe_derives_the_activation_dtype_from_the_captured_environment():
     (res,) = check(FMOE, FMOE.key_columns, "gfx950", 256, [_fmoe_call("100", _FP4)], Table(FMOE.tuned_header, []),
                    env={"AITER_BF16_FP8_MOE_BOUND": "x"})
     assert res.verdict == "raises" and "fused_moe.py:768" in res.reason
+
+
+def test_a_shared_expert_call_outside_the_dsv4_contract_raises_unless_both_stages_are_flydsl():
+    """fused_moe with shared experts goes to fhmoe_, which reads tuned_fmoe outside the DSV4 I384 contract and puts
+    the stages through _use_fhmoe_wrappers (fhmoe.py:304-317, :563-613): two FlyDSL stages run, anything else raises,
+    a call without a row included where FlyDSL is absent (its default stages are CK's)."""
+    fp8 = "torch.float8_e4m3fn"
+    call = _fmoe_call("100", fp8, "ActivationType.Silu")  # fp8 below the bound: only fhmoe_'s INTERLEAVE derives it
+    header = FMOE.tuned_header
+    base = {**call, "token": "128", "gfx": "gfx950", "cu_num": "256", "block_m": "32", "ksplit": "0", "us": "5",
+            "run_1stage": "0"}  # looked up at the padded token
+
+    def verdict(kernels: dict[str, str] | None, flydsl: bool):
+        rows = [] if kernels is None else [{c: {**base, **kernels}.get(c, "") for c in header}]
+        (res,) = check(FMOE, FMOE.key_columns, "gfx950", 256, [call], Table(header, rows), flydsl=flydsl)
+        return res
+    fly = {"kernelName1": "flydsl_moe1_svc", "kernelName2": "flydsl_moe2_svc"}
+    ck = {"kernelName1": "moe_ck2stages_gemm1_svc", "kernelName2": "moe_ck2stages_gemm2_svc"}
+    assert verdict(fly, True).hit
+    for kernels, flydsl in ((ck, False), (fly, False), (None, False)):
+        res = verdict(kernels, flydsl)
+        assert res.verdict == "raises" and "fhmoe.py:304-317" in res.reason, (kernels, flydsl, res)
+    # with FlyDSL, a CK row or none gets the op's own FlyDSL stages (fused_moe.py:2696-2795), which pass: a default
+    assert verdict(ck, True).verdict == "miss" and verdict(None, True).verdict == "miss"
