@@ -208,6 +208,9 @@ def op_probe(mod: Any, family: Any, ops: dict[str, Callable], importer: Callable
             def launch(*a, **k):
                 raise Launched(name, libtype)
             return launch
+        wr = family.weight_retry  # a shape without the weight's K: the weight is the activation's size
+        if wr is not None and wr.cell not in s:
+            s = {**s, wr.cell: s[wr.column]}
         args, kw = op_args(entry, s, importer("aiter.utility.dtypes"))
         patched = [(ns, lookup, _patch(ns, lookup, spy))]
         try:
@@ -654,10 +657,13 @@ def cpp_kernel_of(chip_info: Any, family: Any, tuned_file: str, gfx: str, cu_num
                  for _, r in df.iterrows() if int(r["cu_num"]) == cu_num}
         head = ()
 
+    wr = family.weight_retry
+
     def kernel(s, cfg):
         if libtype is not None and cfg.get("libtype") != libtype:
             return int(cfg["kernelId"])  # another library runs this row: the compiled table is not consulted
-        M, N, K = int(s["M"]), int(s["N"]), int(s["K"])
+        # the compiled dispatch of a padded-weight op is keyed on the weight's K (gemm_a8w8_bpreshuffle.cu: WQK)
+        M, N, K = int(s["M"]), int(s["N"]), int(s.get(wr.cell, s["K"]) if wr is not None else s["K"])
         b = (int(s["B"]),) if batched else ()
         for m in tries(M, N, K):
             if head + b + (m, N, K) in table:

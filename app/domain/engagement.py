@@ -3,6 +3,7 @@ image's AITER release loads and reads the table it builds from what is deployed 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.domain.families import GPU_FP8, TableFamily, gfx_from_cu_num, gpu_fp8
@@ -20,11 +21,15 @@ class ShapeEngagement:
     row: dict[str, str] | None = None
     reason: str = ""
     fails: bool = False  # AITER raises on this shape: running the row's kernel, or on its default path
+    # what the verdict depends on that a capture does not carry (the op reads it from its arguments): set, the
+    # verdict is "unknown" (issue 35)
+    unknown: str | None = None
 
     @property
     def verdict(self) -> str:
-        """hit (a row AITER runs), raises (the call raises: the server would crash on it) or miss (a default)."""
-        return "hit" if self.hit else "raises" if self.fails else "miss"
+        """hit (a row AITER runs), raises (the call raises: the server would crash on it), miss (a default) or
+        unknown (it depends on what the capture does not carry: the reason says what)."""
+        return "unknown" if self.unknown else "hit" if self.hit else "raises" if self.fails else "miss"
 
 
 # the cells that tell one row of a table from another when the key is the same (what a proof compares)
@@ -306,7 +311,51 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 res.fails, res.reason = True, (f"AITER raises on a shape without a row ({raising.where}: "
                                                f"{raising.reason}): " + reason)
         out.append(res)
+    out = _padded_weight_retry(family, lk, gfx, cu_num, out, lambda s: check(
+        family, key_columns, gfx, cu_num, [s], table, flydsl, cpp_at, build_targets, lk, arch, env)[0])
     return _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, out))
+
+
+def _padded_weight_retry(family: TableFamily, lk: Lookup, gfx: str, cu_num: int, out: list[ShapeEngagement],
+                         again: Callable[[dict[str, str]], ShapeEngagement]) -> list[ShapeEngagement]:
+    """gemm_a8w8_bpreshuffle (ops/gemm_op_a8w8.py:711-742, family.weight_retry): a weight smaller than the activation
+    in K raises before the lookup; a miss at the activation's K is looked up again at a padded weight's K, whose row
+    runs (again: this check of one shape). A shape without the weight's K (a capture's: AITER logs the first lookup)
+    is unknown where a row at a larger K could be what the retry finds."""
+    wr = family.weight_retry
+    if wr is None or lk.index is None:
+        return out
+    col, keys = wr.column, lk.key_columns
+    at = keys.index(col)
+    larger: dict[tuple, list[int]] = {}  # the index's keys less K: the Ks rows exist at
+    for k in lk.index:
+        if str(k[at]).isdigit():
+            larger.setdefault(k[:at] + k[at + 1:], []).append(int(k[at]))
+    for i, res in enumerate(out):
+        if not wr.applies(res.shape) or not str(res.shape.get(col, "")).isdigit():
+            continue
+        own, w = int(res.shape[col]), wr.weight(res.shape)
+        if w is not None and w < own:
+            out[i] = ShapeEngagement(res.shape, False, res.tried_m, fails=True,
+                                     reason=f"AITER raises on this call ({wr.where}: {wr.raises})")
+            continue
+        if res.hit or res.fails or res.row is not None:
+            continue
+        if w is not None:
+            if w > own:
+                got = again({**res.shape, col: str(w)})
+                got.shape, got.reason = res.shape, (f"no row at {col}={own}; AITER looks the weight's {col}={w} up "
+                                                    f"({wr.where})" + (f": {got.reason}" if got.reason else ""))
+                out[i] = got
+            continue
+        rest = [k for _, k in lookup_keys(family, keys, gfx, cu_num, res.shape)]  # the keys the op tried
+        ks = [x for x in sorted({x for r in rest for x in larger.get(r[:at] + r[at + 1:], []) if x > own})
+              if again({**res.shape, col: str(x)}).hit]  # the retry would run a row there
+        if ks:
+            res.unknown = (f"depends on the weight's {col} (the capture has the activation's, {own}): a weight padded "
+                           f"to {col}={ks} is looked up again there and its row runs ({wr.where})")
+            res.reason = f"unknown: {res.unknown}; at the activation's {col}: {res.reason}"
+    return out
 
 
 def _default_stages_wrapped(family: TableFamily, device_gfx: str, flydsl: bool, arch: str | None,
@@ -361,6 +410,8 @@ def _op_paths(family: TableFamily, device_gfx: str, out: list[ShapeEngagement]) 
         if path is None or (path.runs == "default" and not res.hit):
             continue
         res.hit, res.fails = False, path.runs == "raises"
+        if res.fails:
+            res.unknown = None  # it raises whatever the capture leaves out
         res.reason = (f"AITER raises here ({path.where}: {path.reason})" if res.fails else
                       f"the op runs its default kernel, not the row ({path.where}: {path.reason})")
     return out
@@ -425,8 +476,11 @@ def _check_cpp(family: TableFamily, cpp: dict, gfx: str, cu_num: int, res: Shape
     mcol = family.m_column or "M"
     tries = cpp_m_candidates(family, res.shape)
     row = None
+    wr = family.weight_retry  # the compiled table is keyed on the weight's K (gemm_a8w8_bpreshuffle.cu: WQK)
+    shape = res.shape if wr is None or wr.weight(res.shape) is None else {**res.shape,
+                                                                          wr.column: str(wr.weight(res.shape))}
     for m in tries:
-        row = cpp.get(row_key(family.cpp_key, dict(res.shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
+        row = cpp.get(row_key(family.cpp_key, dict(shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
         if row is not None:
             break
     if row is not None and row.get("kernelId") == res.row.get("kernelId"):

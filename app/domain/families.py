@@ -129,6 +129,27 @@ class MissRaises:
 
 
 @dataclass(frozen=True)
+class WeightRetry:
+    """issue 35 (w35b): an op that looks a miss up again at its weight's size of a column, where the weight is padded
+    past the activation's (gemm_a8w8_bpreshuffle: K, ops/gemm_op_a8w8.py:711-742), and raises where the weight's is
+    smaller. A capture's shape has the activation's size only (AITER's log line prints it); `cell` names the weight's
+    where a shape carries it, else the verdict of a miss that a padded weight could turn into a hit is unknown."""
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    column: str
+    cell: str
+    when: tuple[tuple[str, str, str], ...] = ()  # the calls of the op that does this (holds on the shape's cells)
+    raises: str = ""  # what the op raises where the weight's is smaller
+
+    def applies(self, shape: dict[str, str]) -> bool:
+        return all(holds(shape, c) for c in self.when)
+
+    def weight(self, shape: dict[str, str]) -> int | None:
+        """The weight's size where the shape says it (an integer cell), else None."""
+        cell = str(shape.get(self.cell) or "").strip()
+        return int(cell) if cell.isdigit() else None
+
+
+@dataclass(frozen=True)
 class OpArg:
     """An argument the probe calls the op with, built from a shape: a meta tensor (nothing allocated) of `dims`
     (integer expressions over the shape's integer cells) and `dtype` ("torch.<name>", "dtypes.<name>": AITER's own
@@ -613,6 +634,8 @@ class TableFamily:
     # issue 35 (w35b): AITER files the op imports beside its lookup's (the FlyDSL GEMM catalog), which the
     # differential harness runs as they are
     op_sources: tuple[str, ...] = ()
+    # issue 35 (w35b): the op looks a miss up again at its weight's padded size (WeightRetry)
+    weight_retry: WeightRetry | None = None
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -714,12 +737,22 @@ _BF16_OP = OpEntry("gemm_a16w16", "tuned_gemm.py:290-354", _BF16_ARGS, _BF16_LAU
 # int8/fp8 XQ [M,K] and WQ [N,K] of the captured weight dtype, fp32 per-token/per-channel scales
 _A8W8_XW = (_t("M", "K", dtype="@q_dtype_w"), _t("N", "K", dtype="@q_dtype_w"), _t("M", "1"), _t("1", "N"))
 _A8W8_OP = OpEntry("gemm_a8w8_CK", "ops/gemm_op_a8w8.py:646-679", _A8W8_XW, (("gemm_a8w8_ck", "*"),))
+# --- issue 35 (w35b): bpreshuffle's padded-weight retry -------------------------------------------------------------
+# gemm_a8w8_bpreshuffle keys its first lookup on XQ's K; a weight padded past it (w_k > k) is looked up again at w_k
+# on a miss, and that row runs (flydsl pads XQ; the compiled table is keyed on WQ's K, gemm_a8w8_bpreshuffle.cu);
+# w_k < k raises (:711-714). int8 weights are gemm_a8w8_ASM's, which does not retry.
+BPRESHUFFLE_RETRY = WeightRetry("ops/gemm_op_a8w8.py:711-742", "K", "weight_K",
+                                when=(("q_dtype_w", "!=", "torch.int8"),),
+                                raises="RuntimeError: gemm_a8w8_bpreshuffle requires WQ K >= XQ K")
+_A8W8_XW_PADDED = (_t("M", "K", dtype="@q_dtype_w"), _t("N", "weight_K", dtype="@q_dtype_w"), _t("M", "1"),
+                   _t("1", "N"))  # WQ [N, the weight's K]: the shape's weight_K (the probe fills in K)
+# --- end issue 35 (w35b) padded-weight retry ------------------------------------------------------------------------
 # int8 weights: gemm_a8w8_ASM (:592-643, bias required) runs any row it finds as an asm kernel name; other weights:
 # gemm_a8w8_bpreshuffle (:695-787), ck/cktile by libtype, flydsl by kernel name (:161-207)
 _BPRESHUFFLE_OPS = (
     OpEntry("gemm_a8w8_ASM", "ops/gemm_op_a8w8.py:592-643", _A8W8_XW + (_t("1", "N"),), (("_gemm_a8w8_asm", "*"),),
             when=(("q_dtype_w", "==", "torch.int8"),)),
-    OpEntry("gemm_a8w8_bpreshuffle", "ops/gemm_op_a8w8.py:695-787", _A8W8_XW,
+    OpEntry("gemm_a8w8_bpreshuffle", "ops/gemm_op_a8w8.py:695-787", _A8W8_XW_PADDED,
             (("gemm_a8w8_bpreshuffle_ck", "ck"), ("gemm_a8w8_bpreshuffle_cktile", "cktile"),
              ("aiter.ops.flydsl.gemm_kernels:flydsl_preshuffle_gemm_a8", "flydsl"),
              ("aiter.ops.flydsl.gemm_a8w8_bpreshuffle_8wave:run_gemm_a8w8_bpreshuffle_8wave", "flydsl"),
@@ -1026,7 +1059,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8_bpreshuffle (fp8, :739-750): ck, cktile and (FlyDSL importable) flydsl rows run; any other
         # libtype, or flydsl without FlyDSL, falls through to the default ck kernel, no next-M retry. int8 rows
         # are gemm_a8w8_ASM's (:621-640), which runs any row it finds.
-        aiter_op="gemm_a8w8_bpreshuffle", op_entries=_BPRESHUFFLE_OPS,
+        aiter_op="gemm_a8w8_bpreshuffle", op_entries=_BPRESHUFFLE_OPS, weight_retry=BPRESHUFFLE_RETRY,
         read_cells=(ReadCell("splitK", "int", "ops/gemm_op_a8w8.py:738",
                              when=(("q_dtype_w", "!=", "torch.int8"),)),),
         libtype_use=(("ck", "hit"), ("cktile", "hit"), ("flydsl", "hit")), libtype_other="default",

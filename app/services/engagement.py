@@ -82,6 +82,8 @@ def disagrees(c: eng.ShapeEngagement, r: dict | None, proof: EngagementProof, re
         return refused is None
     if r is None or refused is not None:
         return True
+    if c.verdict == "unknown":  # it depends on what the proof's call does not say either (ShapeEngagement.unknown)
+        return False
     theirs = proved_verdict(r)
     if theirs != c.verdict and not (theirs == "miss" and c.verdict == "raises" and c.row is not None
                                     and r.get("row") is not None):
@@ -97,6 +99,7 @@ def _totals(v: Verdicts, proof: EngagementProof | None) -> dict:
     total = sum(x.priority for x in v.shapes) or 1.0
     return {"hits": sum(c.hit for c in v.checks), "misses": sum(c.verdict == "miss" for c in v.checks),
             "raises": sum(c.verdict == "raises" for c in v.checks),
+            "unknown": sum(c.verdict == "unknown" for c in v.checks),
             "served_time_covered": sum(x.priority for x, c in zip(v.shapes, v.checks) if c.hit) / total,
             "disagreements": None if proof is None else sum(
                 disagrees(c, proved.get(x.id), proof, v.refused) for x, c in zip(v.shapes, v.checks))}
@@ -161,7 +164,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
     v, proof, shown, n = _every_or_page(s, db, camp.id, rows, merged=merged, table_csv=table_csv, form=form)
     checked = {x.id: c for x, c in zip(v.shapes, v.checks)}
     proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
-    t = shown.totals or dict.fromkeys(("hits", "misses", "raises", "served_time_covered", "disagreements"))
+    t = shown.totals or dict.fromkeys(("hits", "misses", "raises", "unknown", "served_time_covered", "disagreements"))
     ov, ident = v.ov, v.ident
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
@@ -169,7 +172,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         "table": v.used, "form": v.used, "refused": v.refused,
         "warnings": v.warnings + ident["mismatches"], "identity": ident,
         "header": list(ov.schema.header), "shapes": n,
-        "hits": t["hits"], "misses": t["misses"], "raises": t.get("raises"),
+        "hits": t["hits"], "misses": t["misses"], "raises": t.get("raises"), "unknown": t.get("unknown"),
         "served_time_covered": t["served_time_covered"],
         "totals_pending": shown.pending, "totals_stale_s": shown.stale_s,
         "proof": None if proof is None else {
@@ -269,7 +272,8 @@ def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database 
                 for x, c in zip(v.shapes, v.checks)}
     t = shown.totals or {"hits": None, "disagreements": None}
     return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
-            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s,
+            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"),
+            "predicted_unknown": t.get("unknown"), "stale_s": shown.stale_s,
             "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,

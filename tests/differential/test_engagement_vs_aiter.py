@@ -303,7 +303,9 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
                           IDENTITIES + ((ident,) if ident not in IDENTITIES else ()))
     if case is not None:
         shapes, overlay = case(family, header, shapes, result_pool(configs, family))
-    ident_x = ax.Identity(gfx, cu, flydsl, env)
+    wr = family.weight_retry  # the probe calls the op with a weight of the activation's K unless a shape says
+    probed = [s if wr is None or wr.cell in s else {**s, wr.cell: s[wr.column]} for s in shapes]  # another: so does
+    ident_x = ax.Identity(gfx, cu, flydsl, env)  # the service (a capture's shape has no weight_K: unknown)
     env_of_server = env  # what a capture's env carries (env is the deploy's table path below)
     li = lookup_identity(family, gfx, cu, env)  # how the service reads the serving environment
     env_error = "; ".join(e for e in (li.error, li.build_error if family.compiled else None) if e) or None
@@ -334,10 +336,10 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
             (ovdir / ov.name).write_text(render_csv(ov.header, ov.rows))
             paths = [str(ovdir / n) if n == ov.name else str(cfg / n) for n in art.files]
             env = ":".join(paths)
-        out = ax.run(src, csrc, rel_name, root, family, env, ident_x, shapes)
+        out = ax.run(src, csrc, rel_name, root, family, env, ident_x, probed)
         aiter_fails = out.error or out.lookup_error
         mine = None if art.table is None or art.refused else eng.check(
-            family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
+            family, schema.key_columns, li.gfx, li.cu_num, probed, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
             build_targets=li.build_targets, arch=li.arch, env=env_of_server)
         refused = art.refused or env_error
         if mine and aiter_fails and all(m.verdict == "raises" for m in mine) and len({m.reason for m in mine}) == 1:
@@ -401,6 +403,13 @@ def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], 
     prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
     GEMM's: every call) logged one (AITER's lookups are cached per call)."""
     printed: dict[tuple, bool] = {}
+    wr = family.weight_retry
+    if wr is not None:  # a padded weight's call logs its lookup at K, then maybe at the weight's K: read, not required
+        plain = [i for i, s in enumerate(shapes) if s.get(wr.cell, s[wr.column]) == s[wr.column]]
+        raised = [{k: v for k, v in x.items() if k != wr.cell} for s in list(raised) + [s for i, s in
+                  enumerate(shapes) if i not in plain] for x in (s, {**s, wr.column: s.get(wr.cell, s[wr.column])})]
+        shapes, theirs = [{k: v for k, v in shapes[i].items() if k != wr.cell} for i in plain], [theirs[i]
+                                                                                                 for i in plain]
     for s, (_, c) in zip(shapes, theirs):
         found = c is not None and ("us" in c or "kernelName1" in c)
         # as the op hands it to the lookup (under the serving environment), which prints it
@@ -937,6 +946,48 @@ def test_shared_expert_calls_outside_the_dsv4_contract_go_through_fhmoes_wrapper
     (fhmoe.py:304-317) raises unless both stages are FlyDSL's: the probe calls fused_moe with shared weights (AITER's
     own fhmoe_), and the service must say raises, hit or miss as it does."""
     compare(RELEASES[0], "fmoe", ident, flydsl, tmp_path, case=fmoe_shared_calls(35)(ident), label="fmoe_shared")
+
+
+def bpreshuffle_padded_weights(seed: int, n: int = 48):
+    """Fresh gemm_a8w8_bpreshuffle calls (seeded random M, N, K; fp8 and int8 weights) whose weight's K is the
+    activation's, padded past it (a row at the weight's K of each libtype, or none; sometimes a row at K too), or
+    smaller: ops/gemm_op_a8w8.py:711-742 retries a miss at the weight's K, runs that row, raises on a smaller one."""
+    def case(ident):
+        fp8 = "torch.float8_e4m3fnuz" if ident[0] == "gfx942" else "torch.float8_e4m3fn"
+
+        def make(family, header, _shapes, pool):
+            rng = random.Random(f"bpreshuffle-weights-{seed}")
+            shapes, rows = [], []
+            for i in range(n):
+                k = 128 * rng.randint(2, 60)
+                wk = rng.choice((k, k + 128 * rng.randint(1, 8), k + 32, k - 64))
+                s = dict(M=str(rng.randint(1, 4000)), N=str(128 * rng.randint(2, 100)), K=str(k),
+                         q_dtype_w=fp8 if i % 6 else "torch.int8", weight_K=str(wk))
+                shapes.append(s)
+                for at, chance in ((wk, 0.8), (k, 0.25)):
+                    if rng.random() < chance:
+                        lt, name = rng.choice((("ck", "a8w8_bpreshuffle_svc"), ("cktile", "a8w8_bpreshuffle_svc"),
+                                               ("flydsl", _FLY_OK), ("asm", _ASM)))
+                        v = {**result_cells(family, pool, rng), **s, "K": str(at), "libtype": lt, "kernelName": name,
+                             "splitK": "0", "M": str(rng.choice(m_candidates(family, s))), "gfx": ident[0],
+                             "cu_num": str(ident[1])}
+                        rows.append({c: v.get(c, "") for c in header})
+            seen, kept = set(), []
+            for r in rows:  # one row per key (a repeated key raises in AITER's loader: another test's subject)
+                key = tuple(r.get(c, "") for c in family.key_columns)
+                if key not in seen:
+                    seen.add(key)
+                    kept.append(r)
+            return shapes, Table(header, kept, "svc_0123456789ab_" + family.tuned_file)
+        return make
+    return case
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_bpreshuffle_retries_a_miss_at_the_padded_weights_k(ident, flydsl, tmp_path):
+    compare(RELEASES[0], "a8w8_bpreshuffle_gemm", ident, flydsl, tmp_path, case=bpreshuffle_padded_weights(35)(ident),
+            label="bpreshuffle_weight_k")
 
 
 def gdn_bv_cells(ident):

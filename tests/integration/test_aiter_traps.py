@@ -229,3 +229,23 @@ def test_the_deploy_plan_says_a_torch_backend_row_is_served_by_aiters_own_kernel
     notes = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()["notes"]
     (note,) = [n for n in notes if "torch backend" in n]
     assert "2 row(s)" in note and "F.linear" in note and "does not carry" in note
+
+
+def test_a_bpreshuffle_miss_a_padded_weight_could_turn_into_a_hit_is_reported_unknown(client):
+    """Issue 35: gemm_a8w8_bpreshuffle looks a miss up again at a padded weight's K (ops/gemm_op_a8w8.py:711-742);
+    a capture carries the activation's K only, so the report says what the verdict depends on instead of a miss,
+    in its totals, per shape and on the campaign page."""
+    fam, fp8 = "a8w8_bpreshuffle_gemm", "torch.float8_e4m3fn"
+    cid = capture(client, [{"M": 32, "N": 1024, "K": 7168, "q_dtype_w": fp8}], family=fam, gfx="gfx950",
+                  cu_num=256).json()["campaign_id"]
+    tune_all(client, "gfx950", 256, libtype="cktile", kernelId=1, kernelName="a8w8_bpreshuffle_cktile_svc",
+             errRatio=0.0)
+    capture(client, [{"M": 32, "N": 1024, "K": 7040, "q_dtype_w": fp8}], family=fam, gfx="gfx950", cu_num=256)
+    eng = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    by_k = {r["shape"]["K"]: r for r in eng["report"]}
+    assert by_k["7168"]["verdict"] == "hit", by_k["7168"]
+    assert by_k["7040"]["verdict"] == "unknown" and not by_k["7040"]["hit"], by_k["7040"]
+    assert "depends on the weight's K" in by_k["7040"]["reason"] and "gemm_op_a8w8.py:711-742" in by_k["7040"]["reason"]
+    assert (eng["hits"], eng["misses"], eng["unknown"]) == (1, 0, 1)
+    page = client.get(f"/campaigns/{cid}").text
+    assert 'id="unknown"' in page and ">unknown<" in page

@@ -94,3 +94,29 @@ def test_a_shared_expert_call_outside_the_dsv4_contract_raises_unless_both_stage
         assert res.verdict == "raises" and "fhmoe.py:304-317" in res.reason, (kernels, flydsl, res)
     # with FlyDSL, a CK row or none gets the op's own FlyDSL stages (fused_moe.py:2696-2795), which pass: a default
     assert verdict(ck, True).verdict == "miss" and verdict(None, True).verdict == "miss"
+
+
+BPRE = FAMILIES["a8w8_bpreshuffle_gemm"]
+
+
+def test_bpreshuffle_looks_a_miss_up_again_at_the_padded_weights_k_and_a_capture_without_it_is_unknown():
+    """gemm_a8w8_bpreshuffle (ops/gemm_op_a8w8.py:711-742) misses at the activation's K, looks the weight's K up
+    when the weight is padded past it and runs that row; a smaller weight raises. A captured shape has only the
+    activation's K (AITER logs the first lookup): where a row at a larger K would run, the verdict is unknown."""
+    fp8 = "torch.float8_e4m3fn"
+    header = BPRE.tuned_header
+    row = dict(gfx="gfx950", cu_num="256", M="32", N="1024", K="7168", q_dtype_w=fp8, libtype="cktile", kernelId="1",
+               splitK="0", us="5", kernelName="a8w8_bpreshuffle_cktile_svc", tflops="1", bw="1", errRatio="0")
+    table = Table(header, [{c: row.get(c, "") for c in header}])
+    call = dict(M="32", N="1024", K="7040", q_dtype_w=fp8)
+
+    def one(shape):
+        (res,) = check(BPRE, BPRE.key_columns, "gfx950", 256, [shape], table, cpp_at=("gfx950", 256))
+        return res
+    assert one(dict(call, weight_K="7168")).hit  # the retry at the weight's K runs the row
+    assert one(dict(call, weight_K="7040")).verdict == "miss"
+    smaller = one(dict(call, weight_K="6912"))
+    assert smaller.verdict == "raises" and "WQ K >= XQ K" in smaller.reason
+    unknown = one(call)
+    assert unknown.verdict == "unknown" and not unknown.hit and "weight's K" in unknown.reason
+    assert one(dict(call, K="7424")).verdict == "miss"  # no row at a larger K: a miss whatever the weight
