@@ -461,7 +461,8 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
             return keyed[-1], None, e, lines
 
     def probe(s):
-        made = [call(s, dict(v)) for v in path.call_variants]
+        # the calls the shape allows (a shape may say its entry or gate mode; a capture's does not)
+        made = [call(s, dict(v)) for v in path.call_variants if all(s.get(k, x) == x for k, x in v)]
         want = str(family.remap(s).get("q_dtype_a"))
         _, res, raised, lines = next((m for m in made if m[0] == want), made[0])
         for msg, a, k in lines:  # the server's log: the call it made

@@ -311,9 +311,37 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 res.fails, res.reason = True, (f"AITER raises on a shape without a row ({raising.where}: "
                                                f"{raising.reason}): " + reason)
         out.append(res)
-    out = _padded_weight_retry(family, lk, gfx, cu_num, out, lambda s: check(
-        family, key_columns, gfx, cu_num, [s], table, flydsl, cpp_at, build_targets, lk, arch, env)[0])
-    return _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, out))
+    def again(s: dict[str, str]) -> ShapeEngagement:  # this check, of one shape
+        return check(family, key_columns, gfx, cu_num, [s], table, flydsl, cpp_at, build_targets, lk, arch, env)[0]
+    out = _padded_weight_retry(family, lk, gfx, cu_num, out, again)
+    out = _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, out))
+    return _calls_a_capture_cannot_tell(family, cpp_at[0], arch, env, out, again)
+
+
+def _calls_a_capture_cannot_tell(family: TableFamily, device_gfx: str, arch: str | None, env: dict[str, str] | None,
+                                 out: list[ShapeEngagement],
+                                 again: Callable[[dict[str, str]], ShapeEngagement]) -> list[ShapeEngagement]:
+    """A MoE lookup's log line does not say which call made it (MoeOpPath.call_variants: fused_moe, or fused_moe
+    with shared experts, which fhmoe_ runs with its own q_dtype_a and its wrapper step on the stages, fhmoe.py
+    :563-613; the gate mode): where more than one derives the captured q_dtype_a and their verdicts differ, the
+    verdict is unknown, naming them (again: this check of one shape)."""
+    op = family.moe_op
+    if op is None or len(op.call_variants) < 2:
+        return out
+    for res in out:
+        if res.unknown:
+            continue
+        cells = family.remap(with_env(family, res.shape, env))
+        calls = op.variants_for(cells, device_gfx, arch)
+        if len(calls) < 2:
+            continue
+        got = [(v, again({**res.shape, **v})) for v in calls]
+        if len({(g.verdict, str(g.row)) for _, g in got}) > 1:
+            res.unknown = ("depends on the call, which the capture does not say: " + "; ".join(
+                f"{', '.join(f'{k}={x}' for k, x in v.items())}: {g.verdict}" for v, g in got))
+            res.reason = f"unknown: {res.unknown}" + (f" (the first: {res.reason})" if res.reason else "")
+            res.hit = res.fails = False  # counted as neither
+    return out
 
 
 def _padded_weight_retry(family: TableFamily, lk: Lookup, gfx: str, cu_num: int, out: list[ShapeEngagement],

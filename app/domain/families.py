@@ -301,11 +301,11 @@ LOG_MOE = (
 
 def moe_holds(cells: dict[str, str], cond: tuple[str, str, str], gfx: str) -> bool:
     """holds, where GPU_FP8 in a value is the GPU's own fp8, plus "~" (re.match of the cell), "<" and ">" (an
-    integer cell below / above the value)."""
+    integer cell below / above the value, or the cell a value "$<column>" names)."""
     col, op, val = cond
     val = val.replace(GPU_FP8, gpu_fp8(gfx))
-    if val.startswith("$"):  # issue 35 (w35b): another cell of the call (an environment variable the op reads)
-        val = str(cells.get(val[1:], "")).strip()
+    if op in ("<", ">") and val.startswith("$"):  # issue 35 (w35b): a bound in another cell of the call (an
+        val = str(cells.get(val[1:], "")).strip()  # environment variable the op reads)
     cell = str(cells.get(col, "") if cells.get(col) is not None else "").strip()
     if op == "~":
         return re.match(val, cell) is not None
@@ -417,11 +417,14 @@ class MoeOpPath:
     def variant(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> dict[str, str]:
         """The call a captured shape is taken to come from (call_variants). gfx: the device's (its fp8); arch:
         what get_gfx() answers (GPU_ARCHS' last entry), the "gfx" the conditions read (default gfx)."""
+        return next(iter(self.variants_for(cells, gfx, arch)), dict(self.call_variants[0]))
+
+    def variants_for(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> list[dict[str, str]]:
+        """issue 35 (w35b): every call of call_variants that derives the captured q_dtype_a, in order, among those
+        the shape's own cells allow (a shape may say its call: its entry, its gate mode)."""
         base = dict(self.call_defaults) | dict(cells) | {"gfx": arch or gfx}
-        for v in self.call_variants:
-            if self._derive(base | dict(v), gfx) == cells.get("q_dtype_a"):
-                return dict(v)
-        return dict(self.call_variants[0])
+        return [dict(v) for v in self.call_variants if all(cells.get(k, x) == x for k, x in v)
+                and self._derive(base | dict(v), gfx) == cells.get("q_dtype_a")]
 
     def _cells(self, cells: dict[str, str], gfx: str, flydsl: bool = True, arch: str | None = None) -> dict[str, str]:
         full = dict(self.call_defaults) | dict(cells) | self.variant(cells, gfx, arch) | {"gfx": arch or gfx,

@@ -308,6 +308,11 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
     ident_x = ax.Identity(gfx, cu, flydsl, env)  # the service (a capture's shape has no weight_K: unknown)
     env_of_server = env  # what a capture's env carries (env is the deploy's table path below)
     li = lookup_identity(family, gfx, cu, env)  # how the service reads the serving environment
+    if family.moe_op is not None and len(family.moe_op.call_variants) > 1:  # the probe makes the first call that
+        # derives the captured q_dtype_a (a capture does not say which: the service's verdict is unknown where they
+        # differ); the service is told that call, so each verdict is checked against AITER's
+        probed = [{**s, **family.moe_op.variant(family.remap(eng.with_env(family, s, env)), gfx, li.arch)}
+                  for s in probed]
     env_error = "; ".join(e for e in (li.error, li.build_error if family.compiled else None) if e) or None
     where = f"{gfx}/{cu}" + "".join(f" {k}={v!r}" for k, v in env.items())
     forms = {}

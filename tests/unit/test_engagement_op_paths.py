@@ -120,3 +120,23 @@ def test_bpreshuffle_looks_a_miss_up_again_at_the_padded_weights_k_and_a_capture
     unknown = one(call)
     assert unknown.verdict == "unknown" and not unknown.hit and "weight's K" in unknown.reason
     assert one(dict(call, K="7424")).verdict == "miss"  # no row at a larger K: a miss whatever the weight
+
+
+def test_a_moe_call_a_capture_cannot_tell_from_a_shared_expert_one_is_unknown_where_their_verdicts_differ():
+    """A MoE lookup's log line does not say whether fused_moe was called with shared experts: where both calls
+    derive the captured q_dtype_a (an fp4 activation: fused_moe's own, and fhmoe_'s SEPARATED one, fhmoe.py:563) and
+    fhmoe_'s wrapper step (:304-317) raises on what the plain call runs, the verdict says it depends on the call;
+    a shape that says its call gets that call's verdict."""
+    call = _fmoe_call("100", _FP4, "ActivationType.Silu")
+    header = FMOE.tuned_header
+    row = {**call, "token": "128", "gfx": "gfx950", "cu_num": "256", "block_m": "32", "ksplit": "0", "us": "5",
+           "run_1stage": "0", "kernelName1": "moe_ck2stages_gemm1_svc", "kernelName2": "moe_ck2stages_gemm2_svc"}
+    table = Table(header, [{c: row.get(c, "") for c in header}])
+
+    def one(shape):
+        (res,) = check(FMOE, FMOE.key_columns, "gfx950", 256, [shape], table, flydsl=False)
+        return res
+    res = one(call)
+    assert res.verdict == "unknown" and not res.hit and "entry=shared" in res.reason and "raises" in res.reason
+    assert one(dict(call, entry="fused_moe")).hit
+    assert one(dict(call, entry="shared")).verdict == "raises"
