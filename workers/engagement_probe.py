@@ -456,7 +456,8 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
         lines = ([x for _, x in rows][-1:] if own[-1] else []) if shared else [x for _, x in rows]
         try:
             hit = moe_stages_run_row(path, got[-1], rows[-1][0]) and own[-1]
-            return keyed[-1], (hit, rows[-1][0]), None, lines
+            # a row of another table (a shared-expert call's in the DSV4 I384 contract) is none of this table's
+            return keyed[-1], (hit, rows[-1][0] if own[-1] else None), None, lines
         except KernelNotFound as e:
             return keyed[-1], None, e, lines
 

@@ -229,7 +229,7 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     if lk.misses is not None:
         return _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, [
             ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)],
-                            reason=lk.misses) for shape in shapes]))
+                            reason=lk.misses) for shape in shapes]), flydsl, arch)
     key_columns, rows, index, cpp = lk.key_columns, lk.rows, lk.index, lk.cpp
     if index is None:  # family.key_match == "wildcard"
         return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
@@ -314,7 +314,8 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
     def again(s: dict[str, str]) -> ShapeEngagement:  # this check, of one shape
         return check(family, key_columns, gfx, cu_num, [s], table, flydsl, cpp_at, build_targets, lk, arch, env)[0]
     out = _padded_weight_retry(family, lk, gfx, cu_num, out, again)
-    out = _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, out))
+    out = _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, out), flydsl,
+                    arch)
     return _calls_a_capture_cannot_tell(family, cpp_at[0], arch, env, out, again)
 
 
@@ -430,11 +431,12 @@ def _tier_lacking(family: TableFamily, key_columns: tuple[str, ...], gfx: str, c
     return None
 
 
-def _op_paths(family: TableFamily, device_gfx: str, out: list[ShapeEngagement]) -> list[ShapeEngagement]:
-    """The op's own paths whatever the table holds (family.op_paths, on the device's gfx): a raise overrides any
-    verdict, a default kernel a hit."""
+def _op_paths(family: TableFamily, device_gfx: str, out: list[ShapeEngagement], flydsl: bool = True,
+              arch: str | None = None) -> list[ShapeEngagement]:
+    """The op's own paths whatever the table holds (family.op_paths, on the device's gfx, with get_gfx()'s answer
+    arch and FlyDSL importable or not): a raise overrides any verdict, a default kernel a hit."""
     for res in out:
-        path = family.op_path(res.shape, res.row, device_gfx)
+        path = family.op_path(dict(res.shape, flydsl=str(flydsl)), res.row, device_gfx, arch)
         if path is None or (path.runs == "default" and not res.hit):
             continue
         res.hit, res.fails = False, path.runs == "raises"

@@ -193,14 +193,24 @@ class OpPath:
     when: tuple[tuple[str, str, str], ...] = ()
     row_when: tuple[tuple[str, str, str], ...] = ()
 
-    def applies(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str) -> bool:
+    def applies(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str, arch: str | None = None) -> bool:
+        """arch: what get_gfx() answers (GPU_ARCHS' last entry, unstripped; default the GPU's), the "arch" cell a
+        condition reads; a value "@gfx_names" is the archs get_gfx() accepts (GFX_NAMES)."""
         def at(cond: tuple[str, str, str]) -> tuple[str, str, str]:
             col, op, val = cond
+            val = val.replace("@gfx_names", "|".join(sorted(GFX_NAMES)))
             return col, op, "|".join(gpu_fp8(gfx) if v == GPU_FP8 else v for v in val.split("|"))
         if self.row_when and row is None:
             return False
-        return (all(holds(dict(shape, gfx=gfx), at(c)) for c in self.when)
+        cells = dict(shape, gfx=gfx, arch=arch if arch is not None else gfx)
+        return (all(holds(cells, at(c)) if c[0] != "arch" else _arch_holds(cells["arch"], at(c)) for c in self.when)
                 and all(holds(row or {}, at(c)) for c in self.row_when))
+
+
+def _arch_holds(arch: str, cond: tuple[str, str, str]) -> bool:
+    """issue 35 (w35b): "in" / "!in" of get_gfx()'s answer as it is (unstripped: ' gfx950' is no arch)."""
+    _, op, val = cond
+    return (arch in val.split("|")) == (op == "in")
 
 
 # Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
@@ -407,6 +417,8 @@ class MoeOpPath:
     stages_raise: str = ""
     # issue 35 (w35b): the calls the metadata transform is applied to (conditions on the call's cells; empty: all)
     stages_when: tuple[tuple[str, str, str], ...] = ()
+    # issue 35 (w35b): calls whose lookup reads another table (MissRaises.raises of the call's cells)
+    other_table: tuple[MissRaises, ...] = ()
 
     def _derive(self, full: dict[str, str], gfx: str) -> str:
         for b in self.a_dtype:
@@ -446,7 +458,8 @@ class MoeOpPath:
 
     def reads_table(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> bool:
         full = self._cells(cells, gfx, True, arch)
-        return all(moe_holds(full, c, gfx) for c in self.table_when)
+        return all(moe_holds(full, c, gfx) for c in self.table_when) and not any(r.raises(full)
+                                                                               for r in self.other_table)
 
     def launcher(self, name: str | None) -> MoeLauncher | None:
         return next((x for x in self.launchers if x.name == name), None)
@@ -658,9 +671,11 @@ class TableFamily:
             out["q_dtype_a"] = self.moe_op.q_dtype_a(out, gfx, arch)  # arch: get_gfx() (GPU_ARCHS)
         return out
 
-    def op_path(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str) -> OpPath | None:
-        """The first op_paths rule this call (the shape as captured, the row found, the GPU's gfx) takes."""
-        return next((r for r in self.op_paths if r.applies(shape, row, gfx)), None)
+    def op_path(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str,
+                arch: str | None = None) -> OpPath | None:
+        """The first op_paths rule this call (the shape as captured, the row found, the GPU's gfx, get_gfx()'s
+        answer) takes."""
+        return next((r for r in self.op_paths if r.applies(shape, row, gfx, arch)), None)
 
     def op_entry(self, shape: dict[str, str]) -> OpEntry | None:
         """The op a server calls for this shape (op_entries, first that serves it)."""
@@ -881,6 +896,13 @@ _S2_FLYDSL = ((r"flydsl_", "_flydsl_stage2_wrapper"),) + _S2_TAIL
 _CK_KN1 = ("kernelName1", "~", r".*ck2stages")
 # issue 35 (w35b): the stages _use_fhmoe_wrappers accepts (fhmoe.py:304-317), and what it raises on any other
 _FLYDSL_STAGES = ("_flydsl_stage1_wrapper", "_flydsl_stage2_wrapper")
+# fhmoe.py _is_dsv4_i384_fhmoe_contract (:569-586): the calls that read AITER_CONFIG_FHMOE's table; _PADLESS: of a
+# tuned_fmoe capture, which carries no pads (fhmoe_'s defaults are 0)
+_DSV4_I384 = (("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
+              ("hidden_pad", "==", "0"), ("intermediate_pad", "==", "0"), ("gate_mode", "==", "GateMode.INTERLEAVE"),
+              ("doweight_stage1", "in", "0|False"))
+_DSV4_I384_PADLESS = tuple(c if c[0] not in ("hidden_pad", "intermediate_pad") else (c[0], "in", "|0")
+                           for c in _DSV4_I384)
 _FHMOE_STAGES_RAISE = ("NotImplementedError: Heterogeneous MXFP4/FP8 experts require the two-stage FlyDSL path "
                        "(fhmoe.py:304-317)")
 # get_2stage_cfgs' stage choice for a row found (fused_moe.py:2328-2975), the weights marked is_shuffled as the
@@ -938,6 +960,8 @@ FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE,
                     # issue 35 (w35b): fhmoe_ applies its wrapper step to the stages of a shared-expert call whatever
                     # table it read (fhmoe.py:563-613 passes _metadata_transform=_use_fhmoe_wrappers, :304-317)
                     stages=_FLYDSL_STAGES, stages_raise=_FHMOE_STAGES_RAISE, stages_when=(_SHARED,),
+                    other_table=(MissRaises("fhmoe.py:569-586", "a shared-expert call in the DSV4 I384 contract "
+                                            "reads AITER_CONFIG_FHMOE's table", when=(_SHARED,) + _DSV4_I384_PADLESS),),
                     raises=MOE_ENV_RAISES + (MissRaises(
                         "fused_moe.py:855-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
                         "gfx942/gfx950, g1u1 weights and no doweight_stage1",
@@ -962,9 +986,7 @@ FHMOE_OP = MoeOpPath(
     call_defaults=MOE_ENV, env=FMOE_OP.env,  # issue 35 (w35b): _fused_moe_impl still int()s its bound (:768)
     raises=MOE_ENV_RAISES[:1] + tuple(MissRaises("fhmoe.py:48-85", why, when=((c, op, v),))
                                       for c, op, v, why in _FHMOE_RAISES) + MOE_ENV_RAISES[1:],
-    table_when=(("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
-                ("hidden_pad", "==", "0"), ("intermediate_pad", "==", "0"), ("gate_mode", "==", "GateMode.INTERLEAVE"),
-                ("doweight_stage1", "in", "0|False")),
+    table_when=_DSV4_I384,
     tiers_cover=MissRaises("fhmoe.py:345-385,579-583", "NotImplementedError: The active FHMoE config does not cover "
                                                        "this DSV4 I384 token shape"),
     tier_cells=(("dtype", _BF16), ("q_dtype_a", GPU_FP8)),
@@ -1070,6 +1092,14 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             # a weight neither int8 (gemm_a8w8_ASM's) nor the GPU's own fp8: `assert WQ.dtype == dtypes.fp8`
             OpPath("ops/gemm_op_a8w8.py:726", "AssertionError: gemm_a8w8_bpreshuffle only support fp8 now (the "
                    "weight is not the GPU's own fp8)", when=(("q_dtype_w", "!in", GPU_FP8 + "|torch.int8"),)),
+            # issue 35 (w35b): a flydsl row (FlyDSL importable) off gfx1250 imports ops/flydsl/gemm_kernels.py (or its
+            # 8-wave module) to run; its catalog registration names kernels with get_gfx() (:174, :689-697), which
+            # raises on a GPU_ARCHS entry it does not know: every such call raises
+            OpPath("ops/flydsl/gemm_kernels.py:174, :697", "KeyError: Unknown GPU architecture (get_gfx() of "
+                   "GPU_ARCHS, in FlyDSL's GEMM catalog the flydsl row's kernel is run from)",
+                   when=(("q_dtype_w", "!=", "torch.int8"), ("gfx", "!=", "gfx1250"), ("flydsl", "==", "True"),
+                         ("arch", "!in", "@gfx_names")),
+                   row_when=(("libtype", "==", "flydsl"), ("kernelName", "!~", "flydsl_bpreshuffle_8w_"))),
             # a flydsl row whose kernel name _parse_flydsl_kernel_name cannot read runs the default ck kernel
             OpPath("ops/gemm_op_a8w8.py:148-189", "a flydsl row whose kernel name does not parse",
                    runs="default", when=(("q_dtype_w", "!=", "torch.int8"),),

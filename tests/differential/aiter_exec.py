@@ -289,8 +289,15 @@ class AiterProcess:
         some 80,000 names, ~5 s here), which depends only on the GPU and what get_gfx() answers (GPU_ARCHS); one
         executed module is kept per (tree, GPU, GPU_ARCHS) and handed to each process that imports it."""
         key = (str(path), self.ident.gfx, os.environ.get("GPU_ARCHS"))
-        if key not in _GEMM_KERNELS:
-            _GEMM_KERNELS[key] = self.load("aiter.ops.flydsl.gemm_kernels", path, "aiter.ops.flydsl")
+        if key not in _GEMM_KERNELS:  # a raise in its registration is AITER's own (get_gfx() on a GPU_ARCHS it
+            # rejects): the import raises it, as in the server
+            try:
+                _GEMM_KERNELS[key] = self.load("aiter.ops.flydsl.gemm_kernels", path, "aiter.ops.flydsl",
+                                               own_errors=True)
+            except Exception:
+                # a failed import leaves no module behind: the next import runs it again (and raises again)
+                self.registry["aiter.ops.flydsl.gemm_kernels"] = Lazy(lambda: self._flydsl_gemm_kernels(path))
+                raise
         self.registry["aiter.ops.flydsl.gemm_kernels"] = _GEMM_KERNELS[key]
         return _GEMM_KERNELS[key]
 
@@ -325,8 +332,10 @@ class AiterProcess:
         """A module by its dotted name, as the op's own imports find it here (a stub where it is GPU code)."""
         return self._import(name, None, None, ("__name__",), 0)
 
-    def load(self, name: str, path: Path, package: str, upto: str | None = None) -> types.ModuleType:
-        """Execute a module's top-level statements one by one (up to the line matching `upto`)."""
+    def load(self, name: str, path: Path, package: str, upto: str | None = None,
+             own_errors: bool = False) -> types.ModuleType:
+        """Execute a module's top-level statements one by one (up to the line matching `upto`); own_errors: a
+        statement's raise is AITER's (re-raised as it is), not the harness's (StatementFailed)."""
         mod = types.ModuleType(name)
         b = dict(builtins.__dict__, __import__=self._import)
         mod.__dict__.update(__file__=str(self.root / path.relative_to(self.src)), __name__=name,
@@ -348,6 +357,8 @@ class AiterProcess:
                 try:
                     exec(code, mod.__dict__)
                 except Exception as e:  # noqa: BLE001
+                    if own_errors:
+                        raise
                     if name != "aiter.jit.core":  # core's statements resolve the tables: a raise is AITER's finding
                         raise StatementFailed(f"{path}:{lineno}: {type(e).__name__}: {e}") from e
                     self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
