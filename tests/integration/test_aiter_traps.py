@@ -249,3 +249,18 @@ def test_a_bpreshuffle_miss_a_padded_weight_could_turn_into_a_hit_is_reported_un
     assert (eng["hits"], eng["misses"], eng["unknown"]) == (1, 0, 1)
     page = client.get(f"/campaigns/{cid}").text
     assert 'id="unknown"' in page and ">unknown<" in page
+
+
+def test_the_fmoe_verdict_reads_the_servers_environment_from_the_capture(client):
+    """Issue 35: the MoE op reads its bounds from the server's environment (fused_moe.py:76, 768, 776-803), which a
+    capture carries in env: a bound int() rejects makes every call raise, and the report says so."""
+    shape = {"token": 100, "model_dim": 4096, "inter_dim": 512, "expert": 128, "topk": 8,
+             "act_type": "ActivationType.Swiglu", "dtype": "torch.bfloat16", "q_dtype_a": "torch.float4_e2m1fn_x2",
+             "q_dtype_w": "torch.float4_e2m1fn_x2", "q_type": "QuantType.per_1x32", "use_g1u1": 1,
+             "doweight_stage1": 0}
+    cid = capture(client, [shape], family="fmoe", gfx="gfx950", cu_num=256).json()["campaign_id"]
+    (row,) = client.get(f"/v1/campaigns/{cid}/engagement").json()["report"]
+    assert row["verdict"] == "miss", row
+    capture(client, [shape], family="fmoe", gfx="gfx950", cu_num=256, env={"AITER_BF16_FP8_MOE_BOUND": "x"})
+    (row,) = client.get(f"/v1/campaigns/{cid}/engagement").json()["report"]
+    assert row["verdict"] == "raises" and "fused_moe.py:768" in row["reason"], row
