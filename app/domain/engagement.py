@@ -244,9 +244,10 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             continue
         if family.moe_op and not family.moe_op.reads_table(shape, cpp_at[0], arch):
             # a capture of this family is a lookup of its table (its log line): such a call is one a list posted
-            # by hand holds; what runs it (that table's row or default, then the op's stage check) is not predicted
-            out.append(ShapeEngagement(raw, False, [], reason=f"the op looks this call up in another table "
-                                                              f"({family.moe_op.where}), not this one"))
+            # by hand holds, or one a capture cannot tell from it (a shared-expert call); what runs it (that
+            # table's row or default, then the op's stage check) depends on that table: unknown (issue 35)
+            why = f"the op looks this call up in another table ({family.moe_op.where}), not this one"
+            out.append(ShapeEngagement(raw, False, [], reason=f"unknown: depends on {why}", unknown=why))
             continue
         lacking = _tier_lacking(family, key_columns, gfx, cu_num, shape, index, flydsl, cpp_at[0], arch)
         if lacking is not None:
