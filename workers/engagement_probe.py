@@ -208,6 +208,9 @@ def op_probe(mod: Any, family: Any, ops: dict[str, Callable], importer: Callable
             def launch(*a, **k):
                 raise Launched(name, libtype)
             return launch
+        wr = family.weight_retry  # a shape without the weight's K: the weight is the activation's size
+        if wr is not None and wr.cell not in s:
+            s = {**s, wr.cell: s[wr.column]}
         args, kw = op_args(entry, s, importer("aiter.utility.dtypes"))
         patched = [(ns, lookup, _patch(ns, lookup, spy))]
         try:
@@ -365,11 +368,10 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
     own lookup arguments (q_dtype_a, quant_remap, the padded token) and builds its stages; the first kernel launch
     (moe_sorting) ends the call. The row its lookup found, and whether its stages run that row, is the verdict.
     A capture does not say which of the calls in family.moe_op.call_variants it came from: each is made, and the
-    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). fmoe's
-    "shared" call (a shared-expert call outside the DSV4 contract, which reads tuned_fmoe) is _fused_moe_impl with
-    the _q_dtype_a fhmoe_ hands it (aiter/fhmoe.py:563-613: its q_dtype_a is the family's data, its metadata
-    transform is not applied). fhmoe: aiter/fhmoe.py's module, for the call_variant entry "fhmoe" (fused_moe with
-    shared-expert weights, fhmoe_ run undecorated): its verdict is the lookup of its own table (config_file)."""
+    first whose lookup is keyed on the captured q_dtype_a is the one taken (else the default, the first). fhmoe:
+    aiter/fhmoe.py's module, for the call_variant entries "fhmoe" and "shared" (fused_moe with shared-expert weights,
+    fhmoe_ run undecorated, its wrapper step on the stages included): fhmoe's verdict is the lookup of its own table
+    (config_file), fmoe's "shared" call's (a shared-expert call outside the DSV4 I384 contract) that of tuned_fmoe."""
     import torch
     ns = vars(mod)
     path = family.moe_op
@@ -390,7 +392,7 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
 
         def spy(*a, **k):
             keyed.append(str(a[6]))  # get_2stage_cfgs(token, model_dim, inter_dim, expert, topk, dtype, q_dtype_a
-            own.append(k.get("config_file") is not None)
+            own.append((k.get("config_file") is not None) == fh)  # fhmoe's table, or (fmoe's shared call) not
             got.append(lookup(*a, **k))
             return got[-1]
 
@@ -416,12 +418,14 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
             qa = path.q_dtype_a(cells, gfx, arch) if path.variant(cells, gfx, arch) == variant else ""
             if not qa:
                 return None, None, None, []  # not a call the shared-expert entry makes for these cells
-            entry = functools.partial(ns["_fused_moe_impl"], _q_dtype_a=_torch_dtype(qa))
-            kw.update(activation=kw["activation"].value, quant_type=kw["quant_type"].value)
+        # issue 35 (w35b): a shared-expert call is fused_moe with shared weights, which goes to fhmoe_ (fused_moe.py
+        # :495-536), as fhmoe's own calls do: its contract, its _q_dtype_a and the wrapper step it applies to the
+        # stages whatever table it read (_use_fhmoe_wrappers, fhmoe.py:304-317, :563-613) are AITER's own
         fh = variant.get("entry") == "fhmoe"
-        if fh and fhmoe is None:
+        shared = variant.get("entry") in ("shared", "fhmoe")
+        if shared and fhmoe is None:
             raise ProbeBroken("this AITER has no aiter/fhmoe.py: its shared-expert entry cannot be called")
-        if fh:
+        if shared:
             kw.update(_fhmoe_shared(fhmoe, E, dim, inter))
             vars(fhmoe)["fhmoe_"], kept = fh_body, vars(fhmoe)["fhmoe_"]
         saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
@@ -439,25 +443,27 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
             raise
         except Exception as e:  # noqa: BLE001  AITER raised on this call (after its lookup, or before)
             # fhmoe: the lines of its tier lookups are not this call's (the service reads each as its own tier's)
-            return (keyed[-1] if keyed else None), None, e, [] if fh else [x for _, x in rows]
+            return (keyed[-1] if keyed else None), None, e, [] if shared else [x for _, x in rows]
         else:
             raise ProbeBroken("fused_moe returned without launching moe_sorting")
         finally:
             ns.update(saved)
-            if fh:
+            if shared:
                 vars(fhmoe)["fhmoe_"] = kept
         if not got or not rows:
             raise ProbeBroken("fused_moe launched a kernel without its lookup's 'using' line")
         # fhmoe's tier lookups (fhmoe.py:345-385, cached per token) come first: the call's own is the last
-        lines = ([x for _, x in rows][-1:] if own[-1] else []) if fh else [x for _, x in rows]
+        lines = ([x for _, x in rows][-1:] if own[-1] else []) if shared else [x for _, x in rows]
         try:
-            hit = moe_stages_run_row(path, got[-1], rows[-1][0]) and (own[-1] or not fh)
-            return keyed[-1], (hit, rows[-1][0]), None, lines
+            hit = moe_stages_run_row(path, got[-1], rows[-1][0]) and own[-1]
+            # a row of another table (a shared-expert call's in the DSV4 I384 contract) is none of this table's
+            return keyed[-1], (hit, rows[-1][0] if own[-1] else None), None, lines
         except KernelNotFound as e:
             return keyed[-1], None, e, lines
 
     def probe(s):
-        made = [call(s, dict(v)) for v in path.call_variants]
+        # the calls the shape allows (a shape may say its entry or gate mode; a capture's does not)
+        made = [call(s, dict(v)) for v in path.call_variants if all(s.get(k, x) == x for k, x in v)]
         want = str(family.remap(s).get("q_dtype_a"))
         _, res, raised, lines = next((m for m in made if m[0] == want), made[0])
         for msg, a, k in lines:  # the server's log: the call it made
@@ -653,10 +659,13 @@ def cpp_kernel_of(chip_info: Any, family: Any, tuned_file: str, gfx: str, cu_num
                  for _, r in df.iterrows() if int(r["cu_num"]) == cu_num}
         head = ()
 
+    wr = family.weight_retry
+
     def kernel(s, cfg):
         if libtype is not None and cfg.get("libtype") != libtype:
             return int(cfg["kernelId"])  # another library runs this row: the compiled table is not consulted
-        M, N, K = int(s["M"]), int(s["N"]), int(s["K"])
+        # the compiled dispatch of a padded-weight op is keyed on the weight's K (gemm_a8w8_bpreshuffle.cu: WQK)
+        M, N, K = int(s["M"]), int(s["N"]), int(s.get(wr.cell, s["K"]) if wr is not None else s["K"])
         b = (int(s["B"]),) if batched else ()
         for m in tries(M, N, K):
             if head + b + (m, N, K) in table:

@@ -102,7 +102,10 @@ class EngagementReport(Open):
     misses: int | None = Field(description="shapes AITER runs its default kernel for (null: not counted yet)")
     raises: int | None = Field(None, description=(
         "shapes on which AITER raises (a row whose kernel it cannot run, a default path that asserts): the "
-        "server would crash on those calls; each report row's `verdict` is hit, miss or raises"))
+        "server would crash on those calls; each report row's `verdict` is hit, miss, raises or unknown"))
+    unknown: int | None = Field(None, description=(
+        "shapes whose verdict depends on what a capture does not carry (e.g. a bpreshuffle weight padded past the "
+        "activation's K): the row's reason says `unknown: depends on ...`"))
     served_time_covered: float | None = Field(
         description="share of the campaign's served time on hitting shapes (null: not counted yet)")
     totals_pending: bool = Field(

@@ -15,6 +15,8 @@ import re
 import shutil
 import subprocess
 
+from app.domain.families import MOE_ENV
+
 
 def _rocminfo() -> str | None:
     exe = shutil.which("rocminfo") or ("/opt/rocm/bin/rocminfo" if os.path.exists("/opt/rocm/bin/rocminfo")
@@ -27,12 +29,13 @@ def _rocminfo() -> str | None:
         return None
 
 
-# what AITER reads from the serving environment besides the GPU (chip_info.py, build_targets.py)
-SERVING_ENV = ("GPU_ARCHS", "CU_NUM")
+# what AITER reads from the serving environment besides the GPU (chip_info.py, build_targets.py), and what its MoE
+# op reads (families.MOE_ENV: fused_moe.py:76, :768, :781-784, :799-800)
+SERVING_ENV = ("GPU_ARCHS", "CU_NUM") + tuple(n for n, _ in MOE_ENV)
 
 
 def serving_env(env: dict[str, str]) -> dict[str, str]:
-    """GPU_ARCHS and CU_NUM as set (absent when unset): sent with every capture for the service's prediction."""
+    """SERVING_ENV as set (absent when unset): sent with every capture for the service's prediction."""
     return {k: env[k] for k in SERVING_ENV if k in env}
 
 

@@ -3,6 +3,7 @@ image's AITER release loads and reads the table it builds from what is deployed 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.domain.families import GPU_FP8, TableFamily, gfx_from_cu_num, gpu_fp8
@@ -20,11 +21,15 @@ class ShapeEngagement:
     row: dict[str, str] | None = None
     reason: str = ""
     fails: bool = False  # AITER raises on this shape: running the row's kernel, or on its default path
+    # what the verdict depends on that a capture does not carry (the op reads it from its arguments): set, the
+    # verdict is "unknown" (issue 35)
+    unknown: str | None = None
 
     @property
     def verdict(self) -> str:
-        """hit (a row AITER runs), raises (the call raises: the server would crash on it) or miss (a default)."""
-        return "hit" if self.hit else "raises" if self.fails else "miss"
+        """hit (a row AITER runs), raises (the call raises: the server would crash on it), miss (a default) or
+        unknown (it depends on what the capture does not carry: the reason says what)."""
+        return "unknown" if self.unknown else "hit" if self.hit else "raises" if self.fails else "miss"
 
 
 # the cells that tell one row of a table from another when the key is the same (what a proof compares)
@@ -209,27 +214,29 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
           shapes: list[dict[str, str]], table: Table, flydsl: bool = True,
           cpp_at: tuple[str, int] | None = None,
           build_targets: tuple[tuple[str, int], ...] | None = None,
-          prepared: Lookup | None = None, arch: str | None = None) -> list[ShapeEngagement]:
+          prepared: Lookup | None = None, arch: str | None = None,
+          env: dict[str, str] | None = None) -> list[ShapeEngagement]:
     """Per captured shape, whether AITER's lookup finds a row it uses. (gfx, cu_num): what the Python lookup keys
     on; cpp_at: the device the compiled table is asked for (default the same); build_targets: the (gfx, cu_num)
     rows it is built from (default cpp_at) - see families.lookup_identity. prepared: prepare() of these
     arguments, made earlier. arch: what get_gfx() answers (families.LookupIdentity.arch), which a MoE op's
-    branches read (default the device's gfx). Raises LookupRaises where the loader itself would raise on the table."""
+    branches read (default the device's gfx). env: the serving environment a capture carried (the variables a MoE
+    op reads, _with_env). Raises LookupRaises where the loader itself would raise on the table."""
     cpp_at = cpp_at or (gfx, cu_num)
     lk = prepared or prepare(family, key_columns, gfx, table, build_targets or (cpp_at,))
     if lk.raises is not None:
         raise LookupRaises(lk.raises)
     if lk.misses is not None:
-        return _op_paths(family, cpp_at[0], [ShapeEngagement(
-            shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)], reason=lk.misses)
-            for shape in shapes])
+        return _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, [
+            ShapeEngagement(shape, False, [m for m, _ in lookup_keys(family, lk.tried_on, gfx, cu_num, shape)],
+                            reason=lk.misses) for shape in shapes]), flydsl, arch)
     key_columns, rows, index, cpp = lk.key_columns, lk.rows, lk.index, lk.cpp
     if index is None:  # family.key_match == "wildcard"
         return [_wildcard(family, key_columns, gfx, cu_num, raw, rows) for raw in shapes]
     out: list[ShapeEngagement] = []
     closest: dict[tuple, str] = {}
     for raw in shapes:
-        shape = family.looked_up(raw, cpp_at[0], arch)  # the op's own remaps run on the device's gfx
+        shape = family.looked_up(with_env(family, raw, env), cpp_at[0], arch)  # remaps run on the device's gfx
         refused = family.moe_op.refuses(shape, cpp_at[0], flydsl, arch) if family.moe_op else None
         if refused is not None:  # the op raises before it looks anything up
             out.append(ShapeEngagement(raw, False, [], reason=f"AITER raises on this call ({refused.where}: "
@@ -237,9 +244,10 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
             continue
         if family.moe_op and not family.moe_op.reads_table(shape, cpp_at[0], arch):
             # a capture of this family is a lookup of its table (its log line): such a call is one a list posted
-            # by hand holds; what runs it (that table's row or default, then the op's stage check) is not predicted
-            out.append(ShapeEngagement(raw, False, [], reason=f"the op looks this call up in another table "
-                                                              f"({family.moe_op.where}), not this one"))
+            # by hand holds, or one a capture cannot tell from it (a shared-expert call); what runs it (that
+            # table's row or default, then the op's stage check) depends on that table: unknown (issue 35)
+            why = f"the op looks this call up in another table ({family.moe_op.where}), not this one"
+            out.append(ShapeEngagement(raw, False, [], reason=f"unknown: depends on {why}", unknown=why))
             continue
         lacking = _tier_lacking(family, key_columns, gfx, cu_num, shape, index, flydsl, cpp_at[0], arch)
         if lacking is not None:
@@ -304,7 +312,106 @@ def check(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: i
                 res.fails, res.reason = True, (f"AITER raises on a shape without a row ({raising.where}: "
                                                f"{raising.reason}): " + reason)
         out.append(res)
-    return _op_paths(family, cpp_at[0], out)
+    def again(s: dict[str, str]) -> ShapeEngagement:  # this check, of one shape
+        return check(family, key_columns, gfx, cu_num, [s], table, flydsl, cpp_at, build_targets, lk, arch, env)[0]
+    out = _padded_weight_retry(family, lk, gfx, cu_num, out, again)
+    out = _op_paths(family, cpp_at[0], _default_stages_wrapped(family, cpp_at[0], flydsl, arch, env, out), flydsl,
+                    arch)
+    return _calls_a_capture_cannot_tell(family, cpp_at[0], arch, env, out, again)
+
+
+def _calls_a_capture_cannot_tell(family: TableFamily, device_gfx: str, arch: str | None, env: dict[str, str] | None,
+                                 out: list[ShapeEngagement],
+                                 again: Callable[[dict[str, str]], ShapeEngagement]) -> list[ShapeEngagement]:
+    """A MoE lookup's log line does not say which call made it (MoeOpPath.call_variants: fused_moe, or fused_moe
+    with shared experts, which fhmoe_ runs with its own q_dtype_a and its wrapper step on the stages, fhmoe.py
+    :563-613; the gate mode): where more than one derives the captured q_dtype_a and their verdicts differ, the
+    verdict is unknown, naming them (again: this check of one shape)."""
+    op = family.moe_op
+    if op is None or len(op.call_variants) < 2:
+        return out
+    for res in out:
+        if res.unknown:
+            continue
+        cells = family.remap(with_env(family, res.shape, env))
+        calls = op.variants_for(cells, device_gfx, arch)
+        if len(calls) < 2:
+            continue
+        got = [(v, again({**res.shape, **v})) for v in calls]
+        if len({(g.verdict, str(g.row)) for _, g in got}) > 1:
+            res.unknown = ("depends on the call, which the capture does not say: " + "; ".join(
+                f"{', '.join(f'{k}={x}' for k, x in v.items())}: {g.verdict}" for v, g in got))
+            res.reason = f"unknown: {res.unknown}" + (f" (the first: {res.reason})" if res.reason else "")
+            res.hit = res.fails = False  # counted as neither
+    return out
+
+
+def _padded_weight_retry(family: TableFamily, lk: Lookup, gfx: str, cu_num: int, out: list[ShapeEngagement],
+                         again: Callable[[dict[str, str]], ShapeEngagement]) -> list[ShapeEngagement]:
+    """gemm_a8w8_bpreshuffle (ops/gemm_op_a8w8.py:711-742, family.weight_retry): a weight smaller than the activation
+    in K raises before the lookup; a miss at the activation's K is looked up again at a padded weight's K, whose row
+    runs (again: this check of one shape). A shape without the weight's K (a capture's: AITER logs the first lookup)
+    is unknown where a row at a larger K could be what the retry finds."""
+    wr = family.weight_retry
+    if wr is None or lk.index is None:
+        return out
+    col, keys = wr.column, lk.key_columns
+    at = keys.index(col)
+    larger: dict[tuple, list[int]] = {}  # the index's keys less K: the Ks rows exist at
+    for k in lk.index:
+        if str(k[at]).isdigit():
+            larger.setdefault(k[:at] + k[at + 1:], []).append(int(k[at]))
+    for i, res in enumerate(out):
+        if not wr.applies(res.shape) or not str(res.shape.get(col, "")).isdigit():
+            continue
+        own, w = int(res.shape[col]), wr.weight(res.shape)
+        if w is not None and w < own:
+            out[i] = ShapeEngagement(res.shape, False, res.tried_m, fails=True,
+                                     reason=f"AITER raises on this call ({wr.where}: {wr.raises})")
+            continue
+        if res.hit or res.fails or res.row is not None:
+            continue
+        if w is not None:
+            if w > own:
+                got = again({**res.shape, col: str(w)})
+                got.shape, got.reason = res.shape, (f"no row at {col}={own}; AITER looks the weight's {col}={w} up "
+                                                    f"({wr.where})" + (f": {got.reason}" if got.reason else ""))
+                out[i] = got
+            continue
+        rest = [k for _, k in lookup_keys(family, keys, gfx, cu_num, res.shape)]  # the keys the op tried
+        ks = [x for x in sorted({x for r in rest for x in larger.get(r[:at] + r[at + 1:], []) if x > own})
+              if again({**res.shape, col: str(x)}).hit]  # the retry would run a row there
+        if ks:
+            res.unknown = (f"depends on the weight's {col} (the capture has the activation's, {own}): a weight padded "
+                           f"to {col}={ks} is looked up again there and its row runs ({wr.where})")
+            res.reason = f"unknown: {res.unknown}; at the activation's {col}: {res.reason}"
+    return out
+
+
+def _default_stages_wrapped(family: TableFamily, device_gfx: str, flydsl: bool, arch: str | None,
+                            env: dict[str, str] | None, out: list[ShapeEngagement]) -> list[ShapeEngagement]:
+    """A shared-expert call without a row still has its default stages put through fhmoe_'s wrapper step, which
+    raises unless they are the two FlyDSL stages (fhmoe.py:304-317, :563-613; without FlyDSL they never are):
+    MoeOpPath.stages_raise_on_miss. A call looked up in another table (tried_m empty) is not this table's miss."""
+    op = family.moe_op
+    if op is None or not op.stages:
+        return out
+    for res in out:
+        if res.hit or res.fails or res.row is not None or not res.tried_m:
+            continue
+        why = op.stages_raise_on_miss(family.looked_up(with_env(family, res.shape, env), device_gfx, arch),
+                                      device_gfx, flydsl, arch)
+        if why is not None:
+            res.fails, res.reason = True, f"AITER raises on this call ({why}): no row, and " + res.reason
+    return out
+
+
+def with_env(family: TableFamily, shape: dict[str, str], env: dict[str, str] | None) -> dict[str, str]:
+    """The call's cells with the serving environment's variables its MoE op reads (MoeOpPath.env: fused_moe.py:76,
+    :768, :781-784, :799-800), as the capture's env carries them; one unset keeps its unset value (call_defaults)."""
+    if family.moe_op is None or not env:
+        return shape
+    return dict(shape, **{k: env[k] for k in family.moe_op.env if k in env})
 
 
 def _tier_lacking(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int, shape: dict[str, str],
@@ -325,14 +432,17 @@ def _tier_lacking(family: TableFamily, key_columns: tuple[str, ...], gfx: str, c
     return None
 
 
-def _op_paths(family: TableFamily, device_gfx: str, out: list[ShapeEngagement]) -> list[ShapeEngagement]:
-    """The op's own paths whatever the table holds (family.op_paths, on the device's gfx): a raise overrides any
-    verdict, a default kernel a hit."""
+def _op_paths(family: TableFamily, device_gfx: str, out: list[ShapeEngagement], flydsl: bool = True,
+              arch: str | None = None) -> list[ShapeEngagement]:
+    """The op's own paths whatever the table holds (family.op_paths, on the device's gfx, with get_gfx()'s answer
+    arch and FlyDSL importable or not): a raise overrides any verdict, a default kernel a hit."""
     for res in out:
-        path = family.op_path(res.shape, res.row, device_gfx)
+        path = family.op_path(dict(res.shape, flydsl=str(flydsl)), res.row, device_gfx, arch)
         if path is None or (path.runs == "default" and not res.hit):
             continue
         res.hit, res.fails = False, path.runs == "raises"
+        if res.fails:
+            res.unknown = None  # it raises whatever the capture leaves out
         res.reason = (f"AITER raises here ({path.where}: {path.reason})" if res.fails else
                       f"the op runs its default kernel, not the row ({path.where}: {path.reason})")
     return out
@@ -397,8 +507,11 @@ def _check_cpp(family: TableFamily, cpp: dict, gfx: str, cu_num: int, res: Shape
     mcol = family.m_column or "M"
     tries = cpp_m_candidates(family, res.shape)
     row = None
+    wr = family.weight_retry  # the compiled table is keyed on the weight's K (gemm_a8w8_bpreshuffle.cu: WQK)
+    shape = res.shape if wr is None or wr.weight(res.shape) is None else {**res.shape,
+                                                                          wr.column: str(wr.weight(res.shape))}
     for m in tries:
-        row = cpp.get(row_key(family.cpp_key, dict(res.shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
+        row = cpp.get(row_key(family.cpp_key, dict(shape, gfx=gfx, cu_num=str(cu_num), **{mcol: str(m)})))
         if row is not None:
             break
     if row is not None and row.get("kernelId") == res.row.get("kernelId"):

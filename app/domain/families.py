@@ -112,6 +112,12 @@ def holds(cells: dict[str, str], cond: tuple[str, str, str]) -> bool:
             return float(cell) != 0 if cell else True
         except ValueError:
             return True
+    if op == "!int":  # issue 35 (w35b): int() of the cell raises (an environment variable AITER int()s)
+        try:
+            int(cell)
+            return False
+        except ValueError:
+            return True
     return {"==": cell == val, "!=": cell != val, "in": cell in val.split("|"), "!in": cell not in val.split("|")}[op]
 
 
@@ -153,6 +159,27 @@ class MissRaises:
     def raises(self, cells: dict[str, str]) -> bool:
         return (all(holds(cells, c) for c in self.when)
                 and not (self.unless and all(holds(cells, c) for c in self.unless)))
+
+
+@dataclass(frozen=True)
+class WeightRetry:
+    """issue 35 (w35b): an op that looks a miss up again at its weight's size of a column, where the weight is padded
+    past the activation's (gemm_a8w8_bpreshuffle: K, ops/gemm_op_a8w8.py:711-742), and raises where the weight's is
+    smaller. A capture's shape has the activation's size only (AITER's log line prints it); `cell` names the weight's
+    where a shape carries it, else the verdict of a miss that a padded weight could turn into a hit is unknown."""
+    where: str  # AITER's file:line at ROCm/aiter e4048607a5
+    column: str
+    cell: str
+    when: tuple[tuple[str, str, str], ...] = ()  # the calls of the op that does this (holds on the shape's cells)
+    raises: str = ""  # what the op raises where the weight's is smaller
+
+    def applies(self, shape: dict[str, str]) -> bool:
+        return all(holds(shape, c) for c in self.when)
+
+    def weight(self, shape: dict[str, str]) -> int | None:
+        """The weight's size where the shape says it (an integer cell), else None."""
+        cell = str(shape.get(self.cell) or "").strip()
+        return int(cell) if cell.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -199,14 +226,24 @@ class OpPath:
     when: tuple[tuple[str, str, str], ...] = ()
     row_when: tuple[tuple[str, str, str], ...] = ()
 
-    def applies(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str) -> bool:
+    def applies(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str, arch: str | None = None) -> bool:
+        """arch: what get_gfx() answers (GPU_ARCHS' last entry, unstripped; default the GPU's), the "arch" cell a
+        condition reads; a value "@gfx_names" is the archs get_gfx() accepts (GFX_NAMES)."""
         def at(cond: tuple[str, str, str]) -> tuple[str, str, str]:
             col, op, val = cond
+            val = val.replace("@gfx_names", "|".join(sorted(GFX_NAMES)))
             return col, op, "|".join(gpu_fp8(gfx) if v == GPU_FP8 else v for v in val.split("|"))
         if self.row_when and row is None:
             return False
-        return (all(holds(dict(shape, gfx=gfx), at(c)) for c in self.when)
+        cells = dict(shape, gfx=gfx, arch=arch if arch is not None else gfx)
+        return (all(holds(cells, at(c)) if c[0] != "arch" else _arch_holds(cells["arch"], at(c)) for c in self.when)
                 and all(holds(row or {}, at(c)) for c in self.row_when))
+
+
+def _arch_holds(arch: str, cond: tuple[str, str, str]) -> bool:
+    """issue 35 (w35b): "in" / "!in" of get_gfx()'s answer as it is (unstripped: ' gfx950' is no arch)."""
+    _, op, val = cond
+    return (arch in val.split("|")) == (op == "in")
 
 
 # Integer cells that may hold -1: an expert-parallel grouped MoE call is looked up with topk=-1, matching the
@@ -307,9 +344,11 @@ LOG_MOE = (
 
 def moe_holds(cells: dict[str, str], cond: tuple[str, str, str], gfx: str) -> bool:
     """holds, where GPU_FP8 in a value is the GPU's own fp8, plus "~" (re.match of the cell), "<" and ">" (an
-    integer cell below / above the value)."""
+    integer cell below / above the value, or the cell a value "$<column>" names)."""
     col, op, val = cond
     val = val.replace(GPU_FP8, gpu_fp8(gfx))
+    if op in ("<", ">") and val.startswith("$"):  # issue 35 (w35b): a bound in another cell of the call (an
+        val = str(cells.get(val[1:], "")).strip()  # environment variable the op reads)
     cell = str(cells.get(col, "") if cells.get(col) is not None else "").strip()
     if op == "~":
         return re.match(val, cell) is not None
@@ -318,7 +357,11 @@ def moe_holds(cells: dict[str, str], cond: tuple[str, str, str], gfx: str) -> bo
             n = float(cell)
         except ValueError:
             return False
-        return n < int(val) if op == "<" else n > int(val)
+        try:
+            bound = int(val)
+        except ValueError:
+            return False  # a bound int() rejects: the op raises first (MoeOpPath.raises)
+        return n < bound if op == "<" else n > bound
     return holds(cells, (col, op, val))
 
 
@@ -387,6 +430,8 @@ class MoeRoute:
     stage1: MoeStage
     stage2: MoeStage = None
     own_names: bool = False
+    # issue 35 (w35b): the launchers a route with own_names builds (stage 1, stage 2), where a wrapper step checks them
+    builds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -427,9 +472,16 @@ class MoeOpPath:
     # (MissRaises: where, what it raises where one lacks), looked up with tier_cells in place of the call's
     tiers_cover: MissRaises | None = None
     tier_cells: tuple[tuple[str, str], ...] = ()
+    # issue 35 (w35b): the serving environment's variables the op reads (their unset values are in call_defaults): a
+    # capture's env sets them for its calls (engagement.check's env)
+    env: tuple[str, ...] = ()
     # the stage launchers (stage 1, stage 2) the op's metadata transform accepts; any other route raises (why)
     stages: tuple[str, ...] = ()
     stages_raise: str = ""
+    # issue 35 (w35b): the calls the metadata transform is applied to (conditions on the call's cells; empty: all)
+    stages_when: tuple[tuple[str, str, str], ...] = ()
+    # issue 35 (w35b): calls whose lookup reads another table (MissRaises.raises of the call's cells)
+    other_table: tuple[MissRaises, ...] = ()
 
     def _derive(self, full: dict[str, str], gfx: str) -> str:
         for b in self.a_dtype:
@@ -440,11 +492,14 @@ class MoeOpPath:
     def variant(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> dict[str, str]:
         """The call a captured shape is taken to come from (call_variants). gfx: the device's (its fp8); arch:
         what get_gfx() answers (GPU_ARCHS' last entry), the "gfx" the conditions read (default gfx)."""
+        return next(iter(self.variants_for(cells, gfx, arch)), dict(self.call_variants[0]))
+
+    def variants_for(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> list[dict[str, str]]:
+        """issue 35 (w35b): every call of call_variants that derives the captured q_dtype_a, in order, among those
+        the shape's own cells allow (a shape may say its call: its entry, its gate mode)."""
         base = dict(self.call_defaults) | dict(cells) | {"gfx": arch or gfx}
-        for v in self.call_variants:
-            if self._derive(base | dict(v), gfx) == cells.get("q_dtype_a"):
-                return dict(v)
-        return dict(self.call_variants[0])
+        return [dict(v) for v in self.call_variants if all(cells.get(k, x) == x for k, x in v)
+                and self._derive(base | dict(v), gfx) == cells.get("q_dtype_a")]
 
     def _cells(self, cells: dict[str, str], gfx: str, flydsl: bool = True, arch: str | None = None) -> dict[str, str]:
         full = dict(self.call_defaults) | dict(cells) | self.variant(cells, gfx, arch) | {"gfx": arch or gfx,
@@ -466,7 +521,8 @@ class MoeOpPath:
 
     def reads_table(self, cells: dict[str, str], gfx: str, arch: str | None = None) -> bool:
         full = self._cells(cells, gfx, True, arch)
-        return all(moe_holds(full, c, gfx) for c in self.table_when)
+        return all(moe_holds(full, c, gfx) for c in self.table_when) and not any(r.raises(full)
+                                                                               for r in self.other_table)
 
     def launcher(self, name: str | None) -> MoeLauncher | None:
         return next((x for x in self.launchers if x.name == name), None)
@@ -480,7 +536,8 @@ class MoeOpPath:
         full["run_1stage"] = str(row["run_1stage"] if row.get("run_1stage") is not None else "") \
             if "run_1stage" in row else "0"
         route = next((r for r in self.routes if all(moe_holds(full, c, gfx) for c in r.when)), None)
-        if self.stages and (route is None or route.own_names or self._picked(route, full) != self.stages):
+        if self.stages and self.wraps_stages(full, gfx) and (
+                route is None or (route.own_names and not route.builds) or self._picked(route, full) != self.stages):
             return "fails", self.stages_raise
         if route is None:
             return "hit", ""
@@ -502,9 +559,27 @@ class MoeOpPath:
             return "hit", ""
         return "default", f"the op's stages ({route.where}) do not run the row's kernels"
 
+    def wraps_stages(self, full: dict[str, str], gfx: str) -> bool:
+        """The op's metadata transform (stages) is applied to this call (stages_when)."""
+        return all(moe_holds(full, c, gfx) for c in self.stages_when)
+
+    def stages_raise_on_miss(self, cells: dict[str, str], gfx: str, flydsl: bool,
+                             arch: str | None = None) -> str | None:
+        """issue 35 (w35b): a call without a row gets the op's default stages (get_2stage_cfgs with no cfg: no
+        kernel names, run_1stage off for per_1x32, fused_moe.py:2377-2402), which the metadata transform checks as
+        it checks a row's: what it raises, or None."""
+        if not self.stages or not self.wraps_stages(self._cells(cells, gfx, flydsl, arch), gfx):
+            return None
+        use, why = self.row_use(cells, {"kernelName1": "", "kernelName2": "", "run_1stage": "0", "ksplit": "0"},
+                                gfx, flydsl, arch)
+        return why if use == "fails" else None
+
     @staticmethod
     def _picked(route: MoeRoute, full: dict[str, str]) -> tuple[str, ...]:
-        """The launchers a route builds for the row (a 1-stage route: stage 1 only)."""
+        """The launchers a route builds for the row (a 1-stage route: stage 1 only; a route naming its own
+        kernels: what it builds)."""
+        if route.own_names:
+            return route.builds
         out = []
         for stage, col in ((route.stage1, "kernelName1"), (route.stage2, "kernelName2")):
             name = full[col] if full[col] != "Null" else ""
@@ -561,8 +636,8 @@ class TableFamily:
     # the op's libtype dispatch decides)
     flydsl_miss: str = "ignored"
     # the lookup tells a FlyDSL row by its libtype and asks the FlyDSL catalog for its kernel: one the catalog does
-    # not know is taken as flydsl absent (flydsl_miss); the catalog's names start with this (None: not asked, a
-    # FlyDSL row is told by its libtype or a flydsl_ kernel name)
+    # not know is taken as flydsl absent (flydsl_miss); the kernel names the catalog knows, a regex re.fullmatch'ed
+    # on the row's kernel name (None: not asked, a FlyDSL row is told by its libtype or a flydsl_ kernel name)
     flydsl_catalog: str | None = None
     # cells that must be filled in a deployed row, and (column, value) rows that are exempt from a column
     filled: tuple[str, ...] = ("kernelName", "libtype")
@@ -644,6 +719,11 @@ class TableFamily:
     kernel_renames: tuple[KernelRename, ...] = ()
     # the MoE op's argument path and stage launchers (fused_moe.py); None: not a MoE op
     moe_op: MoeOpPath | None = None
+    # issue 35 (w35b): AITER files the op imports beside its lookup's (the FlyDSL GEMM catalog), which the
+    # differential harness runs as they are
+    op_sources: tuple[str, ...] = ()
+    # issue 35 (w35b): the op looks a miss up again at its weight's padded size (WeightRetry)
+    weight_retry: WeightRetry | None = None
 
     def remap(self, shape: dict[str, str]) -> dict[str, str]:
         """A captured shape as AITER looks it up (fused_moe.py:1310 quant_remap)."""
@@ -663,17 +743,20 @@ class TableFamily:
             out["q_dtype_a"] = self.moe_op.q_dtype_a(out, gfx, arch)  # arch: get_gfx() (GPU_ARCHS)
         return out
 
-    def op_path(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str) -> OpPath | None:
-        """The first op_paths rule this call (the shape as captured, the row found, the GPU's gfx) takes."""
-        return next((r for r in self.op_paths if r.applies(shape, row, gfx)), None)
+    def op_path(self, shape: dict[str, str], row: dict[str, str] | None, gfx: str,
+                arch: str | None = None) -> OpPath | None:
+        """The first op_paths rule this call (the shape as captured, the row found, the GPU's gfx, get_gfx()'s
+        answer) takes."""
+        return next((r for r in self.op_paths if r.applies(shape, row, gfx, arch)), None)
 
     def op_entry(self, shape: dict[str, str]) -> OpEntry | None:
         """The op a server calls for this shape (op_entries, first that serves it)."""
         return next((e for e in self.op_entries if e.serves(shape)), None)
 
     def flydsl_known(self, row: dict[str, str]) -> bool:
-        """The FlyDSL catalog has the row's kernel (flydsl_catalog)."""
-        return self.flydsl_catalog is None or any(str(row.get(c, "")).startswith(self.flydsl_catalog)
+        """The FlyDSL catalog has the row's kernel (flydsl_catalog: the whole name, as AITER's parser fullmatches
+        it; the name pandas read, so an empty cell is no name)."""
+        return self.flydsl_catalog is None or any(re.fullmatch(self.flydsl_catalog, str(row.get(c) or "")) is not None
                                                   for c in self.kernel_columns)
 
     def other_op(self, shape: dict[str, str]) -> bool:
@@ -764,12 +847,22 @@ _BF16_OP = OpEntry("gemm_a16w16", "tuned_gemm.py:290-354", _BF16_ARGS, _BF16_LAU
 # int8/fp8 XQ [M,K] and WQ [N,K] of the captured weight dtype, fp32 per-token/per-channel scales
 _A8W8_XW = (_t("M", "K", dtype="@q_dtype_w"), _t("N", "K", dtype="@q_dtype_w"), _t("M", "1"), _t("1", "N"))
 _A8W8_OP = OpEntry("gemm_a8w8_CK", "ops/gemm_op_a8w8.py:646-679", _A8W8_XW, (("gemm_a8w8_ck", "*"),))
+# --- issue 35 (w35b): bpreshuffle's padded-weight retry -------------------------------------------------------------
+# gemm_a8w8_bpreshuffle keys its first lookup on XQ's K; a weight padded past it (w_k > k) is looked up again at w_k
+# on a miss, and that row runs (flydsl pads XQ; the compiled table is keyed on WQ's K, gemm_a8w8_bpreshuffle.cu);
+# w_k < k raises (:711-714). int8 weights are gemm_a8w8_ASM's, which does not retry.
+BPRESHUFFLE_RETRY = WeightRetry("ops/gemm_op_a8w8.py:711-742", "K", "weight_K",
+                                when=(("q_dtype_w", "!=", "torch.int8"),),
+                                raises="RuntimeError: gemm_a8w8_bpreshuffle requires WQ K >= XQ K")
+_A8W8_XW_PADDED = (_t("M", "K", dtype="@q_dtype_w"), _t("N", "weight_K", dtype="@q_dtype_w"), _t("M", "1"),
+                   _t("1", "N"))  # WQ [N, the weight's K]: the shape's weight_K (the probe fills in K)
+# --- end issue 35 (w35b) padded-weight retry ------------------------------------------------------------------------
 # int8 weights: gemm_a8w8_ASM (:592-643, bias required) runs any row it finds as an asm kernel name; other weights:
 # gemm_a8w8_bpreshuffle (:695-787), ck/cktile by libtype, flydsl by kernel name (:161-207)
 _BPRESHUFFLE_OPS = (
     OpEntry("gemm_a8w8_ASM", "ops/gemm_op_a8w8.py:592-643", _A8W8_XW + (_t("1", "N"),), (("_gemm_a8w8_asm", "*"),),
             when=(("q_dtype_w", "==", "torch.int8"),)),
-    OpEntry("gemm_a8w8_bpreshuffle", "ops/gemm_op_a8w8.py:695-787", _A8W8_XW,
+    OpEntry("gemm_a8w8_bpreshuffle", "ops/gemm_op_a8w8.py:695-787", _A8W8_XW_PADDED,
             (("gemm_a8w8_bpreshuffle_ck", "ck"), ("gemm_a8w8_bpreshuffle_cktile", "cktile"),
              ("aiter.ops.flydsl.gemm_kernels:flydsl_preshuffle_gemm_a8", "flydsl"),
              ("aiter.ops.flydsl.gemm_a8w8_bpreshuffle_8wave:run_gemm_a8w8_bpreshuffle_8wave", "flydsl"),
@@ -813,6 +906,34 @@ _MXSCALE_OP = OpEntry(
      _t("m", "b", "(k+127)//128", dtype="torch.uint8"), _t("b", "(n+127)//128", "(k+127)//128", dtype="torch.uint8")),
     (("aiter.ops.opus.bmm_op:bmm_a8w8_mxscale_opus", "opus"),))
 
+# --- issue 35 (w35b): engagement at the op, the FlyDSL GEMM catalog --------------------------------------------
+# get_flydsl_splitk_hgemm_kernel_params (ops/flydsl/gemm_kernels.py:579-586) knows a name that is in its catalog
+# (_SPLITK_HGEMM_KERNELS, :689-697: every name flydsl_kernel_name builds, :118-175) or that _parse_hgemm_kernel_params
+# reads (:539-576): _HGEMM_KERNEL_RE (:45-65) fullmatched, a_dtype equal to w_dtype (here a backreference). Every
+# catalog name is one the regex reads, so the regex decides. Names of the format before ROCm/aiter#3469 (no
+# _block_k_warp<n>) are not read: tuned_gemm.py:163-177 falls back to the next padded M, then its default.
+FLYDSL_HGEMM_NAME = (
+    r"flydsl_gemm(?P<stages>\d+)_a(?P<a_dtype>[a-z0-9]+)_w(?P=a_dtype)_(?P<out_dtype>[a-z0-9]+)_"
+    r"t(?P<tile_m>\d+)x(?P<tile_n>\d+)x(?P<tile_k>\d+)_split_k(?P<split_k>\d+)_block_m_warp(?P<block_m_warps>\d+)_"
+    r"block_n_warp(?P<block_n_warps>\d+)_block_k_warp(?P<block_k_warps>\d+)_async_copy(?P<async_copy>True|False)_"
+    r"b_to_lds(?P<b_to_lds>True|False)_b_preshuffle(?P<b_preshuffle>True|False)_c_to_lds(?P<c_to_lds>True|False)"
+    r"(?P<small_m_suffix>(?:_small_m)(?:_nr(?P<n_tile_repeat>\d+))?(?:_pn(?P<persistent_n_tiles>\d+))?"
+    r"(?:_wpe(?P<waves_per_eu>\d+))?(?:_ur(?P<b_to_lds_unroll>\d+))?)?_(?P<target_gfx>gfx[0-9a-z]+)")
+FLYDSL_HGEMM_SOURCES = ("aiter/ops/flydsl/gemm_kernels.py",)  # what the differential harness runs the catalog from
+# --- end issue 35 (w35b) FlyDSL catalog ------------------------------------------------------------------------
+
+# --- issue 35 (w35b): the MoE op's environment knobs -------------------------------------------------------------
+# _fused_moe_impl reads these on every call (fused_moe.py:768, :781-784, :799-800; GPTOSS_SWIGLU_MXFP4_BF16_BOUND at
+# import, :76), as (name, the value unset); a capture's env carries the server's (app/capture/identity.py)
+MOE_ENV = (("AITER_BF16_FP8_MOE_BOUND", "256"), ("GPTOSS_SWIGLU_MXFP4_BF16_BOUND", "256"), ("AITER_SITUV2_A8W4", "0"),
+           ("AITER_SITUV2_A4W4", "0"), ("AITER_FORCE_A8W4", "0"))
+# int() of a bound that is no integer raises ValueError: at import (:76, the whole module), or on every call (:768)
+MOE_ENV_RAISES = tuple(MissRaises(w, f"ValueError: int() of {v} (the serving environment's) is not an integer",
+                                  when=((v, "!int", ""),))
+                       for w, v in (("fused_moe.py:76", "GPTOSS_SWIGLU_MXFP4_BF16_BOUND"),
+                                    ("fused_moe.py:768", "AITER_BF16_FP8_MOE_BOUND")))
+# --- end issue 35 (w35b) MoE environment -------------------------------------------------------------------------
+
 _P1X32, _SWIGLU = ("q_type", "==", "QuantType.per_1x32"), ("act_type", "==", "ActivationType.Swiglu")
 _BF16, _FP4X2 = "torch.bfloat16", "torch.float4_e2m1fn_x2"
 # fused_moe.py:759-806 (_fused_moe_impl), env unset (AITER_BF16_FP8_MOE_BOUND and GPTOSS_SWIGLU_MXFP4_BF16_BOUND
@@ -827,15 +948,19 @@ _FMOE_A_DTYPE = (
                  ("q_dtype_w", "==", _FP4X2)) + g, a)
       for g, a in (((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), ((), _FP4X2))),
     MoeADtype((_SHARED,), ""),
-    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),  # :799-803
+    # :799-803: AITER_FORCE_A8W4 `in ("1")` is a substring test of "1": set empty, it forces fp8 too
+    MoeADtype((("gfx", "==", "gfx1250"), ("AITER_FORCE_A8W4", "in", "|1")), GPU_FP8),
+    MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),
     MoeADtype((_P1X32, ("q_dtype_w", "==", "torch.int4")), _BF16),  # :769-771
     MoeADtype((_P1X32, ("q_dtype_w", "==", GPU_FP8)), GPU_FP8),  # :772-774
-    MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")), _BF16),  # :776-788
-    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"), ("token", "<", "256")), _BF16),  # :789-790
+    *(MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")) + c, a) for c, a in (  # :776-788
+        ((("AITER_SITUV2_A8W4", "==", "1"),), GPU_FP8), ((("AITER_SITUV2_A4W4", "==", "1"),), _FP4X2), ((), _BF16))),
+    MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"),
+               ("token", "<", "$GPTOSS_SWIGLU_MXFP4_BF16_BOUND")), _BF16),  # :789-790
     MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED")), _FP4X2),
     *(b for cond in (_SWIGLU, ("gate_mode", "==", "GateMode.INTERLEAVE")) for b in (  # :791-795
         MoeADtype((_P1X32, cond, ("gfx", "!=", "gfx950")), _BF16),
-        MoeADtype((_P1X32, cond, ("token", "<", "256")), _BF16),
+        MoeADtype((_P1X32, cond, ("token", "<", "$AITER_BF16_FP8_MOE_BOUND")), _BF16),
         MoeADtype((_P1X32, cond), GPU_FP8))),
     MoeADtype((_P1X32,), _FP4X2),  # :796-797
     MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8),  # :759
@@ -861,6 +986,17 @@ _CKTILE = ("cktile_moe_stage1", "cktile_moe_stage2")
 _S2_TAIL = ((r"opus_moe2", "opus_a8w4_stage2_wrapper"), (r"cktile_", "cktile_moe_stage2"), (r"", "ck_moe_stage2_fwd"))
 _S2_FLYDSL = ((r"flydsl_", "_flydsl_stage2_wrapper"),) + _S2_TAIL
 _CK_KN1 = ("kernelName1", "~", r".*ck2stages")
+# issue 35 (w35b): the stages _use_fhmoe_wrappers accepts (fhmoe.py:304-317), and what it raises on any other
+_FLYDSL_STAGES = ("_flydsl_stage1_wrapper", "_flydsl_stage2_wrapper")
+# fhmoe.py _is_dsv4_i384_fhmoe_contract (:569-586): the calls that read AITER_CONFIG_FHMOE's table; _PADLESS: of a
+# tuned_fmoe capture, which carries no pads (fhmoe_'s defaults are 0)
+_DSV4_I384 = (("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
+              ("hidden_pad", "==", "0"), ("intermediate_pad", "==", "0"), ("gate_mode", "==", "GateMode.INTERLEAVE"),
+              ("doweight_stage1", "in", "0|False"))
+_DSV4_I384_PADLESS = tuple(c if c[0] not in ("hidden_pad", "intermediate_pad") else (c[0], "in", "|0")
+                           for c in _DSV4_I384)
+_FHMOE_STAGES_RAISE = ("NotImplementedError: Heterogeneous MXFP4/FP8 experts require the two-stage FlyDSL path "
+                       "(fhmoe.py:304-317)")
 # get_2stage_cfgs' stage choice for a row found (fused_moe.py:2328-2975), the weights marked is_shuffled as the
 # serving frameworks prepare them, AITER_FLYDSL_FORCE unset (its default "1"); first that fits
 _FMOE_ROUTES = (
@@ -880,10 +1016,10 @@ _FMOE_ROUTES = (
     MoeRoute("fused_moe.py:2652-2690", (_P1X32, ("q_dtype_w", "==", "torch.int4"), _FLYDSL), None, own_names=True),
     MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("act_type", "==", "ActivationType.Situv2"),
                                         ("q_dtype_a", "==", _BF16), _W_FP4, _G1U1, _NO_DOWEIGHT, _FLYDSL), None,
-             own_names=True),
+             own_names=True, builds=_FLYDSL_STAGES),
     MoeRoute("fused_moe.py:2696-2795", (_HALF, _P1X32, ("q_dtype_a", "in", f"{_FP4X2}|{GPU_FP8}"),
                                         ("q_dtype_w", "in", f"{_FP4X2}|{GPU_FP8}"), _G1U1, _NO_DOWEIGHT, _FLYDSL),
-             None, own_names=True),
+             None, own_names=True, builds=_FLYDSL_STAGES),
     *(MoeRoute("fused_moe.py:2798-2837", (_HALF, _P1X32, _W_FP4) + c, *_CKTILE) for c in (
         (("act_type", "!=", "ActivationType.Swiglu"), ("ksplit", ">", "1")),
         (_SWIGLU, ("q_dtype_a", "!=", _FP4X2), ("ksplit", ">", "1")),
@@ -904,13 +1040,21 @@ _FMOE_ROUTES_0_1_7 = (
         (_CK_KN1,), (("q_type", "==", "QuantType.per_1x128"), ("doweight_stage1", "in", "1|True")),
         (("q_dtype_w", "in", f"{_BF16}|torch.float16|torch.uint32|{_FP4X2}"),))),
     MoeRoute("fused_moe.py:706-729 (0.1.7)", (), "asm_stage1", "ck_moe_stage2_fwd"))
-FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE, call_defaults=(("gate_mode", "GateMode.SEPARATED"),),
+FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE,
+                    call_defaults=(("gate_mode", "GateMode.SEPARATED"),) + MOE_ENV, env=tuple(n for n, _ in MOE_ENV),
                     call_variants=tuple(((("gate_mode", g), ("entry", e))) for e in ("fused_moe", "shared")
                                         for g in ("GateMode.SEPARATED", "GateMode.INTERLEAVE")),
                     launchers=_FMOE_LAUNCHERS, needs=("_is_mxfp4_kname", "parse_flydsl_v2_gemm2_kernel"),
-                    sources=("aiter/ops/flydsl/mxfp4_kname.py", "aiter/ops/flydsl/grouped_moe_gfx1250.py"),
+                    # issue 35 (w35b): aiter/fhmoe.py, where a shared-expert call goes (fused_moe.py:495-536)
+                    sources=("aiter/ops/flydsl/mxfp4_kname.py", "aiter/ops/flydsl/grouped_moe_gfx1250.py",
+                             "aiter/fhmoe.py"),
                     calls_get_gfx=True, routes=_FMOE_ROUTES,
-                    raises=(MissRaises(
+                    # issue 35 (w35b): fhmoe_ applies its wrapper step to the stages of a shared-expert call whatever
+                    # table it read (fhmoe.py:563-613 passes _metadata_transform=_use_fhmoe_wrappers, :304-317)
+                    stages=_FLYDSL_STAGES, stages_raise=_FHMOE_STAGES_RAISE, stages_when=(_SHARED,),
+                    other_table=(MissRaises("fhmoe.py:569-586", "a shared-expert call in the DSV4 I384 contract "
+                                            "reads AITER_CONFIG_FHMOE's table", when=(_SHARED,) + _DSV4_I384_PADLESS),),
+                    raises=MOE_ENV_RAISES + (MissRaises(
                         "fused_moe.py:855-875", "NotImplementedError: a16w4 (bf16 A x MXFP4 W) SiTUv2 needs FlyDSL on "
                         "gfx942/gfx950, g1u1 weights and no doweight_stage1",
                         when=(_P1X32, ("q_dtype_w", "==", _FP4X2), ("q_dtype_a", "==", _BF16),
@@ -930,17 +1074,15 @@ _FHMOE_RAISES = (("gfx", "!=", "gfx950", "NotImplementedError: Heterogeneous MXF
 FHMOE_OP = MoeOpPath(
     "fhmoe.py:563-586", (MoeADtype((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), MoeADtype((), _FP4X2)),
     call_variants=((("entry", "fhmoe"),),), launchers=_FMOE_LAUNCHERS, routes=_FMOE_ROUTES, calls_get_gfx=True,
-    needs=FMOE_OP.needs, sources=("aiter/fhmoe.py",) + FMOE_OP.sources,
-    raises=tuple(MissRaises("fhmoe.py:48-85", why, when=((c, op, v),)) for c, op, v, why in _FHMOE_RAISES),
-    table_when=(("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
-                ("hidden_pad", "==", "0"), ("intermediate_pad", "==", "0"), ("gate_mode", "==", "GateMode.INTERLEAVE"),
-                ("doweight_stage1", "in", "0|False")),
+    needs=FMOE_OP.needs, sources=FMOE_OP.sources,
+    call_defaults=MOE_ENV, env=FMOE_OP.env,  # issue 35 (w35b): _fused_moe_impl still int()s its bound (:768)
+    raises=MOE_ENV_RAISES[:1] + tuple(MissRaises("fhmoe.py:48-85", why, when=((c, op, v),))
+                                      for c, op, v, why in _FHMOE_RAISES) + MOE_ENV_RAISES[1:],
+    table_when=_DSV4_I384,
     tiers_cover=MissRaises("fhmoe.py:345-385,579-583", "NotImplementedError: The active FHMoE config does not cover "
                                                        "this DSV4 I384 token shape"),
     tier_cells=(("dtype", _BF16), ("q_dtype_a", GPU_FP8)),
-    stages=("_flydsl_stage1_wrapper", "_flydsl_stage2_wrapper"),
-    stages_raise="NotImplementedError: Heterogeneous MXFP4/FP8 experts require the two-stage FlyDSL path "
-                 "(fhmoe.py:310-317)")
+    stages=_FLYDSL_STAGES, stages_raise=_FHMOE_STAGES_RAISE)
 # amd-aiter 0.1.7 fused_moe.py:218-221: the weight's dtype (uint32: fp8), fp4x2 for per_1x32
 FMOE_OP_0_1_7 = MoeOpPath("fused_moe.py:218-221 (0.1.7)", (
     MoeADtype((_P1X32,), _FP4X2), MoeADtype((("q_dtype_w", "==", "torch.uint32"),), GPU_FP8), MoeADtype((), "@w")),
@@ -992,7 +1134,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                          row_when=(("libtype", "in", "flydsl|triton|opus"),))),
         gfx_source="get_gfx", aiter_lookup="aiter/tuned_gemm.py:get_GEMM_A16W16_config", flydsl_miss="skip",
         # tuned_gemm.py:163-177: a flydsl row runs only where get_flydsl_splitk_hgemm_kernel_params knows its kernel
-        flydsl_catalog="flydsl_", op_entries=(_BF16_OP,),
+        flydsl_catalog=FLYDSL_HGEMM_NAME, op_entries=(_BF16_OP,), op_sources=FLYDSL_HGEMM_SOURCES,
         aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
         # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16 input,
         # N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`
@@ -1042,7 +1184,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # gemm_a8w8_bpreshuffle (fp8, :739-750): ck, cktile and (FlyDSL importable) flydsl rows run; any other
         # libtype, or flydsl without FlyDSL, falls through to the default ck kernel, no next-M retry. int8 rows
         # are gemm_a8w8_ASM's (:621-640), which runs any row it finds.
-        aiter_op="gemm_a8w8_bpreshuffle", op_entries=_BPRESHUFFLE_OPS,
+        aiter_op="gemm_a8w8_bpreshuffle", op_entries=_BPRESHUFFLE_OPS, weight_retry=BPRESHUFFLE_RETRY,
         read_cells=(ReadCell("splitK", "int", "ops/gemm_op_a8w8.py:738",
                              when=(("q_dtype_w", "!=", "torch.int8"),)),),
         libtype_use=(("ck", "hit"), ("cktile", "hit"), ("flydsl", "hit")), libtype_other="default",
@@ -1050,6 +1192,14 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             # a weight neither int8 (gemm_a8w8_ASM's) nor the GPU's own fp8: `assert WQ.dtype == dtypes.fp8`
             OpPath("ops/gemm_op_a8w8.py:726", "AssertionError: gemm_a8w8_bpreshuffle only support fp8 now (the "
                    "weight is not the GPU's own fp8)", when=(("q_dtype_w", "!in", GPU_FP8 + "|torch.int8"),)),
+            # issue 35 (w35b): a flydsl row (FlyDSL importable) off gfx1250 imports ops/flydsl/gemm_kernels.py (or its
+            # 8-wave module) to run; its catalog registration names kernels with get_gfx() (:174, :689-697), which
+            # raises on a GPU_ARCHS entry it does not know: every such call raises
+            OpPath("ops/flydsl/gemm_kernels.py:174, :697", "KeyError: Unknown GPU architecture (get_gfx() of "
+                   "GPU_ARCHS, in FlyDSL's GEMM catalog the flydsl row's kernel is run from)",
+                   when=(("q_dtype_w", "!=", "torch.int8"), ("gfx", "!=", "gfx1250"), ("flydsl", "==", "True"),
+                         ("arch", "!in", "@gfx_names")),
+                   row_when=(("libtype", "==", "flydsl"), ("kernelName", "!~", "flydsl_bpreshuffle_8w_"))),
             # a flydsl row whose kernel name _parse_flydsl_kernel_name cannot read runs the default ck kernel
             OpPath("ops/gemm_op_a8w8.py:148-189", "a flydsl row whose kernel name does not parse",
                    runs="default", when=(("q_dtype_w", "!=", "torch.int8"),),

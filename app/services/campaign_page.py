@@ -37,7 +37,8 @@ def page_summary(s: Session, campaign_id: int, listed: list[dict], db: Database 
                 for x, c in zip(v.shapes, v.checks)}
     t = shown.totals or {"hits": None, "disagreements": None}
     return {"form": v.used, "release": v.ov.release.name, "refused": v.refused, "shapes": n,
-            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"), "stale_s": shown.stale_s,
+            "predicted_hits": t["hits"], "predicted_raises": t.get("raises"),
+            "predicted_unknown": t.get("unknown"), "stale_s": shown.stale_s,
             "by_shape": by_shape,
             "proof": None if proof is None else {
                 "aiter_commit": proof.aiter_commit, "aiter_version": proof.aiter_version, "error": proof.error,

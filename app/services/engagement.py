@@ -76,6 +76,8 @@ def disagrees(c: eng.ShapeEngagement, r: dict | None, proof: EngagementProof, re
         return refused is None
     if r is None or refused is not None:
         return True
+    if c.verdict == "unknown":  # it depends on what the proof's call does not say either (ShapeEngagement.unknown)
+        return False
     theirs = proved_verdict(r)
     if theirs != c.verdict and not (theirs == "miss" and c.verdict == "raises" and c.row is not None
                                     and r.get("row") is not None):
@@ -91,6 +93,7 @@ def _totals(v: Verdicts, proof: EngagementProof | None) -> dict:
     total = sum(x.priority for x in v.shapes) or 1.0
     return {"hits": sum(c.hit for c in v.checks), "misses": sum(c.verdict == "miss" for c in v.checks),
             "raises": sum(c.verdict == "raises" for c in v.checks),
+            "unknown": sum(c.verdict == "unknown" for c in v.checks),
             "served_time_covered": sum(x.priority for x, c in zip(v.shapes, v.checks) if c.hit) / total,
             "disagreements": None if proof is None else sum(
                 disagrees(c, proved.get(x.id), proof, v.refused) for x, c in zip(v.shapes, v.checks))}
@@ -155,7 +158,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
     v, proof, shown, n = _every_or_page(s, db, camp.id, rows, merged=merged, table_csv=table_csv, form=form)
     checked = {x.id: c for x, c in zip(v.shapes, v.checks)}
     proved = {r["shape_id"]: r for r in proof.results} if proof is not None else {}
-    t = shown.totals or dict.fromkeys(("hits", "misses", "raises", "served_time_covered", "disagreements"))
+    t = shown.totals or dict.fromkeys(("hits", "misses", "raises", "unknown", "served_time_covered", "disagreements"))
     ov, ident = v.ov, v.ident
     return {
         "campaign_id": camp.id, "image_digest": camp.image_digest, "family": camp.family, "gfx": camp.gfx,
@@ -163,7 +166,7 @@ def pre_deploy(s: Session, campaign_id: int, merged: bool = False, table_csv: st
         "table": v.used, "form": v.used, "refused": v.refused,
         "warnings": v.warnings + ident["mismatches"], "identity": ident,
         "header": list(ov.schema.header), "shapes": n,
-        "hits": t["hits"], "misses": t["misses"], "raises": t.get("raises"),
+        "hits": t["hits"], "misses": t["misses"], "raises": t.get("raises"), "unknown": t.get("unknown"),
         "served_time_covered": t["served_time_covered"],
         "totals_pending": shown.pending, "totals_stale_s": shown.stale_s,
         "proof": None if proof is None else {
@@ -224,7 +227,7 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
                            [x.shape for x in shapes], table, flydsl=ident["flydsl"], cpp_at=cpp_at,
                            build_targets=targets,  # the built form's table is prepared once (Overlay.lookup)
                            prepared=None if used == "supplied" else ov.lookup(used, ident["lookup_gfx"], targets),
-                           arch=ident["lookup_arch"])
+                           arch=ident["lookup_arch"], env=ident["env"])
     except eng.LookupRaises as e:
         refused = f"AITER's loader raises on this table: {e}"
         checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
@@ -325,15 +328,16 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
     camp = s.scalars(select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx,
                                             Campaign.cu_num == cu_num, Campaign.family == fam.name)).first()
     predicted: dict[tuple, tuple] = {}
-    form = None
+    form, env = None, {}
     if camp is not None:
         v = verdicts(s, camp.id, form=deploy_form)
+        env = v.ident["env"]
         form = v.used
         for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
-            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx), (x, c.hit, c.fails, c.row is not None))
+            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx, env), (x, c.hit, c.fails, c.row is not None))
     report = []
     for k, c in counts.items():
-        x, hit, fails, found = predicted.get(_as_logged(fam, c["shape"], gfx), (None, None, False, False))
+        x, hit, fails, found = predicted.get(_as_logged(fam, c["shape"], gfx, env), (None, None, False, False))
         observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
         # a row AITER finds is logged as used even where its kernel then raises, or the op's dispatch then runs
         # another kernel (a MoE stage route, a libtype the op does not run)
@@ -350,11 +354,11 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
                     f"is the service's verdict on the {form or 'layer'} form; a disagreement is a defect of the model"}
 
 
-def _as_logged(family: TableFamily, shape: dict[str, str], gfx: str) -> tuple:
+def _as_logged(family: TableFamily, shape: dict[str, str], gfx: str, env: dict[str, str] | None = None) -> tuple:
     """A shape as AITER's log lines print it: raw M for GEMMs, the looked-up (padded) token for MoE, the
     arguments as the op on gfx hands them to the lookup (TableFamily.op_remaps)."""
     m = family.m_column
-    cells = family.looked_up(shape, gfx)
+    cells = {k: v for k, v in family.looked_up(eng.with_env(family, shape, env), gfx).items() if k in shape}
     if m is not None and m in cells and family.padding.startswith("moe"):
         cells[m] = str(m_candidates(family, cells)[0])
     return tuple(sorted(cells.items()))

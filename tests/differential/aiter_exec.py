@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import collections
 import contextlib
 import ctypes
 import fcntl
@@ -68,6 +67,30 @@ class NamedDummy(Dummy):
         self.__name__ = name
 
 
+# the LDS bytes per block of each GPU (aiter/ops/flydsl/utils.py:14-24): what sizes FlyDSL's GEMM catalog
+LDS_BYTES = {"gfx942": 65536, "gfx950": 163840, "gfx1250": 327680}
+
+
+def _no_catalog(name):
+    raise StatementFailed("this AITER tree has no aiter/ops/flydsl/gemm_kernels.py: its FlyDSL catalog cannot be "
+                          "asked (a stub would decide every FlyDSL row)")
+
+
+class Lazy:
+    """A registry entry executed on first use (AITER imports it inside a function, or reads it as an attribute)."""
+
+    def __init__(self, make):
+        self.make = make
+
+
+_GEMM_KERNELS: dict[tuple, types.ModuleType] = {}
+
+
+def _entry(registry: dict, name: str):
+    sub = registry.get(name)
+    return sub.make() if isinstance(sub, Lazy) else sub
+
+
 class StubModule(types.ModuleType):
     def __init__(self, name: str, registry: dict, **attrs):
         super().__init__(name)
@@ -78,7 +101,7 @@ class StubModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        sub = self.__dict__["_registry"].get(f"{self.__name__}.{name}")
+        sub = _entry(self.__dict__["_registry"], f"{self.__name__}.{name}")
         return sub if sub is not None else NamedDummy(name)
 
 
@@ -206,14 +229,16 @@ class AiterProcess:
                                    aiter_dtypes={}, aiter_tensor_t=Dummy())
         enum_mod = StubModule("aiter.ops.enum", reg, ActivationType=self.ActivationType, QuantType=self.QuantType)
         reg["aiter.ops.enum"] = enum_mod
-        # hardware: the FlyDSL package and its kernel catalog (any flydsl_ name is taken as known)
-        reg["aiter.ops.flydsl.utils"] = StubModule("aiter.ops.flydsl.utils", reg,
-                                                   is_flydsl_available=lambda: ident.flydsl)
+        # hardware: the FlyDSL package importable, and the LDS per block its GEMM catalog is sized by (the device's;
+        # aiter/ops/flydsl/utils.py addressable_lds_bytes_for_gfx)
+        reg["aiter.ops.flydsl.utils"] = StubModule(
+            "aiter.ops.flydsl.utils", reg, is_flydsl_available=lambda: ident.flydsl,
+            get_shared_memory_per_block=lambda device=None, fallback_gfx="": LDS_BYTES.get(ident.gfx, 65536))
+        # FlyDSL's GEMM kernel catalog and name parser are AITER's own (aiter/ops/flydsl/gemm_kernels.py, loaded
+        # below where the tree has it); a tree without it gets a catalog that refuses to answer (never a stub that
+        # knows every name)
         reg["aiter.ops.flydsl.gemm_kernels"] = StubModule(
-            "aiter.ops.flydsl.gemm_kernels", reg,
-            # a catalog entry: every tile parameter the op reads (tuned_gemm.py:489-521) present
-            get_flydsl_splitk_hgemm_kernel_params=lambda name: collections.defaultdict(int, name=name)
-            if str(name).startswith("flydsl") else None)
+            "aiter.ops.flydsl.gemm_kernels", reg, get_flydsl_splitk_hgemm_kernel_params=_no_catalog)
         # the FlyDSL MoE kernel catalog: names built as AITER's heuristics ask, every one known
         reg["aiter.ops.flydsl.moe_kernels"] = StubModule(
             "aiter.ops.flydsl.moe_kernels", reg, get_flydsl_kernel_params=lambda name: {"name": name},
@@ -221,6 +246,7 @@ class AiterProcess:
             pick_flydsl_stage2_tile_k=lambda inter_dim: 128)
         reg["triton"] = StubModule("triton", reg, cdiv=lambda a, b: -(-a // b))  # plain arithmetic the ops use
         reg["flydsl.runtime.device"] = StubModule("flydsl.runtime.device", reg, get_rocm_arch=lambda: ident.gfx)
+        reg["flydsl.utils.smem_allocator"] = StubModule("flydsl.utils.smem_allocator", reg, SMEM_CAPACITY_MAP=LDS_BYTES)
         reg["aiter.ops.gemm_op_common"] = StubModule(
             "aiter.ops.gemm_op_common", reg, get_padded_m=lambda M, N, K, gl: lib.getPaddedM(M, N, K, gl))
         # kernel support checks of opus stage-2 kernels are a property of the built kernels: supported
@@ -247,6 +273,9 @@ class AiterProcess:
         moe_common = src / "aiter" / "ops" / "flydsl" / "moe_common.py"
         if moe_common.exists():  # GateMode, a plain Enum the fhmoe key spells
             self.load("aiter.ops.flydsl.moe_common", moe_common, "aiter.ops.flydsl")
+        gemm_kernels = src / "aiter" / "ops" / "flydsl" / "gemm_kernels.py"
+        if gemm_kernels.exists():  # the catalog bf16's lookup asks for a FlyDSL row's kernel (tuned_gemm.py:163-177)
+            reg["aiter.ops.flydsl.gemm_kernels"] = Lazy(lambda: self._flydsl_gemm_kernels(gemm_kernels))
         mxfp4 = src / "aiter" / "ops" / "flydsl" / "mxfp4_kname.py"
         if mxfp4.exists():  # plain kernel-name parsing the MoE op routes its stages by (fused_moe.py:2468)
             self.load("aiter.ops.flydsl.mxfp4_kname", mxfp4, "aiter.ops.flydsl")
@@ -254,6 +283,23 @@ class AiterProcess:
         top.__dict__.update(ActivationType=self.ActivationType, QuantType=self.QuantType, dtypes=dt,
                             logger=self.logger)
         reg["aiter.utility"].__dict__["dtypes"] = dt
+
+    def _flydsl_gemm_kernels(self, path: Path) -> types.ModuleType:
+        """aiter/ops/flydsl/gemm_kernels.py executed as it is: its import registers the catalog (_register_all_configs,
+        some 80,000 names, ~5 s here), which depends only on the GPU and what get_gfx() answers (GPU_ARCHS); one
+        executed module is kept per (tree, GPU, GPU_ARCHS) and handed to each process that imports it."""
+        key = (str(path), self.ident.gfx, os.environ.get("GPU_ARCHS"))
+        if key not in _GEMM_KERNELS:  # a raise in its registration is AITER's own (get_gfx() on a GPU_ARCHS it
+            # rejects): the import raises it, as in the server
+            try:
+                _GEMM_KERNELS[key] = self.load("aiter.ops.flydsl.gemm_kernels", path, "aiter.ops.flydsl",
+                                               own_errors=True)
+            except Exception:
+                # a failed import leaves no module behind: the next import runs it again (and raises again)
+                self.registry["aiter.ops.flydsl.gemm_kernels"] = Lazy(lambda: self._flydsl_gemm_kernels(path))
+                raise
+        self.registry["aiter.ops.flydsl.gemm_kernels"] = _GEMM_KERNELS[key]
+        return _GEMM_KERNELS[key]
 
     # -- importing
     def _import(self, name, globals=None, locals=None, fromlist=(), level=0):
@@ -268,12 +314,16 @@ class AiterProcess:
                                                                                          "torch_guard"):
             if name not in reg:
                 reg[name] = StubModule(name, reg)
+            top = name.split(".")[0]
+            if top not in reg:  # `import flydsl.expr as fx` binds the package, then reads its attributes
+                reg[top] = StubModule(top, reg)
+            _entry(reg, name)
             if fromlist:
                 mod = reg[name]
                 for f in fromlist:
                     full = f"{name}.{f}"
                     if full in reg:
-                        mod.__dict__.setdefault(f, reg[full])
+                        mod.__dict__.setdefault(f, _entry(reg, full))
                 return mod
             return reg[name.split(".")[0]]
         return builtins.__import__(name, globals, locals, fromlist, level)
@@ -282,8 +332,10 @@ class AiterProcess:
         """A module by its dotted name, as the op's own imports find it here (a stub where it is GPU code)."""
         return self._import(name, None, None, ("__name__",), 0)
 
-    def load(self, name: str, path: Path, package: str, upto: str | None = None) -> types.ModuleType:
-        """Execute a module's top-level statements one by one (up to the line matching `upto`)."""
+    def load(self, name: str, path: Path, package: str, upto: str | None = None,
+             own_errors: bool = False) -> types.ModuleType:
+        """Execute a module's top-level statements one by one (up to the line matching `upto`); own_errors: a
+        statement's raise is AITER's (re-raised as it is), not the harness's (StatementFailed)."""
         mod = types.ModuleType(name)
         b = dict(builtins.__dict__, __import__=self._import)
         mod.__dict__.update(__file__=str(self.root / path.relative_to(self.src)), __name__=name,
@@ -305,6 +357,8 @@ class AiterProcess:
                 try:
                     exec(code, mod.__dict__)
                 except Exception as e:  # noqa: BLE001
+                    if own_errors:
+                        raise
                     if name != "aiter.jit.core":  # core's statements resolve the tables: a raise is AITER's finding
                         raise StatementFailed(f"{path}:{lineno}: {type(e).__name__}: {e}") from e
                     self.skipped.setdefault(name, []).append(f"{lineno}: {type(e).__name__}: {e}")
@@ -394,7 +448,9 @@ def run(src: Path, csrc: Path, release: str, root: Path, family, env_value: str 
     out = Outcome()
     before = _hashes(root)
     extra = {"AITER_LOG_TUNED_CONFIG": "1", "GPU_ARCHS": ident.env.get("GPU_ARCHS"), "CU_NUM": ident.env.get("CU_NUM"),
-             "AITER_ONLINE_TUNE": None, "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None}
+             "AITER_ONLINE_TUNE": None, "AITER_BYPASS_TUNE_CONFIG": None, "AITER_KSPLIT": None,
+             # the variables a MoE op reads (MoeOpPath.env): the serving environment's, else unset
+             **{k: ident.env.get(k) for k in (family.moe_op.env if family.moe_op else ())}}
     with _merge_lock(), _env({family.env_var: env_value, **extra}):
         p = AiterProcess(src, root, ident, release, csrc)
         try:

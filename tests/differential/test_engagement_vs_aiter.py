@@ -282,7 +282,8 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
         pytest.skip(f"{rel_name} ships no {family_name} table")
     if src is None:  # the current release: the first local tree with the lookup (conftest)
         cpp = [f"csrc/{family.tuner_script.split('/')[1]}"] if family.cpp_key and family.tuner_script else []
-        src = tree_with(family.aiter_lookup.split(":")[0], *cpp, *(family.moe_op.sources if family.moe_op else ()))
+        src = tree_with(family.aiter_lookup.split(":")[0], *cpp, *(family.moe_op.sources if family.moe_op else ()),
+                        *family.op_sources)
         csrc = src / "csrc"
     gfx, cu = ident
     rng = random.Random(f"{rel_name}-{family_name}")  # the same overlay for every identity and FlyDSL setting
@@ -302,8 +303,16 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
                           IDENTITIES + ((ident,) if ident not in IDENTITIES else ()))
     if case is not None:
         shapes, overlay = case(family, header, shapes, result_pool(configs, family))
-    ident_x = ax.Identity(gfx, cu, flydsl, env)
+    wr = family.weight_retry  # the probe calls the op with a weight of the activation's K unless a shape says
+    probed = [s if wr is None or wr.cell in s else {**s, wr.cell: s[wr.column]} for s in shapes]  # another: so does
+    ident_x = ax.Identity(gfx, cu, flydsl, env)  # the service (a capture's shape has no weight_K: unknown)
+    env_of_server = env  # what a capture's env carries (env is the deploy's table path below)
     li = lookup_identity(family, gfx, cu, env)  # how the service reads the serving environment
+    if family.moe_op is not None and len(family.moe_op.call_variants) > 1:  # the probe makes the first call that
+        # derives the captured q_dtype_a (a capture does not say which: the service's verdict is unknown where they
+        # differ); the service is told that call, so each verdict is checked against AITER's
+        probed = [{**s, **family.moe_op.variant(family.remap(eng.with_env(family, s, env)), gfx, li.arch)}
+                  for s in probed]
     env_error = "; ".join(e for e in (li.error, li.build_error if family.compiled else None) if e) or None
     where = f"{gfx}/{cu}" + "".join(f" {k}={v!r}" for k, v in env.items())
     forms = {}
@@ -332,11 +341,11 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
             (ovdir / ov.name).write_text(render_csv(ov.header, ov.rows))
             paths = [str(ovdir / n) if n == ov.name else str(cfg / n) for n in art.files]
             env = ":".join(paths)
-        out = ax.run(src, csrc, rel_name, root, family, env, ident_x, shapes)
+        out = ax.run(src, csrc, rel_name, root, family, env, ident_x, probed)
         aiter_fails = out.error or out.lookup_error
         mine = None if art.table is None or art.refused else eng.check(
-            family, schema.key_columns, li.gfx, li.cu_num, shapes, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
-            build_targets=li.build_targets, arch=li.arch)
+            family, schema.key_columns, li.gfx, li.cu_num, probed, art.table, flydsl=flydsl, cpp_at=(gfx, cu),
+            build_targets=li.build_targets, arch=li.arch, env=env_of_server)
         refused = art.refused or env_error
         if mine and aiter_fails and all(m.verdict == "raises" for m in mine) and len({m.reason for m in mine}) == 1:
             refused = refused or mine[0].reason  # the op raises on every call (OpPath): read as the loader's by run()
@@ -368,9 +377,13 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
             disagreements += log_disagreements(family, [shapes[i] for i in kept],
                                                [theirs[i] if out.raised[i] is None else (False, {"kernelName1": ""})
                                                 for i in kept], out.log, gfx,
-                                               [s for i, s in enumerate(shapes) if i not in set(kept)], li.arch)[:4]
+                                               [s for i, s in enumerate(shapes) if i not in set(kept)], li.arch,
+                                               env_of_server)[:4]
         bad = 0
         for s, m, (h, c), raised in zip(shapes, mine, theirs, out.raised):
+            if m.verdict == "unknown":  # it depends on what the check is not given (another table): counted
+                assert "another table" in m.reason, m.reason  # the harness gives it all else (weight_K, the call)
+                continue
             # a row AITER's lookup returned (used or not) must be the row the service found; a shape AITER
             # raises on must be predicted to raise (a third verdict, not a miss)
             found = c is not None and ("us" in c or "kernelName1" in c)
@@ -387,24 +400,34 @@ def compare(rel, family_name, ident, flydsl, tmp_path, env: dict | None = None, 
                                          f"AITER hit={h} row={None if c is None else {k: c.get(k) for k in ('us', 'kernelName', 'kernelName1', 'kernelId')}}")
         RESULTS.append((label or family_name, form, where, flydsl, rel_name, len(shapes),
                         f"hits {sum(x.hit for x in mine)}", f"raises {sum(x.verdict == 'raises' for x in mine)}",
+                        f"unknown {sum(x.verdict == 'unknown' for x in mine)}",
                         f"disagree {bad}"))
     assert not disagreements, "\n".join(disagreements)
 
 
 def log_disagreements(family, shapes: list[dict], theirs: list, log: list[str], gfx: str,
-                      raised: list[dict] = (), arch: str | None = None) -> list[str]:
+                      raised: list[dict] = (), arch: str | None = None, env: dict | None = None) -> list[str]:
     """AITER's own log lines of these lookups (AITER_LOG_TUNED_CONFIG=1), read with the service's grammar
     (TableFamily.log_lines): every line is this family's and names a shape probed (as AITER printed it: MoE
     prints its padded token), a hit exactly where AITER's lookup returned a row; every call that found a row (a
     GEMM's: every call) logged one (AITER's lookups are cached per call)."""
     printed: dict[tuple, bool] = {}
+    wr = family.weight_retry
+    if wr is not None:  # a padded weight's call logs its lookup at K, then maybe at the weight's K: read, not required
+        plain = [i for i, s in enumerate(shapes) if s.get(wr.cell, s[wr.column]) == s[wr.column]]
+        raised = [{k: v for k, v in x.items() if k != wr.cell} for s in list(raised) + [s for i, s in
+                  enumerate(shapes) if i not in plain] for x in (s, {**s, wr.column: s.get(wr.cell, s[wr.column])})]
+        shapes, theirs = [{k: v for k, v in shapes[i].items() if k != wr.cell} for i in plain], [theirs[i]
+                                                                                                 for i in plain]
     for s, (_, c) in zip(shapes, theirs):
         found = c is not None and ("us" in c or "kernelName1" in c)
-        s = family.looked_up(s, gfx, arch)  # as the op hands it to the lookup, which prints it
+        # as the op hands it to the lookup (under the serving environment), which prints it
+        s = {k: v for k, v in family.looked_up(eng.with_env(family, s, env), gfx, arch).items() if k in s}
         s.update({c: str(int(s[src]) + off) for c, src, off in family.lookup_derived})  # as the lookup keys it
         for m in (m_candidates(family, s) if family.m_column == "token" else [None]):
             printed[make_shape(family, s if m is None else dict(s, token=str(m)), "probe").key] = found
-    maybe = {make_shape(family, family.looked_up(s, gfx, arch), "probe").key for s in raised} - set(printed)
+    maybe = {make_shape(family, {k: v for k, v in family.looked_up(eng.with_env(family, s, env), gfx, arch).items()
+                                 if k in s}, "probe").key for s in raised} - set(printed)
     events = parse_log("\n".join(log)).events
     if not family.log_lines:  # its lookup logs no line of the grammar's (GDN, grouped fmoe; mxscale's logger is
         # `from aiter import logger`, which the harness does not capture)
@@ -443,13 +466,15 @@ def summary(results: list[tuple]) -> str:
         c = acc.setdefault((label, rel, where), collections.Counter())
         if out[0].startswith("hits"):
             nums = {w.split()[0]: int(w.split()[1]) for w in out}
-            c.update(offered=1, shapes=n, hit=nums["hits"], raises=nums.get("raises", 0), disagree=nums["disagree"])
+            c.update(offered=1, shapes=n, hit=nums["hits"], raises=nums.get("raises", 0), disagree=nums["disagree"],
+                     unknown=nums.get("unknown", 0))
         else:
             c["refused, AITER raises" if out == ["refused", "raises"] else "mismatch"] += 1
-    lines = ["| family / case | release | gfx/cu | forms offered | shape verdicts | hit | raises | disagree "
-             "| forms refused (AITER raises too) | refusal mismatches |", "|" + "---|" * 10]
+    lines = ["| family / case | release | gfx/cu | forms offered | shape verdicts | hit | raises | unknown | disagree "
+             "| forms refused (AITER raises too) | refusal mismatches |", "|" + "---|" * 11]
     lines += [f"| {k[0]} | {k[1]} | {k[2]} | {c['offered']} | {c['shapes']} | {c['hit']} | {c['raises']} "
-              f"| {c['disagree']} | {c['refused, AITER raises']} | {c['mismatch']} |" for k, c in acc.items()]
+              f"| {c['unknown']} | {c['disagree']} | {c['refused, AITER raises']} | {c['mismatch']} |"
+              for k, c in acc.items()]
     return "\n".join(lines)
 
 
@@ -705,8 +730,41 @@ _BLOCK_CELLS = [{"libtype": lt, "kernelName": "svc", "splitK": "0", "kernelId": 
 _MX_CELLS = [{"libtype": "opus", "kernelId": "3", "splitK": "0"}, {"libtype": "opus", "kernelId": "", "splitK": "0"},
              {"libtype": "flydsl", "kernelId": "3", "splitK": "0"}, {"libtype": "ck", "kernelId": "3", "splitK": "0"},
              None]
+def flydsl_names(seed: int, n: int = 40):
+    """Fresh shapes (seeded random M, N, K, dtypes; none from the fixtures) with FlyDSL rows at the raw M and at a
+    padded M, their kernel names as AITER's catalog builds them today, in the format before ROCm/aiter#3469 (no
+    _block_k_warp), with another weight dtype than the activation's, another gfx suffix, or a bare prefix: AITER's
+    real catalog (ops/flydsl/gemm_kernels.py) decides each (tuned_gemm.py:163-177)."""
+    def case(ident):
+        def make(family, header, _shapes, pool):
+            rng = random.Random(f"flydsl-names-{seed}")
+            shapes, rows = [], []
+            for i in range(n):
+                dt = rng.choice(("torch.bfloat16", "torch.float16"))
+                s = dict(M=str(rng.randint(1, 9000)), N=str(64 * rng.randint(2, 300)), K=str(64 * rng.randint(2, 200)),
+                         bias=rng.choice(("True", "False")), dtype=dt, outdtype=dt, scaleAB="False",
+                         bpreshuffle="False")
+                a = "bf16" if dt == "torch.bfloat16" else "f16"
+                name = (f"flydsl_gemm{rng.randint(2, 8)}_a{a}_w{a}_{a}_t{rng.choice((16, 32, 64))}x"
+                        f"{rng.choice((64, 128))}x{rng.choice((64, 128))}_split_k{rng.randint(1, 13)}_block_m_warp"
+                        f"{rng.choice((1, 2))}_block_n_warp{rng.choice((1, 2, 4))}_block_k_warp{rng.choice((1, 2))}_"
+                        f"async_copy{ident[0] != 'gfx942'}_b_to_ldsTrue_b_preshuffleFalse_c_to_ldsFalse_{ident[0]}")
+                names = (name, re.sub(r"_block_k_warp\d+", "", name), name.replace(f"_w{a}_", "_wfp8_"),
+                         name.replace(ident[0], "gfx1250"), "flydsl_gemm2_" + a)
+                shapes.append(s)
+                for m in {s["M"], str(rng.choice(m_candidates(family, s)))}:
+                    libtype = "flydsl" if rng.random() < 0.85 else rng.choice(("asm", "hipblaslt"))
+                    v = {**result_cells(family, pool, rng), **s, "M": m, "gfx": ident[0], "cu_num": str(ident[1]),
+                         "libtype": libtype, "solidx": "0", "splitK": "0", "kernelName": rng.choice(names)}
+                    rows.append({c: v.get(c, "") for c in header})
+            return shapes, Table(header, rows, "svc_0123456789ab_" + family.tuned_file)
+        return make
+    return case
+
+
 OP_CASES = {
     "bf16_solfuncs": ("bf16_gemm", rows_case(_BF16_SHAPES, _BF16_CELLS)),
+    "bf16_flydsl_names": ("bf16_gemm", flydsl_names(35)),
     "a8w8_bpreshuffle_ops": ("a8w8_bpreshuffle_gemm", rows_case(_BPRE_SHAPES, _BPRE_CELLS * 3)),
     "blockscale_bpreshuffle_libtypes": ("a8w8_blockscale_bpreshuffle_gemm",
                                         rows_case(_distinct(len(_BLOCK_CELLS), M="64", K="7168"), _BLOCK_CELLS)),
@@ -717,7 +775,8 @@ OP_CASES = {
 
 # ------------------------------------------------------------------ the MoE op's own argument path (fused_moe)
 
-def fmoe_activation_dtypes(ident, situv2: bool = True):
+def fmoe_activation_dtypes(ident, situv2: bool = True, tokens: tuple[str, ...] = ("100", "255", "256", "1000"),
+                           quant: str | None = None):
     """Captured per_1x32 and per_Token shapes whose q_dtype_a is, or is not, the one _fused_moe_impl derives from
     the weight dtype, activation and raw token count (fused_moe.py:761-806): rows keyed on the captured value
     (what a tuner writes for the capture) and on every other activation dtype, with kernels of their own kind.
@@ -731,9 +790,9 @@ def fmoe_activation_dtypes(ident, situv2: bool = True):
     def case(family, header, shapes, pool):
         out, keyed = [], []
         for act, w, q in bases:
-            if act == "ActivationType.Situv2" and not situv2:
+            if (act == "ActivationType.Situv2" and not situv2) or quant not in (None, q):
                 continue
-            for token in ("100", "255", "256", "1000"):
+            for token in tokens:
                 for a in ("torch.bfloat16", _FP4, fp8):
                     s = dict(token=token, model_dim="4096", inter_dim="512", expert="128", topk="8", act_type=act,
                              dtype="torch.bfloat16", q_dtype_a=a, q_dtype_w=w, q_type=q, use_g1u1="1",
@@ -835,6 +894,111 @@ def test_fhmoe_needs_every_tier_and_flydsl_stages_as_its_entry_does(name, ident,
     up to M, two FlyDSL stages (TableFamily.moe_op: FHMOE_OP); 0.1.7 has no fhmoe."""
     compare(RELEASES[0], "fhmoe", ident, flydsl, tmp_path, case=fhmoe_tiers(ident, *FHMOE_TIERS[name]),
             label=f"fhmoe_{name}")
+
+
+# the serving environment's MoE knobs (fused_moe.py:76, :768, :781-784, :799-803), as a capture's env carries them:
+# other bounds, the SiTUv2 activation switches, AITER_FORCE_A8W4 set (empty too: `in ("1")` is a substring test) on a
+# GPU_ARCHS whose last entry is gfx1250, and bounds int() rejects
+MOE_ENVS = ({"AITER_BF16_FP8_MOE_BOUND": "1000"}, {"AITER_BF16_FP8_MOE_BOUND": "64"},
+            {"GPTOSS_SWIGLU_MXFP4_BF16_BOUND": "2048"}, {"GPTOSS_SWIGLU_MXFP4_BF16_BOUND": "1"},
+            {"AITER_SITUV2_A8W4": "1"}, {"AITER_SITUV2_A4W4": "1"}, {"AITER_SITUV2_A8W4": "true"},
+            {"GPU_ARCHS": "gfx942;gfx1250", "AITER_FORCE_A8W4": ""}, {"GPU_ARCHS": "gfx942;gfx1250", "AITER_FORCE_A8W4": "1"},
+            {"GPU_ARCHS": "gfx942;gfx1250", "AITER_FORCE_A8W4": "0"}, {"AITER_BF16_FP8_MOE_BOUND": "x"}, {})
+
+
+@pytest.mark.parametrize("env", MOE_ENVS, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_fmoe_derives_the_activation_dtype_from_the_servers_environment(ident, env, tmp_path):
+    """_fused_moe_impl reads its bounds and switches from the environment (fused_moe.py:76, :768, :776-803): the
+    service derives q_dtype_a from the capture's env, on fresh seeded tokens around each bound."""
+    rng = random.Random(f"moe-env-{sorted(env.items())}")
+    tokens = tuple(str(t) for t in sorted({rng.randint(1, 3000) for _ in range(4)} | {63, 64, 999, 1000, 2047}))
+    # per_1x32 calls: the branches that read the environment (per_Token's q_dtype_a is the weight's whatever it says)
+    compare(RELEASES[0], "fmoe", ident, True, tmp_path, env=env,
+            case=fmoe_activation_dtypes(ident, tokens=tokens, quant="QuantType.per_1x32"), label="fmoe_env")
+
+
+def fmoe_shared_calls(seed: int, n: int = 24):
+    """Fresh shared-expert calls outside the DSV4 I384 contract (seeded random sizes, tokens below the fp8 bound: a
+    captured fp8 activation only fhmoe_'s INTERLEAVE call derives), with rows of two FlyDSL stages, two CK stages, an
+    asm 1-stage kernel, or none: fhmoe_ puts their stages through _use_fhmoe_wrappers (fhmoe.py:304-317, :563-613),
+    which raises on any but the two FlyDSL stages."""
+    def case(ident):
+        fp8 = "torch.float8_e4m3fnuz" if ident[0] == "gfx942" else "torch.float8_e4m3fn"
+        kinds = ({"kernelName1": "flydsl_moe1_svc", "kernelName2": "flydsl_moe2_svc", "run_1stage": "0"},
+                 {"kernelName1": "moe_ck2stages_gemm1_svc", "kernelName2": "moe_ck2stages_gemm2_svc", "run_1stage": "0"},
+                 {"kernelName1": "_ZN5aiter_svcE", "kernelName2": "", "run_1stage": "1", "xbf16": "0", "flat": "0"},
+                 None)
+
+        def make(family, header, _shapes, pool):
+            rng = random.Random(f"fmoe-shared-{seed}")
+            shapes, rows = [], []
+            for i in range(n):
+                s = dict(token=str(rng.randint(1, 255)), model_dim=str(256 * rng.randint(4, 28)),
+                         inter_dim=str(128 * rng.randint(1, 24)), expert=str(rng.choice((64, 128, 256, 257))),
+                         topk=str(rng.randint(2, 9)), act_type="ActivationType.Silu", dtype="torch.bfloat16",
+                         q_dtype_a=fp8 if i % 5 else _FP4, q_dtype_w=_FP4, q_type="QuantType.per_1x32", use_g1u1="1",
+                         doweight_stage1="0")  # every fifth an fp4 activation: a plain fused_moe call
+                shapes.append(s)
+                kind = kinds[i % len(kinds)]
+                if kind is not None:
+                    v = {**s, **kind, "token": str(rng.choice(m_candidates(family, s))), "gfx": ident[0],
+                         "cu_num": str(ident[1]), "block_m": "32", "ksplit": "0", "us": f"{rng.uniform(1, 50):.3f}"}
+                    rows.append({c: v.get(c, "") for c in header})
+            return shapes, Table(header, rows, "svc_0123456789ab_" + family.tuned_file)
+        return make
+    return case
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_shared_expert_calls_outside_the_dsv4_contract_go_through_fhmoes_wrapper_step(ident, flydsl, tmp_path):
+    """fused_moe with shared experts outside the DSV4 I384 contract reads tuned_fmoe, then fhmoe_'s wrapper step
+    (fhmoe.py:304-317) raises unless both stages are FlyDSL's: the probe calls fused_moe with shared weights (AITER's
+    own fhmoe_), and the service must say raises, hit or miss as it does."""
+    compare(RELEASES[0], "fmoe", ident, flydsl, tmp_path, case=fmoe_shared_calls(35)(ident), label="fmoe_shared")
+
+
+def bpreshuffle_padded_weights(seed: int, n: int = 48):
+    """Fresh gemm_a8w8_bpreshuffle calls (seeded random M, N, K; fp8 and int8 weights) whose weight's K is the
+    activation's, padded past it (a row at the weight's K of each libtype, or none; sometimes a row at K too), or
+    smaller: ops/gemm_op_a8w8.py:711-742 retries a miss at the weight's K, runs that row, raises on a smaller one."""
+    def case(ident):
+        fp8 = "torch.float8_e4m3fnuz" if ident[0] == "gfx942" else "torch.float8_e4m3fn"
+
+        def make(family, header, _shapes, pool):
+            rng = random.Random(f"bpreshuffle-weights-{seed}")
+            shapes, rows = [], []
+            for i in range(n):
+                k = 128 * rng.randint(2, 60)
+                wk = rng.choice((k, k + 128 * rng.randint(1, 8), k + 32, k - 64))
+                s = dict(M=str(rng.randint(1, 4000)), N=str(128 * rng.randint(2, 100)), K=str(k),
+                         q_dtype_w=fp8 if i % 6 else "torch.int8", weight_K=str(wk))
+                shapes.append(s)
+                for at, chance in ((wk, 0.8), (k, 0.25)):
+                    if rng.random() < chance:
+                        lt, name = rng.choice((("ck", "a8w8_bpreshuffle_svc"), ("cktile", "a8w8_bpreshuffle_svc"),
+                                               ("flydsl", _FLY_OK), ("asm", _ASM)))
+                        v = {**result_cells(family, pool, rng), **s, "K": str(at), "libtype": lt, "kernelName": name,
+                             "splitK": "0", "M": str(rng.choice(m_candidates(family, s))), "gfx": ident[0],
+                             "cu_num": str(ident[1])}
+                        rows.append({c: v.get(c, "") for c in header})
+            seen, kept = set(), []
+            for r in rows:  # one row per key (a repeated key raises in AITER's loader: another test's subject)
+                key = tuple(r.get(c, "") for c in family.key_columns)
+                if key not in seen:
+                    seen.add(key)
+                    kept.append(r)
+            return shapes, Table(header, kept, "svc_0123456789ab_" + family.tuned_file)
+        return make
+    return case
+
+
+@pytest.mark.parametrize("flydsl", [True, False], ids=["flydsl", "no-flydsl"])
+@pytest.mark.parametrize("ident", IDENTITIES, ids=lambda x: f"{x[0]}-{x[1]}")
+def test_bpreshuffle_retries_a_miss_at_the_padded_weights_k(ident, flydsl, tmp_path):
+    compare(RELEASES[0], "a8w8_bpreshuffle_gemm", ident, flydsl, tmp_path, case=bpreshuffle_padded_weights(35)(ident),
+            label="bpreshuffle_weight_k")
 
 
 def gdn_bv_cells(ident):

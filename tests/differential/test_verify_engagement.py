@@ -80,7 +80,8 @@ def test_the_proof_in_the_image_agrees_with_the_prediction_on_every_offered_form
         eng = client.get(f"/v1/campaigns/{cid}/engagement", params={"form": form}).json()
         assert eng["proof"]["aiter_commit"] == AITER_COMMIT and eng["proof"]["error"] is None
         assert eng["proof"]["disagreements"] == 0, (form, [(r["shape"], r["hit"], r["reason"], r["kernel"], r["proved_kernel"]) for r in eng["report"] if r["disagrees"]][:2])
-        assert all(r["proved_hit"] == r["hit"] for r in eng["report"])
+        # an unknown verdict (issue 35: it depends on what the capture does not carry) predicts no hit either way
+        assert all(r["proved_hit"] == r["hit"] for r in eng["report"] if r["verdict"] != "unknown")
         assert eng["hits"] > 0, form
         # AITER's own log lines of that run (AITER_LOG_TUNED_CONFIG=1), as a server would post them after deploy
         log = "\n".join("[aiter] " + line for line in procs[-1].log.lines)

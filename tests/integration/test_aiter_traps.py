@@ -229,3 +229,38 @@ def test_the_deploy_plan_says_a_torch_backend_row_is_served_by_aiters_own_kernel
     notes = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()["notes"]
     (note,) = [n for n in notes if "torch backend" in n]
     assert "2 row(s)" in note and "F.linear" in note and "does not carry" in note
+
+
+def test_a_bpreshuffle_miss_a_padded_weight_could_turn_into_a_hit_is_reported_unknown(client):
+    """Issue 35: gemm_a8w8_bpreshuffle looks a miss up again at a padded weight's K (ops/gemm_op_a8w8.py:711-742);
+    a capture carries the activation's K only, so the report says what the verdict depends on instead of a miss,
+    in its totals, per shape and on the campaign page."""
+    fam, fp8 = "a8w8_bpreshuffle_gemm", "torch.float8_e4m3fn"
+    cid = capture(client, [{"M": 32, "N": 1024, "K": 7168, "q_dtype_w": fp8}], family=fam, gfx="gfx950",
+                  cu_num=256).json()["campaign_id"]
+    tune_all(client, "gfx950", 256, libtype="cktile", kernelId=1, kernelName="a8w8_bpreshuffle_cktile_svc",
+             errRatio=0.0)
+    capture(client, [{"M": 32, "N": 1024, "K": 7040, "q_dtype_w": fp8}], family=fam, gfx="gfx950", cu_num=256)
+    eng = client.get(f"/v1/campaigns/{cid}/engagement").json()
+    by_k = {r["shape"]["K"]: r for r in eng["report"]}
+    assert by_k["7168"]["verdict"] == "hit", by_k["7168"]
+    assert by_k["7040"]["verdict"] == "unknown" and not by_k["7040"]["hit"], by_k["7040"]
+    assert "depends on the weight's K" in by_k["7040"]["reason"] and "gemm_op_a8w8.py:711-742" in by_k["7040"]["reason"]
+    assert (eng["hits"], eng["misses"], eng["unknown"]) == (1, 0, 1)
+    page = client.get(f"/campaigns/{cid}").text
+    assert 'id="unknown"' in page and ">unknown<" in page
+
+
+def test_the_fmoe_verdict_reads_the_servers_environment_from_the_capture(client):
+    """Issue 35: the MoE op reads its bounds from the server's environment (fused_moe.py:76, 768, 776-803), which a
+    capture carries in env: a bound int() rejects makes every call raise, and the report says so."""
+    shape = {"token": 100, "model_dim": 4096, "inter_dim": 512, "expert": 128, "topk": 8,
+             "act_type": "ActivationType.Swiglu", "dtype": "torch.bfloat16", "q_dtype_a": "torch.float4_e2m1fn_x2",
+             "q_dtype_w": "torch.float4_e2m1fn_x2", "q_type": "QuantType.per_1x32", "use_g1u1": 1,
+             "doweight_stage1": 0}
+    cid = capture(client, [shape], family="fmoe", gfx="gfx950", cu_num=256).json()["campaign_id"]
+    (row,) = client.get(f"/v1/campaigns/{cid}/engagement").json()["report"]
+    assert row["verdict"] == "miss", row
+    capture(client, [shape], family="fmoe", gfx="gfx950", cu_num=256, env={"AITER_BF16_FP8_MOE_BOUND": "x"})
+    (row,) = client.get(f"/v1/campaigns/{cid}/engagement").json()["report"]
+    assert row["verdict"] == "raises" and "fused_moe.py:768" in row["reason"], row

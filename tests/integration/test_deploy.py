@@ -116,8 +116,11 @@ def test_runtime_identity_from_the_server_environment(client):
 
 def test_a_flydsl_row_engages_only_where_flydsl_imports(client):
     cid = capture(client, [{"M": 1, "N": 1280, "K": 8192}], env={"flydsl": "0"}).json()["campaign_id"]
-    # a kernel of FlyDSL's catalog (tuned_gemm.py:163-177 asks it for the row's kernel; its names are flydsl_...)
-    tune_all(client, "gfx942", 304, libtype="flydsl", kernelName="flydsl_gemm4_abf16_wbf16_bf16_t32x64x128_split_k7")
+    # a kernel of FlyDSL's catalog (tuned_gemm.py:163-177 asks it for the row's kernel: ops/flydsl/gemm_kernels.py
+    # :45-65 reads the whole name)
+    tune_all(client, "gfx942", 304, libtype="flydsl",
+             kernelName="flydsl_gemm4_abf16_wbf16_bf16_t32x64x128_split_k7_block_m_warp1_block_n_warp2_block_k_warp1_"
+                        "async_copyFalse_b_to_ldsTrue_b_preshuffleFalse_c_to_ldsFalse_gfx942")
     eng = client.get(f"/v1/campaigns/{cid}/engagement").json()
     assert eng["hits"] == 0 and "flydsl" in eng["report"][0]["reason"].lower()
     capture(client, [{"M": 1, "N": 1280, "K": 8192}], env={"flydsl": "1"})

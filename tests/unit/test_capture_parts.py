@@ -67,6 +67,9 @@ def test_identity_is_the_gpu_and_gpu_archs_cu_num_go_along_as_the_serving_enviro
     assert identity.gfx_from(served, ROCMINFO) == "gfx942" and identity.cu_num_from(served, ROCMINFO) == 304
     assert identity.serving_env(served) == {"GPU_ARCHS": "gfx942;gfx950", "CU_NUM": "80"}
     assert identity.serving_env({"PATH": "/bin"}) == {}
+    # issue 35: and the variables AITER's MoE op derives its activation dtype from (fused_moe.py:76, 768, 776-803)
+    moe = {"AITER_BF16_FP8_MOE_BOUND": "64", "AITER_SITUV2_A8W4": "1", "AITER_FORCE_A8W4": ""}
+    assert identity.serving_env(dict(served, **moe)) == {"GPU_ARCHS": "gfx942;gfx950", "CU_NUM": "80", **moe}
     # no rocminfo: GPU_ARCHS' last entry and CU_NUM stand in for the GPU
     assert identity.gfx_from(served, None) == "gfx950" and identity.cu_num_from(served, None) == 80
     assert identity.cu_num_from({}, ROCMINFO.replace("304", "256", 1)) is None  # mixed GPUs: AITER asserts

@@ -48,9 +48,18 @@ def test_every_shipped_row_engages_for_its_own_shape(name, family):
         by_ident.setdefault((r["gfx"], r["cu_num"]), []).append({c: r[c] for c in fam.shape_columns})
     for (gfx, cu), shapes in by_ident.items():
         res = check(fam, fam.key_columns, gfx, int(cu), shapes[:300], table)
-        missed = [x for x in res if not x.hit]
+        # issue 35: a MoE row keyed on an fp8 activation below AITER_BF16_FP8_MOE_BOUND (DSV4's) is looked up by
+        # fused_moe only where the server lowers the bound (fused_moe.py:768), else only by a shared-expert call
+        # (fhmoe_), whose wrapper step raises on stages not both FlyDSL's: it must hit under the lowered bound,
+        # where a capture cannot tell the plain call from a shared-expert one (unknown) and the plain call hits
+        low = check(fam, fam.key_columns, gfx, int(cu), shapes[:300], table,
+                    env={"AITER_BF16_FP8_MOE_BOUND": "1"}) if fam.moe_op and fam.moe_op.env else res
+
+        def engages(x) -> bool:
+            return x.hit or (x.verdict == "unknown" and "entry=fused_moe: hit" in x.reason)
+        missed = [x for x, y in zip(res, low) if not engages(x) and not engages(y)]
         assert not missed, (name, missed[0].reason if missed else "")
-        assert all(x.matched_m == int(x.shape[fam.m_column]) for x in res)
+        assert all(x.matched_m == int(x.shape[fam.m_column]) for x in res if x.hit)
 
 
 def test_a_miss_names_the_field_that_differs():
