@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "ScaledJob), the service on PostgreSQL, the Secrets they read")
     k8s.add_arguments(lk)
     lk.set_defaults(fn=k8s.main)
+    launch = lsub  # slurm joins it below
     i = sub.add_parser("inherit", help="an image upgrade: IMAGE inherits the campaigns and tuning of --from "
                                        "(in the database at DATABASE_URL)")
     i.add_argument("image", help="the new image's digest (sha256:...)")
@@ -396,10 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     vs = asub.add_parser("versions")
     vs.add_argument("image_digest")
     ab.set_defaults(fn=ab_cmd)
-    la = sub.add_parser("launch", help="write the job that runs workers where a fleet runs them")
-    lsub = la.add_subparsers(dest="engine", required=True)
-    from app.launch import slurm as launch_slurm
-    sl = lsub.add_parser("slurm", help="an sbatch array script: one task (one worker, --once) per GPU")
+    from app.launch import slurm as launch_slurm  # the `launch` group above: one parser, an engine each
+    sl = launch.add_parser("slurm", help="an sbatch array script: one task (one worker, --once) per GPU")
     launch_slurm.add_arguments(sl)
     sl.set_defaults(fn=launch_slurm.run)
     args = p.parse_args(argv)
