@@ -13,6 +13,9 @@ run of that version. Prints one JSON line per gate and a summary (rates with Wil
 estimates' spread), which goes to benchmarks/RESULTS.md.
 
     PYTHONPATH=. .venv/bin/python benchmarks/ab_gate.py [--gates 20] [--repeats 8] [--requests 8] [--standin-args '--token-ms 40']
+
+Gates can run as parallel shards where CPUs are free (--first-gate N --gates K each, own service and seeds);
+--summarize FILE... then reads their per-gate JSON lines and prints the one summary.
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ def run_once(c, url: str, version_id: int, seed: int, args, work: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--gates", type=int, default=20)
+    p.add_argument("--first-gate", type=int, default=0, help="number of the first gate (its seeds): shards")
+    p.add_argument("--summarize", nargs="+", metavar="FILE", help="no runs: the summary of these per-gate lines")
     p.add_argument("--repeats", type=int, default=GATE["repeats"])
     p.add_argument("--requests", type=int, default=GATE["requests_per_pass"])
     p.add_argument("--standin-args", default=GATE["token_ms"], help="more flags for the stand-in server")
@@ -86,6 +91,10 @@ def main() -> int:
                    for x in args.points.split(",")]
     expected = {f"c{x['concurrency']}-i{x['input_len']}-o{x['output_len']}": v
                 for x, v in zip(args.points, BANDS.values())}
+    if args.summarize:
+        rows = [json.loads(line) for f in args.summarize for line in Path(f).read_text().splitlines()
+                if line.startswith('{"gate"')]
+        return summarize(rows, expected)
     tmp = Path(tempfile.mkdtemp(prefix="ab_gate_"))
     srv = start_server(f"sqlite:///{tmp / 'svc.db'}", tmp / "svc.log")
     rows = []
@@ -93,7 +102,7 @@ def main() -> int:
         c = srv.client()
         seed_overlay(c, ROWS_M)
         v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
-        for g in range(args.gates):
+        for g in range(args.first_gate, args.first_gate + args.gates):
             first = run_once(c, srv.url, v["id"], 1000 + g, args, tmp / f"g{g}a")
             res = first.get("result") or {}
             got = {b["band"]: b["verdict"] for b in res.get("bands", [])}
@@ -121,6 +130,11 @@ def main() -> int:
     finally:
         srv.proc.terminate()
         srv.proc.wait()
+    return summarize(rows, expected)
+
+
+def summarize(rows: list[dict], expected: dict[str, str]) -> int:
+    rows = sorted(rows, key=lambda r: r["gate"])
     n = len(rows)
     exact = sum(r["exact"] for r in rows)
     flagged = sum(bool(r["control_flagged"]) for r in rows)
@@ -131,7 +145,7 @@ def main() -> int:
         "gates": n, "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
         "exact_bands": [exact, n, wilson(exact, n)], "control_flagged": [flagged, n, wilson(flagged, n)],
         "rollback_withdrew_exactly_the_rows_serving_c2": [withdrew, rollbacks], "rollback_promotable_on_rerun": [promoted, rollbacks],
-        "effect_by_band": {b: {"mean": statistics.mean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        "effect_by_band": {b: {"mean": statistics.mean(xs), "median": statistics.median(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
                                "min": min(xs), "max": max(xs)}
                            for b in expected for xs in [[r["effects"][b] for r in rows if b in r["effects"]]] if xs},
         "control_by_band": {b: {"mean": statistics.mean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0}
