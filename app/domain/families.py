@@ -1379,6 +1379,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                                 "exact tuned config row"),),
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
+        # no kernel_renames across v0.1.19 -> v0.1.20: v0.1.19's kernelName1 followed gate_mode (SEPARATED: *_gguu,
+        # 64 rows; INTERLEAVE: *_gugu, 20; grouped_moe_gfx1250.py:415 at v0.1.19); v0.1.20 dropped gate_mode and
+        # reads gate/up interleaved only (grouped_moe_gfx1250.py:778-780: w1 MUST be GUGU), so a gguu kernel is gone,
+        # not renamed; the 19 gugu rows at keys both ship keep their names
         name="grouped_fmoe", kernel_columns=("kernelName1", "kernelName2"),
         env_var="AITER_CONFIG_GROUPED_FMOE",
         tuned_file="tuned_grouped_fmoe.csv", untuned_file="untuned_grouped_fmoe.csv",
