@@ -8,7 +8,7 @@ aiter/tuned_gemm.py, aiter/ops/gemm_op_*.py, aiter/fused_moe.py, the csrc/*/*_tu
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 # How a column's cells are read and written. AITER reads tables with pandas: ints stay ints, the
@@ -393,14 +393,24 @@ MoeStage = str | tuple[tuple[str, str], ...] | None
 class KernelRename:
     """AITER renamed a family's kernels in `release` without changing them: a name in the old format, rewritten by
     pattern -> repl (re.sub on the whole name), is the same kernel's name from that release on. The pattern
-    matches the old format only, so a name already new is left as it is. seen: where the rename shows."""
+    matches the old format only, so a name already new is left as it is. seen: where the rename shows.
+    fields: where the new name holds row cells the old one did not: (placeholder, column, {cell: text}); each
+    "{placeholder}" in repl is the text of the row's cell; without the row, or for a cell not in the map, the name is
+    left as it is (no guess)."""
     release: str
     pattern: str
     repl: str
     seen: str
+    fields: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = ()
 
-    def apply(self, name: str) -> str:
-        return re.sub(f"^(?:{self.pattern})$", self.repl, name)
+    def apply(self, name: str, row: Mapping[str, object] | None = None) -> str:
+        repl = self.repl
+        for placeholder, column, texts in self.fields:
+            text = dict(texts).get(str((row or {}).get(column) or "").strip())
+            if text is None:
+                return name
+            repl = repl.replace("{" + placeholder + "}", text)
+        return re.sub(f"^(?:{self.pattern})$", repl, name)
 
 
 # v0.1.10's CK blockscale instance names gained a field before the A/B transfer thread clusters, holding the value
@@ -417,6 +427,22 @@ _BLOCKSCALE_1X1 = KernelRename(
 _FLYDSL_BPRESHUFFLE_X0 = KernelRename(
     "v0.1.15", r"(flydsl_bpreshuflle_\d+x\d+x\d+_[A-Z0-9]+_[A-Z0-9]+_[A-Z0-9]+_\d+x\d+x\d+x\d+)(_[a-z]+)",
     r"\g<1>x0\g<2>", "aiter/configs/a8w8_bpreshuffle_tuned_gemm.csv v0.1.14 -> v0.1.15")
+# v0.1.6's CK 2-stage MoE instance names (csrc/ck_gemm_moe_2stages_codegen/gemm_moe_ck2stages_common.py:40-66 and
+# :84-108 at v0.1.6) name the quant type by its QuantType number (csrc/include/aiter_enum.h:11) where v0.1.5's
+# shipped names spelt it, and end with the A, B and output dtypes (aiter/ops/moe_op.py:310 dtype2str_dict,
+# upper-cased): …_Nswizzle0_per_token_MulRoutedWeight1 -> …_Nswizzle0_Quant2_MulRoutedWeight1_F8_F8_B16. Those are
+# the row's q_type, q_dtype_a, q_dtype_w and dtype. Of the 342 keys aiter/configs/tuned_fmoe.csv ships in both
+# releases, every stage name whose tile and pipeline stayed (163 kernelName1, 291 kernelName2) is the old one
+# rewritten (0 before); 189 keys name the same kernel pair once rewritten (0 before)
+_FMOE_DTYPE = (("torch.bfloat16", "B16"), ("torch.float16", "F16"), ("torch.float8_e4m3fnuz", "F8"),
+               ("torch.float8_e4m3fn", "F8"), ("torch.int8", "I8"))
+_FMOE_CK_QUANT = KernelRename(
+    "v0.1.6", r"(moe_ck2stages_gemm[12]_\d+x\d+x\d+x\d+_\d+x\d+_[A-Za-z0-9]+_v\d+_Nswizzle\d)"
+              r"_(?:no|per_tensor|per_token|per_1x32|per_1x128)_(MulRoutedWeight\d(?:_silu|_gelu)?)",
+    r"\g<1>_Quant{q}_\g<2>_{a}_{w}_{c}", "aiter/configs/tuned_fmoe.csv v0.1.5 -> v0.1.6",
+    fields=(("q", "q_type", (("QuantType.No", "0"), ("QuantType.per_Tensor", "1"), ("QuantType.per_Token", "2"),
+                             ("QuantType.per_1x32", "3"), ("QuantType.per_1x128", "4"))),
+            ("a", "q_dtype_a", _FMOE_DTYPE), ("w", "q_dtype_w", _FMOE_DTYPE), ("c", "dtype", _FMOE_DTYPE)))
 
 
 @dataclass(frozen=True)
@@ -775,23 +801,25 @@ class TableFamily:
         exempt = {c for c, when, val in self.filled_unless if str(row.get(when, "")).strip() == val}
         return [c for c in self.filled if c not in exempt and c in row and not str(row.get(c, "")).strip()]
 
-    def kernel_forms(self, name: str) -> list[str]:
-        """One kernel's names, as written and as each later release names it (kernel_renames, applied in order)."""
+    def kernel_forms(self, name: str, row: Mapping[str, object] | None = None) -> list[str]:
+        """One kernel's names, as written and as each later release names it (kernel_renames, applied in order;
+        row: the table row naming it, for a rename that writes the row's cells into the name)."""
         out = [name]
         for rule in self.kernel_renames:
-            renamed = rule.apply(out[-1])
+            renamed = rule.apply(out[-1], row)
             if renamed != out[-1]:
                 out.append(renamed)
         return out
 
-    def catalog_name(self, kernel: str, catalog: Collection[str] | None) -> str:
+    def catalog_name(self, kernel: str, catalog: Collection[str] | None,
+                     row: Mapping[str, object] | None = None) -> str:
         """A kernel (fmoe's: parts joined by '+') as the image's catalog names it: each part's newest form the
-        catalog has (the name unchanged where it has none, or where no catalog is known)."""
+        catalog has (the name unchanged where it has none, or where no catalog is known); row: the row naming it."""
         if catalog is None or not kernel:
             return kernel
         parts = []
         for part in kernel.split("+"):
-            forms = self.kernel_forms(part)
+            forms = self.kernel_forms(part, row)
             parts.append(next((f for f in reversed(forms) if f in catalog), part))
         return "+".join(parts)
 
@@ -1295,7 +1323,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         # OpusBmmMxscaleTuner (opus_bmm_mxscale_tune.py:245) has no run_config of its own: nothing to confirm with
         math="fp8", tuner_script="csrc/opus_gemm/opus_bmm_mxscale_tune.py", tuner_races=False),
     TableFamily(
-        name="fmoe", kernel_columns=("kernelName1", "kernelName2"),
+        name="fmoe", kernel_columns=("kernelName1", "kernelName2"), kernel_renames=(_FMOE_CK_QUANT,),
         gfx_optional=True, env_var="AITER_CONFIG_FMOE",
         log_lines=LOG_MOE,
         tuned_file="tuned_fmoe.csv", untuned_file="untuned_fmoe.csv",
@@ -1351,6 +1379,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                                 "exact tuned config row"),),
         deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",)),
     TableFamily(
+        # no kernel_renames across v0.1.19 -> v0.1.20: v0.1.19's kernelName1 followed gate_mode (SEPARATED: *_gguu,
+        # 64 rows; INTERLEAVE: *_gugu, 20; grouped_moe_gfx1250.py:415 at v0.1.19); v0.1.20 dropped gate_mode and
+        # reads gate/up interleaved only (grouped_moe_gfx1250.py:778-780: w1 MUST be GUGU), so a gguu kernel is gone,
+        # not renamed; the 19 gugu rows at keys both ship keep their names
         name="grouped_fmoe", kernel_columns=("kernelName1", "kernelName2"),
         env_var="AITER_CONFIG_GROUPED_FMOE",
         tuned_file="tuned_grouped_fmoe.csv", untuned_file="untuned_grouped_fmoe.csv",

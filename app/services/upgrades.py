@@ -81,8 +81,8 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
         # changing them: TableFamily.kernel_renames), so a renamed kernel is carried, not raced again
         default_best = not res.verified and res.status == ls.ResultKind.DEFAULT_BEST.value
         kernel = fam.catalog_name((_default_name(res) if default_best else res.kernel_name) or fam.kernel_of(row),
-                                  catalog)
-        cands = [dict(c, name=fam.catalog_name(str(c["name"]), catalog)) if c.get("name") else c
+                                  catalog, row)
+        cands = [dict(c, name=fam.catalog_name(str(c["name"]), catalog, row)) if c.get("name") else c
                  for c in res.candidates or []]
         verdict = up.triage(kernel, row, schema.header, ship is not None, catalog, default_best)
         sh.triage, sh.outcome = verdict.value, None
@@ -90,7 +90,7 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
             sh.finalists = up.finalists(kernel, cands, catalog=catalog)
         elif verdict is up.Triage.NOW_SHIPPED:
             theirs = fam.kernel_of(ship or {})
-            if theirs and theirs in fam.kernel_forms(kernel):
+            if theirs and theirs in fam.kernel_forms(kernel, row):
                 kernel = theirs
             settled = up.settled(verdict, kernel, theirs)
             if settled is not None:  # the image ships our very row's kernel: covered by it, nothing to race

@@ -137,10 +137,11 @@ RENAMES = HISTORY / "renames"
 
 
 @pytest.mark.parametrize("family, old, new", [("a8w8_blockscale_gemm", "v0.1.9", "v0.1.10"),
-                                              ("a8w8_bpreshuffle_gemm", "v0.1.14", "v0.1.15")])
+                                              ("a8w8_bpreshuffle_gemm", "v0.1.14", "v0.1.15"),
+                                              ("fmoe", "v0.1.5", "v0.1.6")])
 def test_an_upgrade_across_a_kernel_rename_carries_the_renamed_rows_under_their_new_names(client, family, old, new):
     """AITER renamed kernels without changing them (v0.1.10's blockscale CK names gained a field, v0.1.15's FlyDSL
-    bpreshuffle names another): the old release's rows posted as image A's results, image B has the new release's
+    bpreshuffle names another, v0.1.6's CK MoE names the row's quant type by number and its dtypes): the old release's rows posted as image A's results, image B has the new release's
     catalog (tests/fixtures/aiter-history/renames: real shipped rows of both releases, cut): a row whose kernel B
     has under its new name is carried, served and confirmed under that name, not raced again."""
     fam = get_family(family)
@@ -155,10 +156,14 @@ def test_an_upgrade_across_a_kernel_rename_carries_the_renamed_rows_under_their_
             "tables": {fam.tuned_file: header, fam.untuned_file: ",".join(untuned) + "\n"},
             **({"kernels": {family: catalog}} if digest == OTHER_DIGEST else {})}).status_code == 200
     taken = post_as_results(client, fam, old_rows, untuned)
-    renamed = [r for r in taken if new_rows[key(fam, untuned, r)]["kernelName"] != r["kernelName"]
-               and new_rows[key(fam, untuned, r)]["kernelName"] in fam.kernel_forms(r["kernelName"])]
-    assert len(renamed) >= 10, "the fixture holds renamed rows verified as A's results"
-    want_carried = sum(any(f in catalog for f in fam.kernel_forms(r["kernelName"])) for r in taken)
+    def theirs(r: dict[str, str]) -> str:  # the new release's kernel (fmoe's: both stages, joined by '+')
+        return fam.kernel_of(new_rows[key(fam, untuned, r)])
+
+    renamed = [r for r in taken if theirs(r) != fam.kernel_of(r)
+               and fam.catalog_name(fam.kernel_of(r), set(theirs(r).split("+")), r) == theirs(r)]
+    assert len(renamed) >= 10, ("the fixture holds renamed rows verified as A's results", len(taken), len(old_rows))
+    want_carried = sum(all(any(f in catalog for f in fam.kernel_forms(p, r)) for p in fam.kernel_of(r).split("+"))
+                       for r in taken)
     r = client.post(f"/v1/images/{OTHER_DIGEST}/inherit", json={"from": DIGEST})
     assert r.status_code == 201, r.text
     got = Counter()
@@ -167,9 +172,9 @@ def test_an_upgrade_across_a_kernel_rename_carries_the_renamed_rows_under_their_
     assert got["carried"] == want_carried and got["carried"] >= len(renamed), (dict(got), len(renamed))
     assert got["kernel_gone"] == len(taken) - want_carried
     # served under the new name (AITER v0.1.15 parses a FlyDSL name; an old-format one falls back to its default)
-    served = {key(fam, untuned, x): x["kernelName"]
+    served = {key(fam, untuned, x): fam.kernel_of(x)
               for x in csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{OTHER_DIGEST}/{family}.csv").text))}
     for row in renamed:
-        assert served[key(fam, untuned, row)] == new_rows[key(fam, untuned, row)]["kernelName"]
+        assert served[key(fam, untuned, row)] == theirs(row)
     print(f"\nrename replay {family} {old} -> {new}: {len(taken)} rows of A verified, {len(renamed)} renamed; "
           f"triage {dict(got)}")

@@ -64,3 +64,24 @@ def test_a_familys_kernel_cells():
     assert get_family("bf16_gemm").kernel_of({"kernelName": "k"}) == "k"
     assert get_family("fmoe").kernel_of({"kernelName1": "s1", "kernelName2": "s2"}) == "s1+s2"
     assert get_family("fmoe").kernel_of({"kernelName1": "s1", "kernelName2": ""}) == "s1"
+
+
+def test_fmoe_v016_rename_writes_the_rows_quant_type_and_dtypes_into_the_name_and_guesses_nothing_without_them():
+    """v0.1.6's CK MoE names (tuned_fmoe.csv v0.1.5 -> v0.1.6, real rows): the quant type by its QuantType number
+    and the A/B/output dtypes come from the row; without the row, or with a cell the rule does not know, the name
+    is left as written (no guess)."""
+    fam = get_family("fmoe")
+    row = {"q_type": "QuantType.per_Token", "q_dtype_a": "torch.float8_e4m3fnuz",
+           "q_dtype_w": "torch.float8_e4m3fnuz", "dtype": "torch.bfloat16"}
+    old = "moe_ck2stages_gemm2_256x64x128x256_1x4_MulABScaleExpertWeight_v3_Nswizzle0_per_token_MulRoutedWeight1"
+    new = ("moe_ck2stages_gemm2_256x64x128x256_1x4_MulABScaleExpertWeight_v3_Nswizzle0_Quant2_MulRoutedWeight1"
+           "_F8_F8_B16")
+    assert fam.kernel_forms(old, row) == [old, new]
+    assert fam.kernel_forms(new, row) == [new]  # already new: left as it is
+    assert fam.kernel_forms(old) == [old]
+    assert fam.kernel_forms(old, dict(row, dtype="torch.float32")) == [old]
+    s1 = "moe_ck2stages_gemm1_256x64x64x64_1x4_TypeCast_v1_Nswizzle0_no_MulRoutedWeight0_silu"
+    bf16 = {"q_type": "QuantType.No", "q_dtype_a": "torch.bfloat16", "q_dtype_w": "torch.bfloat16",
+            "dtype": "torch.bfloat16"}
+    assert fam.catalog_name(f"{s1}+{old}", {f"{s1.replace('_no_', '_Quant0_')}_B16_B16_B16"}, bf16) == (
+        f"{s1.replace('_no_', '_Quant0_')}_B16_B16_B16+{old}")  # each stage its own newest form the catalog has
