@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 EXAMPLE_DIGEST = "sha256:" + "0" * 63 + "1"
 EXAMPLE_SHAPES = [{"M": 1, "N": 1280, "K": 8192, "count": 900}, {"M": 32, "N": 8192, "K": 1024, "count": 300},
@@ -291,6 +292,64 @@ def verify(argv: list[str]) -> int:
     os.execv(exe, [exe, *argv])
 
 
+def _launch_parser(sub: Any) -> None:
+    """`aiter-tuner launch ENGINE`: one group, an engine each (app/launch/)."""
+    from app.launch import k8s, slurm  # light: argparse and the jobs' data
+    la = sub.add_parser("launch", help="start workers (and the service) where fleets run them")
+    lsub = la.add_subparsers(dest="engine", required=True)
+    lk = lsub.add_parser("k8s", help="write Kubernetes manifests: the workers' work-queue Job (and a KEDA "
+                                     "ScaledJob), the service on PostgreSQL, the Secrets they read")
+    k8s.add_arguments(lk)
+    lk.set_defaults(fn=k8s.main)
+    sl = lsub.add_parser("slurm", help="an sbatch array script: one task (one worker, --once) per GPU")
+    slurm.add_arguments(sl)
+    sl.set_defaults(fn=slurm.run)
+
+
+def _ab_parser(sub: Any) -> None:
+    """`aiter-tuner ab ...`: the serving A/B's versions, runs, driver and promotion (issue 32)."""
+    ab = sub.add_parser("ab", help="the serving A/B: versions, runs, the driver beside the servers, promotion")
+    ab.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
+    ab.add_argument("--token", default=None, help="default TUNER_TOKEN, then the admin token file")
+    asub = ab.add_subparsers(dest="action", required=True)
+    v = asub.add_parser("version", help="freeze the image's overlay as deployed (each file's sha256)")
+    v.add_argument("image_digest")
+    v.add_argument("--form", default="layer", choices=["layer", "merged"])
+    v.add_argument("--family", action="append")
+    cr = asub.add_parser("create", help="a run: VERSION against the baseline, per band")
+    cr.add_argument("image_digest")
+    cr.add_argument("--version", type=int, required=True)
+    cr.add_argument("--baseline", default="promoted", help="shipped | promoted (default) | a version id")
+    cr.add_argument("--point", action="append", help="CONCURRENCY:INPUT_LEN:OUTPUT_LEN (default: from the "
+                                                     "image's captured served load)")
+    cr.add_argument("--repeats", type=int, default=6, help="rounds per band, even (ABBA)")
+    cr.add_argument("--requests", type=int, default=32, help="requests per pass")
+    cr.add_argument("--confidence", type=float, default=0.95)
+    cr.add_argument("--min-requests", type=int, default=4)
+    cr.add_argument("--seed", type=int, default=0)
+    cr.add_argument("--max-loss", type=float, default=0.05, help="promotion needs every band's interval to rule "
+                                                                  "out a throughput loss above this (0.05: 5%%)")
+    dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
+    dr.add_argument("run", type=int)
+    dr.add_argument("--model", required=True)
+    dr.add_argument("--endpoint", action="append", help="ARM=URL of a running server (A's serves A_prime too)")
+    dr.add_argument("--log", action="append", help="ARM=its server log path (per rank: PATH.rank<N>)")
+    dr.add_argument("--launch", help="a command starting one arm's server; {port}, {log}, {arm}, {ranks}, {model} "
+                                     "are filled in, the arm's AITER_CONFIG_* set in its environment")
+    dr.add_argument("--ranks", type=int, default=1)
+    dr.add_argument("--workdir", default=".ab-drive")
+    dr.add_argument("--health-timeout", type=float, default=120.0)
+    dr.add_argument("--max-passes", type=int, default=None, help="stop after this many passes (resume later)")
+    for name in ("show", "finish", "promote"):
+        x = asub.add_parser(name)
+        x.add_argument("run", type=int)
+    ls = asub.add_parser("list")
+    ls.add_argument("image_digest", nargs="?")
+    vs = asub.add_parser("versions")
+    vs.add_argument("image_digest")
+    ab.set_defaults(fn=ab_cmd)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["verify"]:  # its flags are workers.verify's own: handed on whole
@@ -344,63 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     r = tsub.add_parser("revoke")
     r.add_argument("id", type=int)
     t.set_defaults(fn=token_cmd)
-    la = sub.add_parser("launch", help="start workers (and the service) where fleets run them")
-    lsub = la.add_subparsers(dest="engine", required=True)
-    from app.launch import k8s  # light: argparse and the manifests' data
-    lk = lsub.add_parser("k8s", help="write Kubernetes manifests: the workers' work-queue Job (and a KEDA "
-                                     "ScaledJob), the service on PostgreSQL, the Secrets they read")
-    k8s.add_arguments(lk)
-    lk.set_defaults(fn=k8s.main)
-    launch = lsub  # slurm joins it below
+    _launch_parser(sub)
     i = sub.add_parser("inherit", help="an image upgrade: IMAGE inherits the campaigns and tuning of --from "
                                        "(in the database at DATABASE_URL)")
     i.add_argument("image", help="the new image's digest (sha256:...)")
     i.add_argument("--from", dest="from_", required=True, help="the image it upgrades")
     i.set_defaults(fn=inherit_cmd)
-    ab = sub.add_parser("ab", help="the serving A/B: versions, runs, the driver beside the servers, promotion")
-    ab.add_argument("--service", default=os.environ.get("TUNER_SERVICE_URL", "http://127.0.0.1:8000"))
-    ab.add_argument("--token", default=None, help="default TUNER_TOKEN, then the admin token file")
-    asub = ab.add_subparsers(dest="action", required=True)
-    v = asub.add_parser("version", help="freeze the image's overlay as deployed (each file's sha256)")
-    v.add_argument("image_digest")
-    v.add_argument("--form", default="layer", choices=["layer", "merged"])
-    v.add_argument("--family", action="append")
-    cr = asub.add_parser("create", help="a run: VERSION against the baseline, per band")
-    cr.add_argument("image_digest")
-    cr.add_argument("--version", type=int, required=True)
-    cr.add_argument("--baseline", default="promoted", help="shipped | promoted (default) | a version id")
-    cr.add_argument("--point", action="append", help="CONCURRENCY:INPUT_LEN:OUTPUT_LEN (default: from the "
-                                                     "image's captured served load)")
-    cr.add_argument("--repeats", type=int, default=6, help="rounds per band, even (ABBA)")
-    cr.add_argument("--requests", type=int, default=32, help="requests per pass")
-    cr.add_argument("--confidence", type=float, default=0.95)
-    cr.add_argument("--min-requests", type=int, default=4)
-    cr.add_argument("--seed", type=int, default=0)
-    cr.add_argument("--max-loss", type=float, default=0.05, help="promotion needs every band's interval to rule "
-                                                                  "out a throughput loss above this (0.05: 5%%)")
-    dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
-    dr.add_argument("run", type=int)
-    dr.add_argument("--model", required=True)
-    dr.add_argument("--endpoint", action="append", help="ARM=URL of a running server (A's serves A_prime too)")
-    dr.add_argument("--log", action="append", help="ARM=its server log path (per rank: PATH.rank<N>)")
-    dr.add_argument("--launch", help="a command starting one arm's server; {port}, {log}, {arm}, {ranks}, {model} "
-                                     "are filled in, the arm's AITER_CONFIG_* set in its environment")
-    dr.add_argument("--ranks", type=int, default=1)
-    dr.add_argument("--workdir", default=".ab-drive")
-    dr.add_argument("--health-timeout", type=float, default=120.0)
-    dr.add_argument("--max-passes", type=int, default=None, help="stop after this many passes (resume later)")
-    for name in ("show", "finish", "promote"):
-        x = asub.add_parser(name)
-        x.add_argument("run", type=int)
-    ls = asub.add_parser("list")
-    ls.add_argument("image_digest", nargs="?")
-    vs = asub.add_parser("versions")
-    vs.add_argument("image_digest")
-    ab.set_defaults(fn=ab_cmd)
-    from app.launch import slurm as launch_slurm  # the `launch` group above: one parser, an engine each
-    sl = launch.add_parser("slurm", help="an sbatch array script: one task (one worker, --once) per GPU")
-    launch_slurm.add_arguments(sl)
-    sl.set_defaults(fn=launch_slurm.run)
+    _ab_parser(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 
