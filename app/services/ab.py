@@ -7,6 +7,8 @@ with all its verdicts at once, a promotion moves both versions at once.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -272,26 +274,31 @@ def runs(s: Session, digest: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+@contextmanager
+def _refused(field: str = "state") -> Iterator[None]:
+    """A transition app/domain/ab_states.py refuses is a 409 naming the field."""
+    try:
+        yield
+    except TransitionError as e:
+        raise Conflict(str(e), field) from None
+
+
 def _transition(r: AbRun, to: st.RunState) -> None:
     r.state, r.updated_at = to.value, _now()
 
 
 def start(s: Session, rid: int) -> dict[str, Any]:
     r = get_run(s, rid, lock=True)
-    try:
+    with _refused():
         _transition(r, st.start(st.RunState(r.state)))
-    except TransitionError as e:
-        raise Conflict(str(e), "state") from None
     r.fault = None
     return run_dict(s, r)
 
 
 def interrupt(s: Session, rid: int, reason: str) -> dict[str, Any]:
     r = get_run(s, rid, lock=True)
-    try:
+    with _refused():
         _transition(r, st.interrupt(st.RunState(r.state)))
-    except TransitionError as e:
-        raise Conflict(str(e), "state") from None
     r.fault = reason
     return run_dict(s, r)
 
@@ -300,10 +307,8 @@ def post_pass(s: Session, rid: int, body: Any) -> tuple[dict[str, Any], bool]:
     """One pass, whole. A repeat of a stored pass with the same records is acknowledged (a driver that died after
     posting re-posts it); different records for a stored pass are a conflict: a pass is measured once."""
     r = get_run(s, rid, lock=True)
-    try:
+    with _refused():
         st.accept_pass(st.RunState(r.state))
-    except TransitionError as e:
-        raise Conflict(str(e), "state") from None
     bands = {OperatingPoint(**p).name for p in r.points}
     if body.band not in bands:
         raise Invalid(f"band: {body.band!r} is not a band of run {rid} ({', '.join(sorted(bands))})", "band")
@@ -331,10 +336,8 @@ def post_arm(s: Session, rid: int, body: Any) -> dict[str, Any]:
     """An arm's server log from start through warm-up (appended per rank: a restarted server logs its start
     again) and its greedy first tokens (the latest kept)."""
     r = get_run(s, rid, lock=True)
-    try:
+    with _refused():
         st.accept_pass(st.RunState(r.state))
-    except TransitionError as e:
-        raise Conflict(str(e), "state") from None
     a = s.scalars(select(AbArm).where(AbArm.run_id == rid, AbArm.arm == body.arm)).first()
     if a is None:
         a = AbArm(run_id=rid, arm=body.arm, logs={}, created_at=_now())
@@ -359,10 +362,8 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     r = get_run(s, rid, lock=True)
     done = set(_passes_done(s, rid))
     missing = [x for x in schedule(r) if x not in done]
-    try:
+    with _refused():
         to = st.book(st.RunState(r.state), len(missing))
-    except TransitionError as e:
-        raise Conflict(str(e), "state") from None
     params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
     by_band: dict[str, dict[tuple[int, str], list[RequestRecord]]] = {}
     windows: dict[str, str] = {}
@@ -451,10 +452,8 @@ def promote(s: Session, rid: int) -> dict[str, Any]:
     old = promoted(s, v.image_digest)
     if old is not None and old.id != v.id:
         old.state = st.VersionState.SUPERSEDED.value
-    try:
+    with _refused("version"):
         v.state = st.promote(st.VersionState(v.state)).value
-    except TransitionError as e:
-        raise Conflict(str(e), "version") from None
     v.promoted_at, v.promoted_run_id = _now(), r.id
     s.flush()
     return version_dict(v)
