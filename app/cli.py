@@ -292,6 +292,21 @@ def verify(argv: list[str]) -> int:
     os.execv(exe, [exe, *argv])
 
 
+def _token_parser(sub: Any) -> None:
+    """`aiter-tuner token create|list|revoke`, on the database at DATABASE_URL."""
+    t = sub.add_parser("token", help="create, list or revoke API tokens (in the database at DATABASE_URL)")
+    tsub = t.add_subparsers(dest="action", required=True)
+    c = tsub.add_parser("create")
+    c.add_argument("--role", required=True, choices=["capture", "worker", "admin", "read"])
+    c.add_argument("--name", required=True)
+    c.add_argument("--digest", action="append", help="scope to this image digest (repeatable)")
+    c.add_argument("--secret-file", help="write the token's secret to this file (0600) instead of printing it")
+    tsub.add_parser("list")
+    r = tsub.add_parser("revoke")
+    r.add_argument("id", type=int)
+    t.set_defaults(fn=token_cmd)
+
+
 def _launch_parser(sub: Any) -> None:
     """`aiter-tuner launch ENGINE`: one group, an engine each (app/launch/)."""
     from app.launch import k8s, slurm  # light: argparse and the jobs' data
@@ -392,17 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("verify", add_help=False,
                    help="in the served image: replay a deployed overlay, or prove the engagement verdict with "
                         "AITER's own lookup (`aiter-tuner verify --help`)")
-    t = sub.add_parser("token", help="create, list or revoke API tokens (in the database at DATABASE_URL)")
-    tsub = t.add_subparsers(dest="action", required=True)
-    c = tsub.add_parser("create")
-    c.add_argument("--role", required=True, choices=["capture", "worker", "admin", "read"])
-    c.add_argument("--name", required=True)
-    c.add_argument("--digest", action="append", help="scope to this image digest (repeatable)")
-    c.add_argument("--secret-file", help="write the token's secret to this file (0600) instead of printing it")
-    tsub.add_parser("list")
-    r = tsub.add_parser("revoke")
-    r.add_argument("id", type=int)
-    t.set_defaults(fn=token_cmd)
+    _token_parser(sub)
     _launch_parser(sub)
     i = sub.add_parser("inherit", help="an image upgrade: IMAGE inherits the campaigns and tuning of --from "
                                        "(in the database at DATABASE_URL)")
