@@ -102,7 +102,7 @@ class Agent:
         self.stats = Stats()
         self.warmed: set[str] = set()  # families whose JIT build this worker has warmed for its image
         self.spool = Spool(Path(cfg.spool_dir) if cfg.spool_dir
-                           else default_spool_dir(cfg.worker_id, str(client.http.base_url)))
+                           else default_spool_dir(cfg.worker_id, str(client.http.base_url)), cfg.worker_id)
         self.unspooled: list[tuple[str, dict[str, Any]]] = []  # (lease id, result): finished, not on disk, not posted
         self.stats.budget_s = cfg.budget_s
 
@@ -229,7 +229,8 @@ class Agent:
         """Post spooled results of one lease in one request; False when the service already gave a shape of
         them to another lease. A fault on the request as a whole raises, and they all stay spooled."""
         try:
-            answers: list = self.client.post_results(lease_id, [payload for _, payload in items])
+            answers: list = self.client.post_results(lease_id, [payload for _, payload in items],
+                                                     as_worker=self.spool.owner_of(lease_id))
         except (LeaseLost, Refused) as e:  # the request as a whole: the lease gone, or refused for all
             answers = [e] * len(items)
         return all([self._settle(rid, lease_id, payload, a) for (rid, payload), a in zip(items, answers)])
@@ -250,7 +251,9 @@ class Agent:
         if isinstance(answer, Refused):
             self.stats.refused += 1
             log.error("the service refused the result for shape %s (%s): %s", sid, answer.field, answer.detail)
-            if payload.get("status") != "failed" and answer.status != 409:  # report it as a failed shape
+            # reported as a failed shape, unless the lease is not ours to post to (409: ended; 403: another
+            # token's, a spool kept across a token's rotation: that post would be refused too, and fatal)
+            if payload.get("status") != "failed" and answer.status not in (403, 409):
                 self._post_failed(lease_id, sid, payload.get("backend", self.backend.name),
                                   f"the service refused the result ({answer.field}): {answer.detail}")
             self.stats.results.append({"shape_id": sid, "status": "refused", "field": answer.field})

@@ -155,15 +155,17 @@ class ServiceClient:
         if self.stop.wait(seconds):
             raise Stopped("stopping while waiting for the service")
 
-    def _request(self, method: str, path: str, body: bytes | None) -> Reply:
+    def _request(self, method: str, path: str, body: bytes | None, as_worker: str | None = None) -> Reply:
+        headers = self._headers if as_worker is None else {**self._headers, wire.WORKER_HEADER: as_worker}
         try:
-            r = self._pool.urlopen(method, self._prefix + path, body=body, headers=self._headers, retries=False,
+            r = self._pool.urlopen(method, self._prefix + path, body=body, headers=headers, retries=False,
                                    redirect=False)
         except urllib3.exceptions.HTTPError as e:
             raise _as_httpx(e) from e
         return Reply(method, path, r.status, r.headers, r.data)
 
-    def _call(self, method: str, path: str, body: bytes | None = None, retry: bool = True) -> Reply:
+    def _call(self, method: str, path: str, body: bytes | None = None, retry: bool = True,
+              as_worker: str | None = None) -> Reply:
         """retry=False: one try (a heartbeat thread has its own loop). Once stopping, one try then Stopped."""
         if not retry:
             return self._request(method, path, body)
@@ -172,7 +174,7 @@ class ServiceClient:
             stop=stop_after_delay(self.retry_for_s) if self.retry_for_s is not None else stop_never,
             wait=self._wait, sleep=self._sleep, before_sleep=self._before_sleep, reraise=True,
             retry_error_callback=lambda rs: rs.outcome.result())
-        return retrying(self._request, method, path, body)
+        return retrying(self._request, method, path, body, as_worker)
 
     def _json(self, r: Reply) -> Any:
         if r.status_code < 400:
@@ -235,10 +237,12 @@ class ServiceClient:
         r = self._call("POST", f"/v1/leases/{lease_id}/results", self._send(wire.ResultIn, body))
         return self._answer(wire.ResultOut, r)
 
-    def post_results(self, lease_id: str, bodies: list[dict]) -> list[dict | LeaseLost | Refused]:
+    def post_results(self, lease_id: str, bodies: list[dict], as_worker: str | None = None
+                     ) -> list[dict | LeaseLost | Refused]:
         """Results of one lease in one request (at most wire.MAX_RESULTS), each answered as its own post_result
         would be: its ResultOut, or the LeaseLost or Refused that call would raise (one invalid here is refused
-        without being sent). A problem with the request as a whole (the lease gone, an outage) raises."""
+        without being sent). A problem with the request as a whole (the lease gone, an outage) raises. as_worker:
+        the worker the lease was granted to, when not this one (a twin's spooled results)."""
         out: list[dict | LeaseLost | Refused | None] = [None] * len(bodies)
         sent = []
         for i, body in enumerate(bodies):
@@ -248,10 +252,11 @@ class ServiceClient:
                 out[i] = e
         if sent:
             batch = wire.ResultsIn.model_construct(results=[m for _, m in sent])  # each checked just above
-            r = self._call("POST", f"/v1/leases/{lease_id}/results/batch", batch.model_dump_json().encode())
+            r = self._call("POST", f"/v1/leases/{lease_id}/results/batch", batch.model_dump_json().encode(),
+                           as_worker=as_worker)
             if r.status_code == 404 and self._route_missing(r):  # a service older than the batch route
                 for i, m in sent:
-                    out[i] = self._one(lease_id, m)
+                    out[i] = self._one(lease_id, m, as_worker)
                 return out  # type: ignore[return-value]
             for (i, _), o in zip(sent, self._answer(wire.ResultsOut, r)["outcomes"], strict=True):
                 out[i] = o["result"] if o["status"] < 400 else _problem(o["status"], o["field"], o["detail"] or "")
@@ -265,8 +270,9 @@ class ServiceClient:
         except (ValueError, AttributeError):
             return True
 
-    def _one(self, lease_id: str, result: BaseModel) -> dict | LeaseLost | Refused:
-        r = self._call("POST", f"/v1/leases/{lease_id}/results", result.model_dump_json().encode())
+    def _one(self, lease_id: str, result: BaseModel, as_worker: str | None = None) -> dict | LeaseLost | Refused:
+        r = self._call("POST", f"/v1/leases/{lease_id}/results", result.model_dump_json().encode(),
+                       as_worker=as_worker)
         try:
             return self._answer(wire.ResultOut, r)
         except (LeaseLost, Refused) as e:

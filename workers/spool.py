@@ -11,7 +11,9 @@ before the next read, so nothing later is glued to it. The journal is emptied on
 and rewritten with only the pending results (a new file renamed over it) when results stay pending while it
 grows past COMPACT_BYTES. Appends hold a shared lock and reading (with its truncation) an exclusive one, and an
 append finding its file replaced reopens it, so a second process on the same spool directory (a misconfigured
-twin worker, a test) never has a fresh record cut away.
+twin worker, a test) never has a fresh record cut away. Each record names the worker its lease was granted to:
+a twin that delivers it posts it as that worker (the service lets a worker touch only its own leases; the same
+token may act as every worker it registered), never as itself.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ COMPACT_BYTES = 4 << 20
 
 
 class Spool:
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, worker_id: str | None = None):
+        self.root, self.worker_id = root, worker_id
+        self.owners: dict[str, str] = {}  # lease id -> the worker it was granted to, as last read
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / JOURNAL
         new = not self.path.exists()
@@ -83,7 +86,8 @@ class Spool:
         """Only the pending results, in a new journal renamed over this one (held under the exclusive lock)."""
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            f.write(b"".join((json.dumps({"id": i, "lease_id": lid, "payload": p}) + "\n").encode()
+            f.write(b"".join((json.dumps({"id": i, "lease_id": lid, "payload": p, "worker": self.owner_of(lid)})
+                              + "\n").encode()
                              for i, lid, p in records))
             f.flush()
             os.fsync(f.fileno())
@@ -93,8 +97,12 @@ class Spool:
     def put(self, lease_id: str, payload: dict[str, Any]) -> str:
         """On disk when this returns; the id to acknowledge it with."""
         rid = uuid.uuid4().hex
-        self._append({"id": rid, "lease_id": lease_id, "payload": payload}, sync=True)
+        self._append({"id": rid, "lease_id": lease_id, "payload": payload, "worker": self.worker_id}, sync=True)
         return rid
+
+    def owner_of(self, lease_id: str) -> str | None:
+        """The worker the lease was granted to (this spool's own for a record from before records named it)."""
+        return self.owners.get(lease_id, self.worker_id)
 
     def done(self, rid: str) -> None:
         self._append({"done": rid}, sync=False)
@@ -116,6 +124,8 @@ class Spool:
                         records.pop(d["done"], None)
                     else:
                         records[d["id"]] = (d["id"], d["lease_id"], d["payload"])
+                        if d.get("worker"):
+                            self.owners[d["lease_id"]] = d["worker"]
                 except (ValueError, KeyError, TypeError):  # a damaged line: nothing to deliver
                     continue
             if not records and whole:

@@ -32,11 +32,11 @@ def test_a_full_spool_keeps_the_result_in_memory_posts_it_and_releases_the_rest(
         return real_put(lease_id, payload)
     posts = []
 
-    def post_results(lease_id, bodies):  # type: ignore[no-untyped-def]
+    def post_results(lease_id, bodies, as_worker=None):  # type: ignore[no-untyped-def]
         posts.append([b["shape_id"] for b in bodies])
         if len(posts) == 2:  # and its post meets an outage: it waits in memory for the next turn
             raise ServiceError("503 for a while")
-        return real_post(lease_id, bodies)
+        return real_post(lease_id, bodies, as_worker)
     a.spool.put, a.client.post_results = put, post_results
     stats = a.run()  # returns only because --once found no work left, nothing pending
     assert {x["state"] for x in states(server, cid).values()} == {"tuned"}

@@ -206,13 +206,54 @@ def test_a_409_naming_a_lease_someone_else_ended_is_not_fatal_to_a_lease_request
     a = agent(server, Scripted(), tmp_path)
     real, met = a.client._request, []
 
-    def first_lease_met_a_sweep(method: str, path: str, body: bytes | None) -> Reply:
+    def first_lease_met_a_sweep(method: str, path: str, body: bytes | None, as_worker: str | None = None) -> Reply:
         if path == "/v1/leases" and not met:
             met.append(path)
             return Reply(method, path, 409, {"content-type": "application/problem+json"},
                          b'{"title": "conflict", "status": 409, "detail": "lease_id: lease 5f0c ended meanwhile; '
                          b'lease again", "field": "lease_id"}')
-        return real(method, path, body)
+        return real(method, path, body, as_worker)
     a.client._request = first_lease_met_a_sweep  # type: ignore[method-assign]
     stats = a.run()  # raised LeaseLost out of the loop (the agent process exited 1)
     assert met and {x["state"] for x in states(server, cid).values()} == {"tuned"} and stats.posted == 2
+
+
+def _spooled_by_w1(srv, tmp_path, token):
+    """A lease of shape M=1 granted to worker w1 (this token), its result finished and spooled, never posted
+    (w1 died between the spool's append and its post); the lease id."""
+    a = twin(srv, tmp_path, token, "w1")
+    lease = a.client.lease(a.lease_request())
+    item = lease["shapes"][0]
+    row = dict(item["shape"], gfx=lease["gfx"], cu_num=lease["cu_num"], libtype="torch", solidx=0, splitK=0, us=5.0,
+               kernelName="k", err_ratio=0.0, tflops=1, bw=1)
+    res = ShapeResult(item["shape_id"], "ok", row=row, us=5.0, err_ratio=0.0, elapsed_s=0.01)
+    a.spool.put(lease["lease_id"], res.payload("torch", None))
+    return lease["lease_id"]
+
+
+def twin(srv, tmp_path, token, worker_id):
+    client = ServiceClient(srv.url, token=token, backoff_cap_s=1.0)
+    return Agent(client, Scripted(), IDENT, AgentConfig(worker_id, DIGEST, budget_s=30, once=True, poll_s=0.1,
+                                                        spool_dir=str(tmp_path / "spool")))
+
+
+def test_a_twin_on_the_same_spool_delivers_its_results_as_the_worker_they_belong_to(server, tmp_path):
+    """Slurm tasks sharing one TUNER_SPOOL_DIR (CI saw a task exit 3): a twin reading a result of a lease
+    granted to w1 posts it as w1 (same token), never as itself, which the service refuses with 403."""
+    cid = capture(server, [1])
+    token = server.token("worker", "twins", DIGEST)
+    _spooled_by_w1(server, tmp_path, token)
+    b = twin(server, tmp_path, token, "w2")
+    b.deliver_spool()  # raised Fatal ("worker_id: lease ... was granted to worker 'w1', not to 'w2'") before
+    assert b.stats.posted == 1 and b.stats.refused == 0 and not b.spool.pending(), b.stats
+    assert states(server, cid)[1]["state"] == "tuned"
+
+
+def test_a_spooled_result_of_another_tokens_lease_is_refused_not_fatal(server, tmp_path):
+    """The token rotated while a result waited in the spool: that lease is another token's now (403 naming
+    lease_id); the worker drops that result and goes on instead of exiting 3 at every start."""
+    capture(server, [1])
+    _spooled_by_w1(server, tmp_path, server.token("worker", "old", DIGEST))
+    b = twin(server, tmp_path, server.token("worker", "new", DIGEST), "w1")
+    b.deliver_spool()
+    assert b.stats.refused == 1 and b.stats.posted == 0 and not b.spool.pending(), b.stats

@@ -36,7 +36,7 @@ def test_a_torn_append_is_cut_and_the_next_result_is_not_glued_to_it(tmp_path):
 
 def test_compaction_keeps_the_pending_and_a_twin_process_appends_to_the_new_journal(tmp_path, monkeypatch):
     monkeypatch.setattr(spool_mod, "COMPACT_BYTES", 2000)
-    s, twin = Spool(tmp_path), Spool(tmp_path)  # twin: a second process with this spool open
+    s, twin = Spool(tmp_path, "w1"), Spool(tmp_path, "w2")  # twin: a second process with this spool open
     stuck = s.put("lease-a", result(0))  # never acknowledged (the service keeps failing on it)
     for i in range(1, 40):
         s.done(s.put("lease-a", result(i)))
@@ -45,7 +45,10 @@ def test_compaction_keeps_the_pending_and_a_twin_process_appends_to_the_new_jour
     assert os.stat(s.path).st_ino != before and os.path.getsize(s.path) < 2000
     twin.put("lease-b", result(99))  # the twin's descriptor still points at the replaced file
     s.put("lease-c", result(100))
-    assert [p["shape_id"] for _, _, p in Spool(tmp_path).pending()] == [0, 99, 100]
+    later = Spool(tmp_path, "w3")
+    assert [p["shape_id"] for _, _, p in later.pending()] == [0, 99, 100]
+    # whose lease each was, through the compaction: a twin delivers it as that worker (workers/agent.py)
+    assert [later.owner_of(x) for x in ("lease-a", "lease-b", "lease-c")] == ["w1", "w2", "w1"]
     s.done(stuck)
 
 
