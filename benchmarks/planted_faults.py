@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from app.domain.families import FAMILIES  # noqa: E402
 from app.domain.shapes import make_shape  # noqa: E402
 from workers import gpu_idle  # noqa: E402
-from workers.backends import torch_race  # noqa: E402
+from workers.backends import torch_checks, torch_race  # noqa: E402
 from workers.backends.base import Batch, GpuBusy  # noqa: E402
 from workers.backends.torch_race import DEFAULT, TorchBackend  # noqa: E402
 from workers.identity import detect  # noqa: E402
@@ -120,19 +120,19 @@ def main() -> None:
 
     res, _ = tune(backend, ls, off_stream)
     out["off_stream"] = show(res, "planted_off_stream")
-    real = torch_race.check_output
+    real = torch_checks.check_output
     calls = {"n": 0}
 
     def blind_guard(o, r, d):  # the guard's check forced to pass for the planted candidate's replays only
         calls["n"] += 1
         got = real(o, r, d)
         return (0.0, None) if bool(torch.isnan(o.double()).any()) else got
-    torch_race.check_output = blind_guard  # type: ignore[assignment]
+    torch_checks.check_output = blind_guard  # type: ignore[assignment]
     try:
         res, _ = tune(backend, ls, off_stream)
         out["off_stream_unguarded"] = show(res, "planted_off_stream")
     finally:
-        torch_race.check_output = real  # type: ignore[assignment]
+        torch_checks.check_output = real  # type: ignore[assignment]
     for kind in ("one_element", "past_tolerance"):
         res, _ = tune(backend, ls, wrong(kind))
         out[kind] = show(res, f"planted_{kind}")

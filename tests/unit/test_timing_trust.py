@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from workers.backends import torch_race
+from workers.backends import torch_checks, torch_race
 from workers.backends.torch_race import DEFAULT, GpuBusy, TorchBackend
 
 from tests.unit.test_torch_backend import lease_for, run
@@ -73,7 +73,7 @@ def test_every_finalist_passes_both_negative_controls_or_its_check_is_void(monke
     flat = torch.ones(16, 32, dtype=torch.float64)  # a constant output: the shift cannot be seen
     assert "shifted by one element" in torch_race.negative_controls(flat.to(torch.bfloat16), flat, torch.bfloat16)
     # a checker that cannot see errors (it passes everything): neither control fires
-    monkeypatch.setattr(torch_race, "check_output", lambda o, r, d: (0.0, None))
+    monkeypatch.setattr(torch_checks, "check_output", lambda o, r, d: (0.0, None))
     (res,) = run(TorchBackend(repeats=3, only=[DEFAULT, "torch_mm_bt_contig"]), lease_for((8, 64, 128, False)))
     assert res.status == "failed" and res.row is None
     assert all("the check is void" in (c["error"] or "") for c in res.candidates if c["err_ratio"] is not None)

@@ -1,0 +1,78 @@
+"""The torch race's candidates: the library paths (F.linear, the default, first of all; the pre-transposed
+matmul; split-K in fp32) and, on a GPU, every Triton config (workers/backends/triton_gemm.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32}
+DEFAULT = "torch_linear"  # F.linear: the library path an untuned shape takes
+
+
+@dataclass
+class Candidate:
+    name: str
+    libtype: str  # the tuned table's libtype column for this kind of kernel
+    split_k: int
+    fn: Callable[[], torch.Tensor]
+
+
+def _split_k_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, parts: int,
+                 out_dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    k = a.shape[1]
+    bounds = [round(i * k / parts) for i in range(parts + 1)]
+
+    def run() -> torch.Tensor:
+        acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32, device=a.device)
+        for lo, hi in zip(bounds, bounds[1:]):
+            acc += (a[:, lo:hi] @ b[:, lo:hi].t()).float()
+        if bias is not None:
+            acc += bias.float()
+        return acc.to(out_dtype)
+    return run
+
+
+MM_BT = "torch_mm_bt_contig"
+SPLIT_PARTS = (2, 4)
+
+
+def _split_name(parts: int) -> str:
+    return f"torch_splitk{parts}_fp32acc"
+
+
+def kernel_catalog() -> list[str]:
+    """Every name candidates() may race, on any device (Triton's on a GPU): the image's kernel catalog for the
+    torch backend's family, which the service holds posted winners to."""
+    from workers.backends.triton_configs import CONFIGS, config_name
+    return [DEFAULT, MM_BT, *map(_split_name, SPLIT_PARTS), *map(config_name, CONFIGS)]
+
+
+def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+               ) -> list[Candidate]:
+    """The library paths first (the default first of all), then, on a GPU, every Triton config. Each library
+    entry is a distinct call into BLAS. `torch.addmm(bias, a, b.t(), out=...)` is not one: F.linear on 2-D
+    input already makes that very call (at::addmm with a bias, at::matmul -> mm without; torch's
+    aten/src/ATen/native/Linear.cpp), so it raced the default's own kernel against itself and handed the race
+    a 1-2% placement difference as a win (H200 runs of benchmarks/early_stop.py, which lists the kernels each
+    library entry launches)."""
+
+    def linear() -> torch.Tensor:
+        return torch.nn.functional.linear(a, b, bias).to(out_dtype)
+
+    bt = b.t().contiguous()
+
+    def mm_pretransposed() -> torch.Tensor:  # the weight stored K x N: the NN layout, another BLAS kernel
+        y = a @ bt
+        return (y + bias if bias is not None else y).to(out_dtype)
+
+    cands = [Candidate(DEFAULT, "torch", 0, linear), Candidate(MM_BT, "torch", 0, mm_pretransposed)]
+    for parts in SPLIT_PARTS:
+        if a.shape[1] >= 64 * parts:
+            cands.append(Candidate(_split_name(parts), "torch", parts, _split_k_cpu(a, b, bias, parts, out_dtype)))
+    if a.is_cuda:
+        from workers.backends import triton_gemm
+        cands += [Candidate(name, "triton", sk, fn) for name, sk, fn in triton_gemm.candidates(a, b, bias, out_dtype)]
+    return cands
