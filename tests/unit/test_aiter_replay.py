@@ -51,9 +51,10 @@ def test_the_replay_races_the_finalists_and_the_default_in_capture_windows():
     tuner, op = _standin()
     (res,) = aiter_replay.run_job(_job(), tuner, op)
     by = {c["name"]: c for c in res["candidates"]}
-    assert set(by) == {"aiter_default_path", "k0", "k5"} and all(len(c["captures"]) == 5 for c in by.values())
+    # 5 capture windows each (a contested pair timed again has more)
+    assert set(by) == {"aiter_default_path", "k0", "k5"} and all(len(c["captures"]) >= 5 for c in by.values())
     assert res["winner"] in ("k0", "k5") and res["default_us"] > res["us"]  # the default sleeps 2 ms a call
-    assert res["timing"]["windows"] == 5 and res["timing"]["decision"] == "win" and res["confidence"] >= 0.95
+    assert res["timing"]["windows"] >= 5 and res["timing"]["decision"] == "win" and res["confidence"] >= 0.95
 
 
 def test_a_finalist_wrong_in_one_element_is_rejected_before_it_is_timed():

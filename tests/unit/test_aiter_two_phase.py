@@ -124,8 +124,8 @@ def test_the_confirmed_finalists_are_replayed_in_capture_windows_with_the_same_c
     assert any("workers.backends.aiter_replay" in c for c in cmds)
     (res,) = seen
     assert isinstance(res.race["replay"], dict), res.race
-    assert res.timing["windows"] == 5 and res.timing["decision"] in ("win", "tie", "lead")
+    assert res.timing["windows"] >= 5 and res.timing["decision"] in ("win", "tie", "lead")  # + a contested re-time
     by = {c["name"]: c for c in res.candidates if c.get("captures")}
-    assert "aiter_default_path" in by and len(by["aiter_default_path"]["captures"]) == 5
+    assert "aiter_default_path" in by and len(by["aiter_default_path"]["captures"]) >= 5
     assert res.status == "ok" and res.kernel_name != "standin_kernel_3" and res.us < res.default_us
     assert res.confidence is not None and res.spread is not None

@@ -32,8 +32,8 @@ from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, ro
 from workers.backends.torch_candidates import (_DTYPES, DEFAULT, MM_BT, SPLIT_PARTS, Candidate, candidates,
                                                kernel_catalog)
 from workers.backends.torch_checks import ERR_MAX, GROSS, check_output, err_ratio, negative_controls, snr_db
-from workers.backends.torch_decide import (Entry, Race, Schedule, pooled_sigma, rel_spread, sign_confidence,
-                                           versus)
+from workers.backends.torch_decide import (Entry, Race, Schedule, decide, pooled_sigma, rel_spread,
+                                           sign_confidence, versus)
 from workers.backends.torch_timer import Timer
 
 __all__ = ["DEFAULT", "ERR_MAX", "GROSS", "MM_BT", "SPLIT_PARTS", "Candidate", "Entry", "GpuBusy", "Race",
@@ -260,7 +260,7 @@ class TorchBackend:
         self._final(race, live, self.schedule.final)
         for e in entries:
             e.rounds = 1 if e.final else 0
-        return self._decide(race, protected)
+        return self._settled(race, protected, self.schedule.final)  # the same rule as the halving race
 
     def confirm(self, cands: list[Candidate], ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch,
                 protected: list[str]) -> Race | None:
@@ -320,14 +320,15 @@ class TorchBackend:
         a2, b2 = a.clone(), b.clone()
         return {c.name: c.fn for c in candidates(a2, b2, bias.clone() if bias is not None else None, out_dtype)}
 
-    def _final(self, race: Race, entries: list[Entry], n: int, windows: int | None = None) -> None:
+    def _final(self, race: Race, entries: list[Entry], n: int, windows: int | None = None,
+               per: int | None = None) -> None:
         """The final round: `windows` (Schedule.captures) capture windows, each a fresh capture of every entry
         (over fresh inputs after the first) and of nothing else, guarded (one replay checked against the
         reference before its samples count), then n / windows samples of each and of the control kernel,
         interleaved. A window whose control drifted is busy: timed again, up to busy_retries times, then the
         lease goes back (GpuBusy)."""
         windows = windows or self.schedule.captures
-        per = self.schedule.per_window(n)
+        per = per or self.schedule.per_window(n)
         for _ in range(windows):
             live = [e for e in entries if e.error is None]
             if not live:
@@ -373,17 +374,23 @@ class TorchBackend:
                 break
 
     def _settled(self, race: Race, protected: list[str], n: int) -> Race:
-        """Decide; where the tie rule kept a protected entry ahead of a gain over the floor on the noise band
-        alone, time the two `n` more samples, interleaved, and decide once more. Then free the graphs."""
-        self._decide(race, protected)
-        pair = [race.contested, race.fastest]
-        if race.contested is not None and all(e is not None and e.error is None for e in pair):
-            if race.windows:  # as many capture windows again, the pair alone
-                self._final(race, pair, n)  # type: ignore[arg-type]
+        """Decide; while a tie kept a protected entry ahead of a gain over the floor (race.contested), time the
+        pair again, alone, up to Schedule.retimes times (retime_windows fresh capture windows each; n more
+        samples each where the race has no windows) and decide once more. Then free the graphs."""
+        sch = self.schedule
+        decide(race, protected, sch)
+        while race.contested is not None and race.challenger is not None and race.retimes < sch.retimes:
+            pair = [race.contested, race.challenger]
+            if any(e.error is not None for e in pair):
+                break
+            if race.windows:
+                self._final(race, pair, sch.retime_windows * sch.retime_per_window, windows=sch.retime_windows,
+                            per=sch.retime_per_window)
             else:
-                self._sample(pair, n, final=True)  # type: ignore[arg-type]
+                self._sample(pair, n, final=True)
+            race.retimes += 1
             race.resampled = True
-            self._decide(race, protected)
+            decide(race, protected, sch)
         for e in race.entries:
             e.replay = None  # free the graphs
         return race
@@ -407,76 +414,7 @@ class TorchBackend:
         return out
 
     def _decide(self, race: Race, protected: list[str]) -> Race:
-        ok = [e for e in race.entries if e.final and e.error is None and e.err is not None and e.err <= ERR_MAX]
-        race.contested = None
-        if not ok:
-            race.error = "no candidate passed the error check"
-            return race
-        race.fastest = race.winner = min(ok, key=lambda e: e.median)
-        race.sigma = pooled_sigma(ok, self.schedule.tie_floor)
-        race.decision, race.reason, race.confidence = "lead", "fastest, nothing protected in the race", None
-        by = {e.name: e for e in ok}
-        sch = self.schedule
-        runner = min((e for e in ok if e is not race.fastest), key=lambda e: e.median, default=None)
-        compared = False
-        for name in protected:  # a tie goes to the default, then the incumbent (a confirmation: the other way)
-            keep = by.get(name)
-            if keep is None:
-                continue
-            if keep is race.fastest:  # nothing to hand over; how sure it leads the next one
-                if compared:
-                    break  # it already beat the protected entry before it
-                if runner is not None:
-                    r, wins, n = versus(runner, keep)
-                    race.confidence = sign_confidence(n - wins, n) if n >= 2 else None
-                race.reason = f"{keep.name} is the fastest" + (
-                    f" ({runner.name} {r - 1:+.2%} in the median capture window)"
-                    if runner is not None and n >= 2 else "")
-                break
-            compared = True
-            if len(keep.caps) >= 2 and len(race.fastest.caps) >= 2:
-                self._decide_windows(race, keep)
-            else:  # no capture windows (samples given directly): the per-sample noise band
-                band = max(sch.tie_floor, min(sch.tie_cap, sch.band(race.sigma, len(keep.final),
-                                                                    len(race.fastest.final), sch.tie_floor)))
-                gain = 1 - race.fastest.median / keep.median
-                race.decision, race.confidence = "samples", None
-                if race.fastest.median >= keep.median * (1 - band):
-                    race.winner = keep
-                    race.reason = f"{race.fastest.name} {gain:.2%} faster, inside the noise band {band:.2%}"
-                    if race.fastest.median < keep.median * (1 - sch.tie_floor) and not race.resampled:
-                        race.contested = keep  # kept on the noise band alone: worth more samples
-                else:
-                    race.reason = f"{race.fastest.name} {gain:.2%} faster, outside the noise band {band:.2%}"
-            if race.winner is keep:
-                break
-        if race.confidence is None and race.winner is not None and runner is not None and race.winner is race.fastest:
-            r, wins, n = versus(race.winner, runner)
-            race.confidence = sign_confidence(wins, n) if n >= 2 else None
-        return race
-
-    def _decide_windows(self, race: Race, keep: Entry) -> None:
-        """The capture-aware rule: the fastest takes the shape from `keep` (the default, or a confirmation's
-        incumbent) only when its median window ratio is a gain over tie_floor AND it was faster in enough capture
-        windows for sign-test confidence >= 1 - alpha (or the gain is over tie_cap in most windows); else a tie
-        that `keep` keeps, timed once more (as many windows, the pair alone) where the gain is over the floor."""
-        sch, x = self.schedule, race.fastest
-        assert x is not None
-        r, wins, n = versus(x, keep)
-        gain, conf = 1 - r, sign_confidence(wins, n)
-        race.confidence = conf
-        said = f"{x.name} {gain:.2%} faster than {keep.name} in the median of {n} capture windows, faster in {wins}"
-        if gain >= sch.tie_floor and (conf >= 1 - sch.alpha or (gain > sch.tie_cap and wins > n / 2)):
-            race.decision, race.reason = "win", f"{said} (confidence {conf:.3f})"
-            return
-        race.winner, race.decision = keep, "tie"
-        race.confidence = conf
-        if gain < sch.tie_floor:
-            race.reason = f"{said}: under the {sch.tie_floor:.0%} floor, {keep.name} keeps it"
-        else:
-            race.reason = f"{said}: confidence {conf:.3f} < {1 - sch.alpha:.2f}, {keep.name} keeps it"
-            if not race.resampled:
-                race.contested = keep
+        return decide(race, protected, self.schedule)
 
     # -- the result ---------------------------------------------------------------------------------------
 
@@ -489,6 +427,7 @@ class TorchBackend:
                 "race": {"kind": race.kind, "samples": race.samples, "sampled_s": race.sampled_s,
                          "finalists": race.finalists, "sigma": race.sigma,
                          "fastest": race.fastest.name if race.fastest else None, "resampled": race.resampled,
+                         "retimes": race.retimes,
                          "discarded_s": race.discarded_s, "windows": race.windows, "busy": race.busy,
                          "decision": race.decision, "reason": race.reason, "confidence": race.confidence, **note}}
         win = race.winner
