@@ -36,8 +36,9 @@ from app.domain.families import FAMILIES  # noqa: E402
 from app.domain.shapes import make_shape  # noqa: E402
 from app.domain.tables import read_table  # noqa: E402
 from workers.backends.base import Batch  # noqa: E402
+from workers.backends.torch_decide import confidence  # noqa: E402
 from workers.backends.torch_race import (_DTYPES, DEFAULT, Entry, Race, Schedule, TorchBackend,  # noqa: E402
-                                         candidates, sign_confidence, versus)
+                                         candidates, versus)
 from workers.identity import detect  # noqa: E402
 
 # (N, K, bias) from AITER's shipped model_configs shape lists (aiter/configs/model_configs/*bf16*untuned*.csv):
@@ -90,7 +91,8 @@ def head_to_head(backend: TorchBackend, item: dict, inputs: tuple, mine: str, th
     """The two picks re-timed side by side with the race's own capture-aware rule (TorchBackend._final): in
     `captures` windows, each a fresh capture of both over fresh copies of the inputs, guarded, interleaved with
     the control kernel (a busy window is timed again). ratio: the median over windows of mine's window median /
-    theirs; slower_conf: the sign-test confidence that mine is the slower (>= 0.95: separated across captures)."""
+    theirs; slower_conf: the race's confidence (sign test or paired t-test, torch_decide.confidence) that mine is
+    the slower (>= 0.95: separated across captures)."""
     if mine == theirs:
         return {"ratio": 1.0, "windows": 0, "slower_in": 0, "slower_conf": 0.0}
     a, b, bias = inputs
@@ -107,7 +109,7 @@ def head_to_head(backend: TorchBackend, item: dict, inputs: tuple, mine: str, th
         return {"ratio": math.inf, "windows": 0, "slower_in": 0, "slower_conf": 1.0,
                 "error": "; ".join(f"{e.name}: {e.error}" for e in es if e.error)}
     r, faster, k = versus(es[0], es[1])
-    return {"ratio": r, "windows": k, "slower_in": k - faster, "slower_conf": sign_confidence(k - faster, k)}
+    return {"ratio": r, "windows": k, "slower_in": k - faster, "slower_conf": confidence(es[1], es[0])}
 
 
 def library_kernels(backend: TorchBackend, shape: dict) -> dict[str, list[str]]:
@@ -388,7 +390,7 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
           f"a fresh capture over fresh inputs, guarded, shuffled interleave with the control kernel, scrubbed; the "
           f"ratio is the median window's): halving pick within 1% of the exhaustive pick on {h2h}/{n} shapes "
           f"({len(differ)} differing picks; worst {worst:.3f}; more than 3% slower: "
-          f"{sum(r['referee'] > 1.03 for r in rows)}; halving pick slower in every window (sign test >= 0.95): "
+          f"{sum(r['referee'] > 1.03 for r in rows)}; halving pick slower across the windows (confidence >= 0.95): "
           f"{len(sep)})")
     busy = sum(len(r.get("hv_busy") or []) + len(r.get("ex_busy") or []) for r in rows)
     decisions: dict[str, int] = {}

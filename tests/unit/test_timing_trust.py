@@ -131,14 +131,14 @@ def test_results_carry_confidence_spread_worst_p90_and_drift():
     (res,) = run(TorchBackend(repeats=10, race="exhaustive", only=[DEFAULT, "torch_mm_bt_contig"]),
                  lease_for((8, 64, 128, False)))
     assert res.status in ("ok", "default_best")
-    assert res.timing["windows"] == 5 and res.timing["decision"] in ("win", "tie", "lead") and res.timing["reason"]
+    assert res.timing["windows"] >= 5 and res.timing["decision"] in ("win", "tie", "lead") and res.timing["reason"]
     assert res.spread is not None and res.spread >= 0 and 0 <= res.confidence <= 1, (res.race, res.candidates)
     for c in res.candidates:
         assert c["worst_us"] >= c["us"] and c["p90_us"] <= c["worst_us"] and c["drift"] is not None
-        assert len(c["captures"]) == 5
+        assert len(c["captures"]) >= 5  # a contested pair timed again has more
     from app import wire
     posted = wire.ResultIn.model_validate(res.payload("torch", None))  # what the service stores and shows
-    assert posted.timing.windows == 5 and posted.confidence == res.confidence
+    assert posted.timing.windows == res.timing["windows"] and posted.confidence == res.confidence
     assert posted.candidates[0].captures and posted.candidates[0].worst_us is not None
 
 
@@ -156,7 +156,7 @@ HOG = "import sys\nprint('go', flush=True)\nwhile True:\n    pass\n"
 class Neighbour:
     """Busy processes pinned to the core the race runs on."""
 
-    def __init__(self, n=6):
+    def __init__(self, n=12):  # 12: the race still slows > 2x when other work already shares its core
         self.n, self.procs = n, []
 
     def start(self):
@@ -191,19 +191,75 @@ def one_core():
 def test_a_busy_neighbour_started_mid_race_is_detected_and_its_window_timed_again(one_core):
     """A neighbour starts before capture window 3: the control kernel timed among the candidates runs slower
     than the idle windows, the window is thrown away, the neighbour goes, the window is timed
-    again and the shape is booked from clean windows only. Guards Timer.busy in _final."""
-    backend = TorchBackend(repeats=10, race="exhaustive", only=[DEFAULT, "torch_mm_bt_contig"], busy_drift=2.0)
+    again and the shape is booked from clean windows only. Guards Timer.window_state in _final (_retime)."""
+    backend = TorchBackend(repeats=10, race="exhaustive", only=[DEFAULT, "torch_mm_bt_contig"], busy_drift=1.0)
     backend.timer.on_window = lambda w, attempt: one_core.start() if (w, attempt) == (3, 0) else None
     backend.timer.on_busy = lambda why: one_core.stop()
     (res,) = run(backend, lease_for((64, 256, 512, False)))
     assert res.status in ("ok", "default_best"), res.error
     assert any(b.startswith("window 3 attempt 1") for b in res.race["busy"]), res.race["busy"]
-    assert res.race["windows"] == 5 and res.timing["busy_windows"] >= 1
+    assert res.race["windows"] >= 5 and res.timing["busy_windows"] >= 1  # more where a contested pair re-timed
 
 
 def test_a_neighbour_that_stays_hands_the_lease_back_with_the_reason(one_core):
-    backend = TorchBackend(repeats=10, race="exhaustive", only=[DEFAULT, "torch_mm_bt_contig"], busy_drift=2.0,
+    backend = TorchBackend(repeats=10, race="exhaustive", only=[DEFAULT, "torch_mm_bt_contig"], busy_drift=1.0,
                            busy_retries=2)
     backend.timer.on_window = lambda w, attempt: one_core.start() if (w, attempt) == (3, 0) else None
     with pytest.raises(GpuBusy, match="busy capture windows.*control kernel"):
         run(backend, lease_for((64, 256, 512, False)))
+
+
+# -- the busy decision on synthetic capture windows (control medians in us, the H200's figures; issue 34) -------
+
+IDLE = [5.97, 6.05, 5.71, 6.10, 5.92, 6.02, 6.08, 5.95]  # idle windows around 6 us, one lucky 5.71
+
+
+def _check(windows=IDLE, drift=0.10):
+    """A BusyCheck fed idle windows (a suspect one's repeat at idle, 6 us)."""
+    from workers.backends.torch_timer import BusyCheck
+    check = BusyCheck(drift)
+    for us in windows:
+        assert check.judge(us * 1e-6, lambda: 6.0e-6)[0] in ("clean", "noisy")
+    return check
+
+
+def test_the_idle_baseline_is_the_median_of_clean_windows_not_the_fastest():
+    """The H200 flagged windows at +10.0% and +14.7% after the neighbour had gone: measured against the fastest
+    window seen (5.71 us), ordinary ones (6.55 us) read as busy. Against the median of the clean windows they
+    are clean; the neighbour's 6.93 us (held when timed again) is still busy. Guards BusyCheck.base."""
+    check = _check()
+    assert check.judge(6.55e-6, lambda: pytest.fail("not suspect"))[0] == "clean" and check.base > 5.9e-6
+    state, why = check.judge(6.93e-6, lambda: 6.90e-6)
+    assert state == "busy" and "idle" in why
+
+
+def test_a_window_whose_control_is_idle_again_when_timed_alone_is_noisy_not_busy():
+    """One slow stretch in a window (its control median +16%) whose control, timed again alone at once, is back
+    at idle: the window is timed again but counts toward no hand-back. Guards the repeat in BusyCheck.judge."""
+    check = _check()
+    state, why = check.judge(6.93e-6, lambda: 6.01e-6)
+    assert state == "noisy" and "not busy" in why
+    assert check.judge(6.93e-6, lambda: 6.95e-6)[0] == "busy"
+
+
+def test_a_noisy_control_widens_its_own_limit():
+    """A control that moves +-6% from window to window on its own: 3x its robust spread (~18%) is the limit,
+    not the 10% floor, so a +15% window is clean. Guards z * spread in BusyCheck.limit."""
+    check = _check([5.64, 6.36, 6.0, 5.64, 6.36, 6.0, 5.64, 6.36])
+    assert check.limit() > 0.15
+    assert check.judge(6.9e-6, lambda: pytest.fail("not suspect"))[0] == "clean"
+
+
+def test_a_noisy_last_attempt_is_booked_and_a_busy_one_hands_the_lease_back(monkeypatch):
+    """TorchBackend._retime: on the last attempt a noisy window is booked (False: no re-time), a busy one
+    raises GpuBusy with the reason; before it both are timed again."""
+    backend = TorchBackend(busy_retries=2)
+    race = torch_race.Race([], "halving")
+    monkeypatch.setattr(backend.timer, "window_state", lambda c: ("noisy", "slow, not busy"))
+    monkeypatch.setattr(torch_race.time, "sleep", lambda s: None)
+    assert backend._retime(race, 4, 0, 1.0) is True and backend._retime(race, 4, 2, 1.0) is False
+    assert len(race.noisy) == 2 and not race.busy
+    monkeypatch.setattr(backend.timer, "window_state", lambda c: ("busy", "control drifted"))
+    assert backend._retime(race, 5, 0, 1.0) is True
+    with pytest.raises(GpuBusy, match="2 busy capture windows.*control drifted"):
+        backend._retime(race, 5, 2, 1.0)

@@ -227,6 +227,7 @@ class Race:
     confidence: float | None = None  # confidence of the decision over the capture windows (`confidence`)
     windows: int = 0  # capture windows timed
     busy: list[str] = field(default_factory=list)  # busy windows detected (each re-timed)
+    noisy: list[str] = field(default_factory=list)  # windows whose control drifted, but not when timed again
 
     @property
     def samples(self) -> int:

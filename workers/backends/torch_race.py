@@ -324,9 +324,10 @@ class TorchBackend:
                per: int | None = None) -> None:
         """The final round: `windows` (Schedule.captures) capture windows, each a fresh capture of every entry
         (over fresh inputs after the first) and of nothing else, guarded (one replay checked against the
-        reference before its samples count), then n / windows samples of each and of the control kernel,
-        interleaved. A window whose control drifted is busy: timed again, up to busy_retries times, then the
-        lease goes back (GpuBusy)."""
+        reference before its samples count), then n / windows samples of each (or `per`) and of the control
+        kernel, interleaved. A window whose control drifted is timed again (Timer.window_state): up to
+        busy_retries times; where the drift held when the control was timed again alone (busy), the lease then
+        goes back (GpuBusy); where it did not (a noisy window), the last attempt is booked."""
         windows = windows or self.schedule.captures
         per = per or self.schedule.per_window(n)
         for _ in range(windows):
@@ -337,34 +338,11 @@ class TorchBackend:
             for attempt in range(self.busy_retries + 1):
                 if self.timer.on_window:
                     self.timer.on_window(w, attempt)
-                fresh = self._fresh(race.windows)  # the first window: the race's own candidates
-                reps = []
-                for e in live:
-                    try:
-                        run, calls, guarded = self.timer.capture(fresh.get(e.name, e.cand.fn))
-                        why = None
-                        if self._check_ref is not None:
-                            why = self._checked(guarded(), *self._check_ref)[1]
-                    except Exception as ex:
-                        e.error = f"{type(ex).__name__}: {ex}"[:500]
-                        self.timer.sync()
-                        continue
-                    if why is not None:
-                        e.error = f"capture guard: the captured graph's replay is wrong ({why})"
-                        continue
-                    reps.append((e, (run, calls)))
+                reps = self._captured(live, self._fresh(race.windows))  # window 1: the race's own candidates
                 if not reps:
                     return
                 got = self.timer.sample([r for _, r in reps] + [self.timer.control()], per)
-                busy = self.timer.busy(statistics.median(got[-1]))
-                if busy is not None:
-                    race.busy.append(f"window {w} attempt {attempt + 1}: {busy}")
-                    if self.timer.on_busy:
-                        self.timer.on_busy(busy)
-                    if attempt == self.busy_retries:
-                        raise GpuBusy(f"{len(race.busy)} busy capture windows, the last after "
-                                      f"{self.busy_retries} re-times: {busy}")
-                    time.sleep(0.05 * 2 ** attempt)  # let a passing neighbour go
+                if self._retime(race, w, attempt, statistics.median(got[-1])):
                     continue
                 for (e, (_, calls)), ts in zip(reps, got):
                     e.final.extend(ts)
@@ -372,6 +350,45 @@ class TorchBackend:
                     e.sampled_s += sum(ts) * calls
                 race.windows += 1
                 break
+
+    def _captured(self, live: list[Entry], fresh: dict[str, Callable[[], Any]]
+                  ) -> list[tuple[Entry, tuple[Callable[[], Any], int]]]:
+        """A fresh capture of each live entry, guarded: one replay checked against the reference before its
+        samples count (an entry whose replay is wrong, or that raises, is out with the reason)."""
+        reps = []
+        for e in live:
+            try:
+                run, calls, guarded = self.timer.capture(fresh.get(e.name, e.cand.fn))
+                why = None
+                if self._check_ref is not None:
+                    why = self._checked(guarded(), *self._check_ref)[1]
+            except Exception as ex:
+                e.error = f"{type(ex).__name__}: {ex}"[:500]
+                self.timer.sync()
+                continue
+            if why is not None:
+                e.error = f"capture guard: the captured graph's replay is wrong ({why})"
+                continue
+            reps.append((e, (run, calls)))
+        return reps
+
+    def _retime(self, race: Race, w: int, attempt: int, control_s: float) -> bool:
+        """Whether window w must be timed again: its control drifted (Timer.window_state). A busy window on its
+        last attempt hands the lease back (GpuBusy); a noisy one (the drift gone when the control was timed
+        again alone) is booked on its last attempt."""
+        state, why = self.timer.window_state(control_s)
+        if state == "clean":
+            return False
+        (race.busy if state == "busy" else race.noisy).append(f"window {w} attempt {attempt + 1}: {why}")
+        if state == "busy" and self.timer.on_busy:
+            self.timer.on_busy(why or "")
+        if attempt == self.busy_retries:
+            if state == "busy":
+                raise GpuBusy(f"{len(race.busy)} busy capture windows, the last after {self.busy_retries} "
+                              f"re-times: {why}")
+            return False
+        time.sleep(0.05 * 2 ** attempt)  # let a passing neighbour go
+        return True
 
     def _settled(self, race: Race, protected: list[str], n: int) -> Race:
         """Decide; while a tie kept a protected entry ahead of a gain over the floor (race.contested), time the
@@ -429,6 +446,7 @@ class TorchBackend:
                          "fastest": race.fastest.name if race.fastest else None, "resampled": race.resampled,
                          "retimes": race.retimes,
                          "discarded_s": race.discarded_s, "windows": race.windows, "busy": race.busy,
+                         "noisy": race.noisy,
                          "decision": race.decision, "reason": race.reason, "confidence": race.confidence, **note}}
         win = race.winner
         if win is None or win.out is None:
