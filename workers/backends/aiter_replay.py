@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from app.domain.families import SNR_MIN_DB_OF_MATH, TableFamily, get_family
+from app.domain.families import SNR_MIN_DB_OF_MATH, ReplaySpec, TableFamily, get_family
 from workers.backends import torch_race
 from workers.backends.base import GpuBusy
 
@@ -56,25 +56,47 @@ def _cell(v: str) -> Any:
     return eval(v, ns)  # noqa: S307 -- AITER's own reading of the cell
 
 
-def race_shape(backend: torch_race.TorchBackend, family: TableFamily, tuner: Any, op: Callable[..., Any],
-               item: dict[str, Any], device: str) -> dict[str, Any]:
-    spec = family.replay
-    assert spec is not None
+def _candidates(spec: ReplaySpec, tuner: Any, op: Callable[..., Any], item: dict[str, Any], device: str
+                ) -> tuple[list[torch_race.Candidate], torch.Tensor, torch.dtype]:
+    """The default path and every finalist as race candidates over the tuner module's own data, the
+    reference (float64) and the output dtype."""
     cells = item["cells"]
     m, n, k = int(cells["M"]), int(cells["N"]), int(cells["K"])
     data = getattr(tuner, spec.data)(m, n, k, 0, torch.bfloat16, *(_cell(cells[c]) for c in spec.data_args),
                                      device=device)
     ins = [data[x] for x in spec.inputs]
     ref = getattr(tuner, spec.ref)(*ins).double()
-    out_dtype = data["out"].dtype
     kernel = getattr(tuner, spec.kernel)
 
     def one(kid: int, sk: int) -> Callable[[], torch.Tensor]:
         out = torch.empty_like(data["out"])
         return lambda: kernel(*ins, out, kid, sk)
     cands = [torch_race.Candidate(DEFAULT_PATH, "aiter", 0, lambda: op(*ins))]
-    cands += [torch_race.Candidate(f["name"], "aiter", int(f.get("splitK") or 0),
-                                   one(int(f["kernelId"]), int(f.get("splitK") or 0))) for f in item["finalists"]]
+    for f in item["finalists"]:
+        sk = int(f.get("splitK") or 0)
+        cands.append(torch_race.Candidate(f["name"], "aiter", sk, one(int(f["kernelId"]), sk)))
+    return cands, ref, data["out"].dtype
+
+
+def _record(item: dict[str, Any], race: torch_race.Race) -> dict[str, Any]:
+    """One shape's result: the winner, its time and the default's, the decision and every candidate."""
+    win = race.winner
+    default = next((e for e in race.entries if e.name == DEFAULT_PATH and e.final), None)
+    stats = win.stats() if win else {}
+    return {"shape_id": item["shape_id"], "winner": win.name if win else None,
+            "us": win.median * 1e6 if win else None, "default_us": default.median * 1e6 if default else None,
+            "confidence": race.confidence, "spread": stats.get("spread"),
+            "timing": {"decision": race.decision, "reason": (race.reason or "")[:1000], "windows": race.windows,
+                       "busy_windows": len(race.busy), **stats},
+            "candidates": [e.record() for e in race.entries], "error": race.error}
+
+
+def race_shape(backend: torch_race.TorchBackend, family: TableFamily, tuner: Any, op: Callable[..., Any],
+               item: dict[str, Any], device: str) -> dict[str, Any]:
+    """Every candidate checked (and its negative controls) before it is timed, then the final round's
+    capture windows (guarded), and the decision with the default, then the incumbent, keeping a tie."""
+    assert family.replay is not None
+    cands, ref, out_dtype = _candidates(family.replay, tuner, op, item, device)
     entries = [torch_race.Entry(c) for c in cands]
     live = [e for e in entries if backend._check(e, ref, out_dtype)]
     race = torch_race.Race(entries, "replay")
@@ -85,14 +107,7 @@ def race_shape(backend: torch_race.TorchBackend, family: TableFamily, tuner: Any
         backend._settled(race, protected, backend.schedule.final)
     finally:
         backend._check_ref = None
-    win = race.winner
-    default = next((e for e in entries if e.name == DEFAULT_PATH and e.final), None)
-    return {"shape_id": item["shape_id"], "winner": win.name if win else None,
-            "us": win.median * 1e6 if win else None, "default_us": default.median * 1e6 if default else None,
-            "confidence": race.confidence, "spread": win.stats()["spread"] if win else None,
-            "timing": {"decision": race.decision, "reason": (race.reason or "")[:1000], "windows": race.windows,
-                       "busy_windows": len(race.busy), **(win.stats() if win else {})},
-            "candidates": [e.record() for e in entries], "error": race.error}
+    return _record(item, race)
 
 
 def run_job(job: dict[str, Any], tuner: Any = None, op: Callable[..., Any] | None = None) -> list[dict[str, Any]]:

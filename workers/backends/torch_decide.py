@@ -300,6 +300,11 @@ def _lead(race: Race, holder: Entry, ok: list[Entry], why: str) -> Race:
     return race
 
 
+def _eligible(e: Entry) -> bool:
+    """Timed in the final round and passed the error check."""
+    return bool(e.final) and e.error is None and e.err is not None and e.err <= ERR_MAX
+
+
 def decide(race: Race, protected: list[str], sch: Schedule) -> Race:
     """Who takes the shape. The protected entries (the default then the incumbent; a confirmation race the other
     way) decide who holds it (`_holder`); the fastest challenger that beats the holder (`judge`) takes it,
@@ -307,7 +312,7 @@ def decide(race: Race, protected: list[str], sch: Schedule) -> Race:
     behind it that does beat the holder across the windows takes the shape (a tie must not hand it to an entry
     a challenger beat), and a tie never passes the shape to a later protected entry the holder was not beaten
     by. Where a tie kept a gain over the floor, race.contested/challenger name the pair to time again."""
-    ok = [e for e in race.entries if e.final and e.error is None and e.err is not None and e.err <= ERR_MAX]
+    ok = [e for e in race.entries if _eligible(e)]
     race.contested = race.challenger = None
     if not ok:
         race.error = "no candidate passed the error check"
@@ -319,19 +324,30 @@ def decide(race: Race, protected: list[str], sch: Schedule) -> Race:
     if not kept:
         return _lead(race, race.fastest, ok, "fastest, nothing protected in the race")
     holder, contested = _holder(kept, sch, race.sigma)
+    challengers = sorted((e for e in ok if e not in kept and e.median < holder.median), key=lambda e: e.median)
+    winner, v, pair = _challenge(holder, challengers, sch, race.sigma)
+    if winner is not None and v is not None:
+        race.winner, race.decision, race.reason, race.confidence = winner, v.decision, v.said, v.confidence
+        return race
+    if v is None and holder is race.fastest:
+        return _lead(race, holder, ok, f"{holder.name} is the fastest")
+    v = v or judge(race.fastest, holder, sch, race.sigma)  # a faster protected entry that tied
+    race.winner, race.decision, race.reason, race.confidence = holder, v.decision, v.said, v.confidence
+    race.contested, race.challenger = contested or pair or (None, None)
+    return race
+
+
+def _challenge(holder: Entry, challengers: list[Entry], sch: Schedule, sigma: float
+               ) -> tuple[Entry | None, Verdict | None, tuple[Entry, Entry] | None]:
+    """The first challenger (fastest first) that beats the holder and its verdict, else None and the fastest
+    one's verdict; and the first contested pair met before."""
     first: Verdict | None = None
-    for c in sorted((e for e in ok if e not in kept and e.median < holder.median), key=lambda e: e.median):
-        v = judge(c, holder, sch, race.sigma)
+    contested = None
+    for c in challengers:
+        v = judge(c, holder, sch, sigma)
         if v.win:
-            race.winner, race.decision, race.reason, race.confidence = c, v.decision, v.said, v.confidence
-            return race
+            return c, v, contested
         if v.contested and contested is None:
             contested = (holder, c)
         first = first or v
-    if first is None and holder is race.fastest:
-        return _lead(race, holder, ok, f"{holder.name} is the fastest")
-    first = first or judge(race.fastest, holder, sch, race.sigma)  # a faster protected entry that tied
-    race.winner, race.decision, race.reason, race.confidence = holder, first.decision, first.said, first.confidence
-    if contested is not None:
-        race.contested, race.challenger = contested
-    return race
+    return None, first, contested

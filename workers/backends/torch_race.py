@@ -281,11 +281,24 @@ class TorchBackend:
 
     def halving(self, cands: list[Candidate], ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch,
                 protected: list[str]) -> Race | None:
+        """Successive halving (Schedule.rounds), then the checked survivors' final round and the decision."""
         sch, discarded = self.schedule, self.timer.discarded_s
         got = self._prepared(cands, batch, graph=not sch.eager_screen)
         if got is None:
             return None
         entries, live = got
+        survivors = self._rounds(live, batch, protected)
+        if survivors is None:
+            return None
+        for e in entries:
+            e.replay = None  # the final round captures afresh, window by window
+        race = Race(entries, "halving", discarded_s=self.timer.discarded_s - discarded)
+        self._final(race, self._finalists(entries, survivors, ref, out_dtype), sch.final)
+        return self._settled(race, protected, sch.final)
+
+    def _rounds(self, live: list[Entry], batch: Batch, protected: list[str]) -> list[Entry] | None:
+        """The halving rounds: each samples the survivors and keeps the best (_survivors). None: stopped."""
+        sch = self.schedule
         for r, (n, keep, cap) in enumerate(sch.rounds):
             if batch.should_stop():
                 return None
@@ -296,20 +309,20 @@ class TorchBackend:
             self._sample(live, n)
             if r == 0:  # the default and incumbent get enough samples to estimate sigma from the start
                 self._sample([e for e in live if e.name in protected], max(0, sch.protect_samples - n))
-            live = [e for e in live if e.error is None]
-            live = self._survivors(live, keep, cap, protected)
-        for e in entries:
-            e.replay = None  # the final round captures afresh, window by window
-        race = Race(entries, "halving", discarded_s=self.timer.discarded_s - discarded)
-        finalists = [e for e in live if self._check(e, ref, out_dtype)]
-        if not finalists:  # every finalist wrong: the next candidates in screening order, until one passes
-            for e in sorted((e for e in entries if e not in live and e.times and e.error is None),
-                            key=lambda e: e.median):
-                if self._check(e, ref, out_dtype):
-                    finalists = [e]
-                    break
-        self._final(race, finalists, sch.final)
-        return self._settled(race, protected, sch.final)
+            live = self._survivors([e for e in live if e.error is None], keep, cap, protected)
+        return live
+
+    def _finalists(self, entries: list[Entry], survivors: list[Entry], ref: torch.Tensor, out_dtype: torch.dtype
+                   ) -> list[Entry]:
+        """The survivors that pass the check; where none does, the next candidate in screening order that does."""
+        finalists = [e for e in survivors if self._check(e, ref, out_dtype)]
+        if finalists:
+            return finalists
+        for e in sorted((e for e in entries if e not in survivors and e.times and e.error is None),
+                        key=lambda e: e.median):
+            if self._check(e, ref, out_dtype):
+                return [e]
+        return []
 
     def _fresh(self, window: int) -> dict[str, Callable[[], Any]]:
         """Window 0 times the race's own candidates; every later window fresh copies of the inputs and fresh
