@@ -104,6 +104,8 @@ def test_a_planted_wrong_candidate_never_wins(monkeypatch, kind):
     assert by[f"planted_{kind}"]["error"], by[f"planted_{kind}"]
     if kind == "one_element":
         assert by["planted_one_element"]["err_ratio"] <= 0.05 and "off by more than" in by["planted_one_element"]["error"]
+    else:  # the error ratio names it (without it, only the void negative control would)
+        assert by["planted_past_tolerance"]["error"].startswith("error ratio"), by["planted_past_tolerance"]
 
 
 def test_a_candidate_whose_timed_form_computes_nothing_is_rejected_by_the_capture_guard(monkeypatch):

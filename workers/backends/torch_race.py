@@ -3,15 +3,16 @@
 The race is successive halving (`Schedule`): every candidate is screened with a few timed calls (eager on a GPU:
 no graph is captured for a candidate the screen drops), each round keeps the best fraction and every candidate
 inside the leader's noise band, at most a bounded number, and the finalists (the library default always among
-them) are timed fully, interleaved, so clock drift hits them alike. Noise is robust (MAD, not stdev: one stray
-sample cannot widen a band), and a tie the statistical band hands to the default although the gain is over the
-floor is re-sampled once before it is decided; no gain over `tie_cap` is ever a tie. Every finalist is
-checked against a float64 reference with AITER's error ratio (fraction of elements failing isclose; a16w16
-uses rtol=atol=5e-2 for 16-bit outputs), and a shifted copy of the winner's output must fail that same check
-(negative control). A winner inside the noise band of the default (or the incumbent) loses to it. Timing is
-warm: CUDA-graph replays measured with device events on a GPU, perf_counter on the CPU, median of the
-samples. `race="exhaustive"` times and checks every candidate fully (the baseline benchmarks/early_stop.py
-compares against). A lease shape with `finalists` (an image upgrade carried its row) gets a confirmation race:
+them) are timed in Schedule.captures capture windows (a fresh CUDA-graph capture of each over fresh inputs,
+guarded, interleaved with a control kernel whose drift marks a busy window: timed again, or the lease handed
+back). Noise is robust (MAD, not stdev). A challenger takes the shape from the default (or the incumbent) only
+when it beats it across the windows (torch_decide.decide: sign test or paired t-test, a gain over the 1%
+floor); else a tie the holder keeps, with the reason, and a tie over the floor is timed again (the pair alone,
+up to Schedule.retimes times). Every finalist is checked against a float64 reference with AITER's error ratio
+(a16w16: rtol=atol=5e-2 for 16-bit outputs) and a gross-element test, and two corrupted copies of its output
+must fail that check (negative controls, torch_checks). Timing is warm: CUDA-graph replays measured with
+device events on a GPU, perf_counter on the CPU, median of the samples. `race="exhaustive"` times and checks
+every candidate fully (the baseline benchmarks/early_stop.py compares against). A lease shape with `finalists` (an image upgrade carried its row) gets a confirmation race:
 the default, the incumbent and the finalists only, timed `Schedule.confirm` samples each; names this image lacks
 are skipped, and an incumbent it lacks means a full race. Rows are written in the lease's tuned header.
 """
