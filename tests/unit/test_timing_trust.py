@@ -30,9 +30,9 @@ def _windows(name, medians_us, per=6):
 
 
 def test_a_win_needs_the_gain_in_every_capture_window():
-    """2% faster in all 5 windows: a win (sign test 0.969, t-test ~1). 2% faster in the median window but slower in two of
-    five (one cuBLAS path moved 7% between captures, issue 34): a tie the default keeps, marked for a re-time.
-    Guards the confidence test in TorchBackend._decide_windows."""
+    """2% faster in all 5 windows: a win (sign test 0.969, t-test ~1). 2% faster in the median window but slower
+    in two of five (one cuBLAS path moved 7% between captures, issue 34): a tie the default keeps, marked for a
+    re-time. Guards the confidence test in torch_decide.judge."""
     backend = TorchBackend()
     race = backend._decide(torch_race.Race([_windows(DEFAULT, [100] * 5), _windows("x", [98] * 5)], "halving"),
                            [DEFAULT])

@@ -12,9 +12,10 @@ up to Schedule.retimes times). Every finalist is checked against a float64 refer
 (a16w16: rtol=atol=5e-2 for 16-bit outputs) and a gross-element test, and two corrupted copies of its output
 must fail that check (negative controls, torch_checks). Timing is warm: CUDA-graph replays measured with
 device events on a GPU, perf_counter on the CPU, median of the samples. `race="exhaustive"` times and checks
-every candidate fully (the baseline benchmarks/early_stop.py compares against). A lease shape with `finalists` (an image upgrade carried its row) gets a confirmation race:
-the default, the incumbent and the finalists only, timed `Schedule.confirm` samples each; names this image lacks
-are skipped, and an incumbent it lacks means a full race. Rows are written in the lease's tuned header.
+every candidate fully (the baseline benchmarks/early_stop.py compares against). A lease shape with
+`finalists` (an image upgrade carried its row) gets a confirmation race: the default, the incumbent and the
+finalists only, timed `Schedule.confirm` samples each, the incumbent holding a tie; names this image lacks are
+skipped, and an incumbent it lacks means a full race. Rows are written in the lease's tuned header.
 """
 
 from __future__ import annotations
