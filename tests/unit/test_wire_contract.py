@@ -134,7 +134,7 @@ def test_results_go_one_by_one_to_a_service_without_the_batch_route(tmp_path):
         client = ServiceClient(f"http://127.0.0.1:{srv.server_address[1]}", retry_for_s=1)
         body = {"backend": "torch", "status": "default_best", "us": 5.0, "default_us": 5.0}
         out = client.post_results("lease-1", [{**body, "shape_id": 1}, {**body, "shape_id": 2}])
-        assert out[0]["result_id"] == 11 and isinstance(out[1], LeaseLost)
+        assert isinstance(out[0], wire.ResultOut) and out[0].result_id == 11 and isinstance(out[1], LeaseLost)
         assert seen == ["/v1/leases/lease-1/results/batch", "/v1/leases/lease-1/results", "/v1/leases/lease-1/results"]
     finally:
         srv.shutdown()
