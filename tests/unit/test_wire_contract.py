@@ -71,6 +71,21 @@ def test_what_the_worker_sends_is_valid_on_the_wire():
     assert e.value.field == "us"
 
 
+def test_one_result_status_is_the_plain_string_on_the_wire_in_the_spool_and_in_the_log():
+    """Issue 36: one ResultStatus from the backends through the wire to the results table. Its values are the
+    strings today's wire, spool records and databases hold, and a result carrying a member is the very JSON (and
+    log text) a result carrying the plain string was."""
+    assert [s.value for s in wire.ResultStatus] == ["ok", "default_best", "failed"]
+    plain = {"shape_id": 1, "backend": "torch", "status": "failed", "error": "backend error"}
+    typed = {**plain, "status": wire.ResultStatus.FAILED}
+    assert wire.ResultIn.model_validate(typed).model_dump_json() == wire.ResultIn.model_validate(plain).model_dump_json()
+    assert b'"status":"failed"' in wire.ResultIn.model_validate(typed).model_dump_json().encode()
+    assert json.dumps(typed) == json.dumps(plain)  # a spool record
+    assert f"{wire.ResultStatus.DEFAULT_BEST}" == "%s" % wire.ResultStatus.DEFAULT_BEST == "default_best"  # logs
+    assert wire.ResultStatus.OK == "ok" and wire.ResultIn.model_validate({**plain, "status": "ok"}).status is \
+        wire.ResultStatus.OK
+
+
 ERRORS = {"401", "403", "404", "409", "413", "422", "503"}  # the problems any route may answer
 
 

@@ -206,6 +206,7 @@ class _Race:
 
     started: str  # ISO time the race began (every result's started_at)
     t0: float  # time.monotonic() then
+    profile: Path  # the screen's -o2: every candidate's time (base_tuner.py post_process)
     rc: int | None = None
     tail: list[str] = field(default_factory=list)
     ranked: dict[int, list[dict[str, str]]] = field(default_factory=dict)
@@ -289,8 +290,8 @@ class AiterBackend:
 
     def _two_phase(self, batch: Batch, family: TableFamily, tmp: Path, untuned: Path, tuned: Path,
                    emit: Emit) -> None:
-        race = _Race(now_iso(), time.monotonic())
-        if not self._screen(batch, family, tmp, untuned, tuned, race):
+        race = _Race(now_iso(), time.monotonic(), tmp / "profile.csv")
+        if not self._screen(batch, family, untuned, tuned, race):
             return  # abandoned: the agent releases the rest
         carried = {item["shape_id"]: [n for n in (item.get("incumbent"), *(item.get("finalists") or [])) if n]
                    for item in batch.lease["shapes"]}
@@ -304,20 +305,18 @@ class AiterBackend:
         for item in batch.lease["shapes"]:
             emit(self._verdict(family, batch.lease, item, race, screen.get(item["shape_id"]), replayed))
 
-    def _screen(self, batch: Batch, family: TableFamily, tmp: Path, untuned: Path, tuned: Path, race: _Race
-                ) -> bool:
+    def _screen(self, batch: Batch, family: TableFamily, untuned: Path, tuned: Path, race: _Race) -> bool:
         """Phase 1: every candidate timed cheaply (-o2 keeps each one's time); False when stopped."""
         assert self.root is not None
-        profile = tmp / "profile.csv"
         screen_s = max(1.0, (batch.time_left() - self.margin_s) * self.screen_share)
         cmd = tuner_command(family, self.root, untuned, tuned, int(screen_s), self.mp, self.python,
                             ("--warmup", str(self.screen_warmup), "--iters", str(self.screen_iters),
-                             "-o2", str(profile), *self.extra))
+                             "-o2", str(race.profile), *self.extra))
         race.rc, lines, how = self._run(cmd, batch, time.monotonic() + screen_s)
         if how == "stop":
             return False
         race.tail = lines[-40:]
-        race.ranked = self._screened(family, batch.lease, profile)
+        race.ranked = self._screened(family, batch.lease, race.profile)
         return True
 
     def _confirm(self, batch: Batch, family: TableFamily, tmp: Path, untuned: Path,
@@ -331,8 +330,7 @@ class AiterBackend:
         if how == "stop":
             return False
         race.default = parse_benchmark(out_d, family, batch.lease)
-        profile = tmp / "profile.csv"
-        header = read_table(profile.read_text(), str(profile)).header
+        header = read_table(race.profile.read_text(), str(race.profile)).header
         for r in range(max(len(f) for f in fin.values())):
             rank = {sid: f[r] for sid, f in fin.items() if len(f) > r}
             if not rank or batch.time_left() <= self.margin_s:
