@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
@@ -215,10 +216,19 @@ class Timing(Wire):
     spread: float | None = Field(None, ge=0, le=1e6)
 
 
+class ResultStatus(StrEnum):
+    """What a worker says of one shape's race: the wire's `status`, the backends' ShapeResult.status and the
+    results table's column are its values (a StrEnum: equal to, and serialised as, the plain string)."""
+
+    OK = "ok"  # a winner row that beats the default
+    DEFAULT_BEST = "default_best"  # tuned, nothing beat the default: no row
+    FAILED = "failed"  # the backend could not tune the shape
+
+
 class ResultIn(Wire):
     shape_id: Id
     backend: str = Field(min_length=1, max_length=32, pattern=NAME_PATTERN)
-    status: Literal["ok", "default_best", "failed"]  # default_best: tuned, nothing beat the default, no row
+    status: ResultStatus
     row: dict[Annotated[str, Field(max_length=64)], str | int | float | bool | None] | None = Field(
         None, max_length=64)  # the winner in the family's tuned schema
     us: Micros | None = None

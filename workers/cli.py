@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from workers.backends.base import Backend
     from workers.client import ServiceClient
     from workers.settings import WorkerSettings
 
 
 
-def make_backend(cfg: WorkerSettings, device: str, llc_bytes: int | None = None):  # type: ignore[no-untyped-def]
+def make_backend(cfg: WorkerSettings, device: str, llc_bytes: int | None = None) -> Backend:
     if cfg.backend == "torch":
         from workers.backends.torch_race import TorchBackend
         return TorchBackend(device=device, repeats=cfg.repeats, candidate_limit_s=cfg.candidate_limit_s,
@@ -36,7 +37,7 @@ def make_backend(cfg: WorkerSettings, device: str, llc_bytes: int | None = None)
                         device=device, llc_bytes=llc_bytes)
 
 
-def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
+def report_image_tables(client: ServiceClient, cfg: WorkerSettings, digest: str) -> None:
     """Tell the service this image's own AITER tables and version, so outputs follow its headers."""
     from app import aiter_install
     from workers import image_tables
@@ -46,7 +47,7 @@ def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
         logging.info("no AITER package here: not reporting image tables")
         return
     try:
-        stored = image_tables.report(client, cfg.image_digest, pkg, cfg.aiter_commit)
+        stored = image_tables.report(client, digest, pkg, cfg.aiter_commit)
         logging.info("reported the image's AITER tables: %s", stored)
     except Exception as e:  # the service keeps the family defaults; tuning can go on
         if isinstance(e, Fatal):  # a refused token: tuning cannot go on either
@@ -54,16 +55,16 @@ def report_image_tables(client: ServiceClient, cfg: WorkerSettings) -> None:
         logging.warning("could not report the image's AITER tables: %s", e)
 
 
-def report_kernel_catalog(client: ServiceClient, cfg: WorkerSettings, backend: object) -> None:
+def report_kernel_catalog(client: ServiceClient, digest: str, backend: object) -> None:
     """The kernels this backend may race, per family, so the service refuses a winner outside them and an upgrade
     knows a kernel gone. The aiter backend reports the families whose every candidate list the image's AITER
     holds (TableFamily.catalog_lists); the service checks only what is reported."""
+    from workers.backends.base import KernelCatalog
     from workers.client import Fatal
-    catalog = getattr(backend, "kernel_catalog", None)
-    if catalog is None:
+    if not isinstance(backend, KernelCatalog):
         return
     try:
-        client.put_tables(cfg.image_digest, {"tables": {}, "kernels": catalog()})
+        client.put_tables(digest, {"tables": {}, "kernels": backend.kernel_catalog()})
     except Exception as e:  # unchecked winners until the next start; tuning goes on
         if isinstance(e, Fatal):
             raise
@@ -122,7 +123,8 @@ def _main(argv: list[str] | None, stop: threading.Event) -> int:
         return _fail(2, f"{flag} ({WorkerSettings.env_name(name)}): {err['msg'].removeprefix('Value error, ')}")
     except (OSError, ValueError) as e:
         return _fail(2, f"--token-file (TUNER_TOKEN_FILE): {e}")
-    if not cfg.image_digest:
+    digest = cfg.image_digest
+    if not digest:
         return _fail(2, "--image-digest (or TUNER_IMAGE_DIGEST) is required")
     from workers.agent import Agent, AgentConfig
     from workers.client import Fatal, ServiceClient
@@ -132,14 +134,14 @@ def _main(argv: list[str] | None, stop: threading.Event) -> int:
         ident = detect(cfg.gpu)
         backend = make_backend(cfg, ident.device, ident.llc_bytes)
         worker_id = cfg.worker_id or default_worker_id(ident)
-        agent_cfg = AgentConfig(worker_id=worker_id, image_digest=cfg.image_digest, budget_s=cfg.budget_s,
+        agent_cfg = AgentConfig(worker_id=worker_id, image_digest=digest, budget_s=cfg.budget_s,
                                 compile_budget_s=cfg.compile_budget_s,
                                 aiter_commit=cfg.aiter_commit, once=bool(cfg.once), poll_s=cfg.poll_s,
                                 max_batches=cfg.max_batches, max_shapes=cfg.max_shapes, spool_dir=cfg.spool_dir)
         agent = Agent(client, backend, ident, agent_cfg)
         agent.install_signals()
-        report_image_tables(client, cfg)
-        report_kernel_catalog(client, cfg, backend)
+        report_image_tables(client, cfg, digest)
+        report_kernel_catalog(client, digest, backend)
         stats = agent.run()
     except Fatal as e:
         return _fail(3, str(e))

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import urllib3
@@ -39,6 +39,7 @@ FATAL_STATUS = frozenset({401, 403})  # this worker's token: no retry changes it
 TRANSPORT = (httpx.TransportError,)  # connect/read/write errors and timeouts
 BACKOFF_CAP_S = 30.0
 OUTAGE_LOG_EVERY_S = 30.0
+M = TypeVar("M", bound=BaseModel)
 
 
 class Fatal(Exception):
@@ -94,11 +95,28 @@ def _as_httpx(e: urllib3.exceptions.HTTPError) -> httpx.TransportError:
     return httpx.NetworkError(str(e))  # the connection dropped mid-call (ProtocolError)
 
 
+def _last_reply(rs: RetryCallState) -> Reply:
+    """Retries spent on an answer to retry (a 503 outlasting retry_for_s): that answer, for _json to raise on."""
+    assert rs.outcome is not None  # tenacity calls this only after an attempt
+    reply: Reply = rs.outcome.result()
+    return reply
+
+
 def _problem(status: int, field: str | None, detail: str) -> LeaseLost | Refused:
     """A 4xx as what the caller handles: the lease lost to us (409 on the lease itself) or this request refused."""
     if status == 409 and field in ("lease_id", None):
         return LeaseLost(detail)
     return Refused(status, field, detail[:2000])
+
+
+def _outcome(r: Reply, o: wire.ResultOutcome) -> wire.ResultOut | LeaseLost | Refused:
+    """One result's answer in a batch: its ResultOut, or the problem its own post would have raised."""
+    if o.status >= 400:
+        return _problem(o.status, o.field, o.detail or "")
+    if o.result is None:
+        raise ServiceError(f"{r.path}: the answer is not a ResultsOut: outcome {o.status} of shape {o.shape_id} "
+                           f"carries no result")
+    return o.result
 
 
 class ServiceClient:
@@ -173,7 +191,7 @@ class ServiceClient:
             retry=retry_if_exception_type(TRANSPORT) | retry_if_result(lambda r: r.status_code in RETRY_STATUS),
             stop=stop_after_delay(self.retry_for_s) if self.retry_for_s is not None else stop_never,
             wait=self._wait, sleep=self._sleep, before_sleep=self._before_sleep, reraise=True,
-            retry_error_callback=lambda rs: rs.outcome.result())
+            retry_error_callback=_last_reply)
         return retrying(self._request, method, path, body, as_worker)
 
     def _json(self, r: Reply) -> Any:
@@ -196,7 +214,7 @@ class ServiceClient:
             raise _problem(r.status_code, field, detail)
         raise ServiceError(f"{r.method} {r.path}: {r.status_code} {r.text[:500]}")
 
-    def _check(self, model: type[BaseModel], body: dict) -> BaseModel:
+    def _check(self, model: type[M], body: dict[str, Any]) -> M:
         """What we post must be valid on the wire: a bad value is refused here, the way the service would."""
         try:
             return model.model_validate(body)
@@ -205,16 +223,17 @@ class ServiceClient:
             field = ".".join(str(p) for p in err["loc"]) or None
             raise Refused(422, field, f"{field}: {err['msg']} (checked before sending)") from None
 
-    def _send(self, model: type[BaseModel], body: dict) -> bytes:
+    def _send(self, model: type[BaseModel], body: dict[str, Any]) -> bytes:
         return self._check(model, body).model_dump_json().encode()
 
-    def _answer(self, model: type[BaseModel], r: Reply) -> dict:
+    def _answer(self, model: type[M], r: Reply) -> M:
+        """The service's answer as its wire model (a 4xx or 5xx raised as _json says)."""
         try:
-            return model.model_validate(self._json(r)).model_dump(mode="json")
+            return model.model_validate(self._json(r))
         except ValidationError as e:
             raise ServiceError(f"{r.path}: the answer is not a {model.__name__}: {e}") from None
 
-    def lease(self, body: dict) -> dict | None:
+    def lease(self, body: dict[str, Any]) -> wire.LeaseOut | None:
         try:
             sent = self._send(wire.LeaseIn, body)
         except Refused as e:  # built from the worker's own settings: it would be invalid on every try
@@ -230,21 +249,21 @@ class ServiceClient:
             return None
         return self._answer(wire.LeaseOut, r)
 
-    def heartbeat(self, lease_id: str) -> dict:
+    def heartbeat(self, lease_id: str) -> wire.HeartbeatOut:
         return self._answer(wire.HeartbeatOut, self._call("POST", f"/v1/leases/{lease_id}/heartbeat", retry=False))
 
-    def post_result(self, lease_id: str, body: dict) -> dict:
+    def post_result(self, lease_id: str, body: dict[str, Any]) -> wire.ResultOut:
         r = self._call("POST", f"/v1/leases/{lease_id}/results", self._send(wire.ResultIn, body))
         return self._answer(wire.ResultOut, r)
 
-    def post_results(self, lease_id: str, bodies: list[dict], as_worker: str | None = None
-                     ) -> list[dict | LeaseLost | Refused]:
+    def post_results(self, lease_id: str, bodies: list[dict[str, Any]], as_worker: str | None = None
+                     ) -> list[wire.ResultOut | LeaseLost | Refused]:
         """Results of one lease in one request (at most wire.MAX_RESULTS), each answered as its own post_result
         would be: its ResultOut, or the LeaseLost or Refused that call would raise (one invalid here is refused
         without being sent). A problem with the request as a whole (the lease gone, an outage) raises. as_worker:
         the worker the lease was granted to, when not this one (a twin's spooled results)."""
-        out: list[dict | LeaseLost | Refused | None] = [None] * len(bodies)
-        sent = []
+        out: list[wire.ResultOut | LeaseLost | Refused | None] = [None] * len(bodies)
+        sent: list[tuple[int, wire.ResultIn]] = []
         for i, body in enumerate(bodies):
             try:
                 sent.append((i, self._check(wire.ResultIn, body)))
@@ -257,10 +276,10 @@ class ServiceClient:
             if r.status_code == 404 and self._route_missing(r):  # a service older than the batch route
                 for i, m in sent:
                     out[i] = self._one(lease_id, m, as_worker)
-                return out  # type: ignore[return-value]
-            for (i, _), o in zip(sent, self._answer(wire.ResultsOut, r)["outcomes"], strict=True):
-                out[i] = o["result"] if o["status"] < 400 else _problem(o["status"], o["field"], o["detail"] or "")
-        return out  # type: ignore[return-value]
+            else:
+                for (i, _), o in zip(sent, self._answer(wire.ResultsOut, r).outcomes, strict=True):
+                    out[i] = _outcome(r, o)
+        return [o for o in out if o is not None]  # every slot filled: checked and refused, or answered
 
     @staticmethod
     def _route_missing(r: Reply) -> bool:
@@ -270,7 +289,8 @@ class ServiceClient:
         except (ValueError, AttributeError):
             return True
 
-    def _one(self, lease_id: str, result: BaseModel, as_worker: str | None = None) -> dict | LeaseLost | Refused:
+    def _one(self, lease_id: str, result: BaseModel, as_worker: str | None = None
+             ) -> wire.ResultOut | LeaseLost | Refused:
         r = self._call("POST", f"/v1/leases/{lease_id}/results", result.model_dump_json().encode(),
                        as_worker=as_worker)
         try:
@@ -278,12 +298,12 @@ class ServiceClient:
         except (LeaseLost, Refused) as e:
             return e
 
-    def release(self, lease_id: str, started: list[int] | None = None) -> dict:
+    def release(self, lease_id: str, started: list[int] | None = None) -> wire.ReleaseOut:
         body = self._send(wire.ReleaseIn, {"started": started or []})
         return self._answer(wire.ReleaseOut, self._call("POST", f"/v1/leases/{lease_id}/release", body))
 
-    def post_build(self, body: dict) -> dict:
+    def post_build(self, body: dict[str, Any]) -> wire.BuildOut:
         return self._answer(wire.BuildOut, self._call("POST", "/v1/builds", self._send(wire.BuildIn, body)))
 
-    def put_tables(self, digest: str, body: dict) -> dict:
+    def put_tables(self, digest: str, body: dict[str, Any]) -> Any:
         return self._json(self._call("PUT", f"/v1/images/{digest}/tables", json.dumps(body).encode()))

@@ -28,7 +28,7 @@ from app.capture.spool import Spool
 from app.capture.tail import FileFollower, Position, StdinFollower
 from app.domain.capture_parsing import from_events
 from app.domain.families import FAMILIES
-from app.domain.log_lines import described, parse_log
+from app.domain.log_lines import LogEvent, described, parse_log
 
 log = logging.getLogger("aiter-tuner.capture")
 MAX_SHAPES_PER_CAPTURE = 1000
@@ -126,41 +126,53 @@ class Agent:
         self.reader.notes.clear()
         events = parse_log("\n".join(lines)).events
         steps, cur = self._steps() if with_metrics else ({}, None)
-        st = self.spool.state
         made = 0
-        for name in sorted({e.family for e in events} | (set(st["families"]) if steps else set())):
-            parsed = from_events(FAMILIES[name], events, self.gfx, self.cu_num, strict=False, env=self.env)
-            for note in parsed.notes:
-                if "other families" not in note:
-                    log.warning("%s: %s (agent says %s/%s)", name, note, self.gfx, self.cu_num)
-            shapes = [dict(sh.as_dict(), count=n) for sh, n in parsed.shapes.values()]
-            if not shapes and not steps:
-                continue
-            for part, i in enumerate(range(0, max(len(shapes), 1), MAX_SHAPES_PER_CAPTURE)):
-                body = CaptureIn(image_digest=self.args.image_digest, gfx=self.gfx, cu_num=self.cu_num,
-                                 family=name, aiter_version=self.version, host=self.args.host, env=self.env,
-                                 shapes=shapes[i:i + MAX_SHAPES_PER_CAPTURE],
-                                 capture_uid=self.spool.next_uid(name, part),
-                                 step_buckets=(steps or None) if part == 0 else None)
-                st["pending"].append(body.model_dump(mode="json", exclude_none=True))
-                made += 1
-            if name not in st["families"]:
-                st["families"].append(name)
+        for name in sorted({e.family for e in events} | (set(self.spool.state["families"]) if steps else set())):
+            made += self._spool_family(name, events, steps)
+        self._commit(len(lines), made, steps, cur)
+        return len(lines)
+
+    def _spool_family(self, name: str, events: list[LogEvent], steps: dict[str, int]) -> int:
+        """One family's captures from these events (the step delta rides on its first part), added to the spool's
+        pending ones (not saved yet); how many."""
+        st = self.spool.state
+        parsed = from_events(FAMILIES[name], events, self.gfx, self.cu_num, strict=False, env=self.env)
+        for note in parsed.notes:
+            if "other families" not in note:
+                log.warning("%s: %s (agent says %s/%s)", name, note, self.gfx, self.cu_num)
+        shapes = [dict(sh.as_dict(), count=n) for sh, n in parsed.shapes.values()]
+        if not shapes and not steps:
+            return 0
+        made = 0
+        for part, i in enumerate(range(0, max(len(shapes), 1), MAX_SHAPES_PER_CAPTURE)):
+            body = CaptureIn(image_digest=self.args.image_digest, gfx=self.gfx, cu_num=self.cu_num,
+                             family=name, aiter_version=self.version, host=self.args.host, env=self.env,
+                             shapes=shapes[i:i + MAX_SHAPES_PER_CAPTURE],
+                             capture_uid=self.spool.next_uid(name, part),
+                             step_buckets=(steps or None) if part == 0 else None)
+            st["pending"].append(body.model_dump(mode="json", exclude_none=True))
+            made += 1
+        if name not in st["families"]:
+            st["families"].append(name)
+        return made
+
+    def _commit(self, n_lines: int, made: int, steps: dict[str, int], cur: dict[str, float] | None) -> None:
+        """The new captures, metrics reading and log position in one spool write (none for an idle cycle)."""
+        st = self.spool.state
         before = (st["metrics"], st["log"])
         if cur is not None and (made or not steps):
             st["metrics"] = cur  # a change with no family to carry it yet waits in the next reading's delta
         if isinstance(self.reader, FileFollower):
             p = self.reader.pos
             st["log"] = {"path": self.args.log, "inode": p.inode, "offset": p.offset, "head": p.head}
-        self.lines_read, self.made = self.lines_read + len(lines), self.made + made
+        self.lines_read, self.made = self.lines_read + n_lines, self.made + made
         if made:
             st["seq"] += 1
         if made or (st["metrics"], st["log"]) != before:  # an idle cycle writes nothing
             self.spool.save()
         if made:
-            log.info("spooled %d capture(s) from %d line(s)%s", made, len(lines),
+            log.info("spooled %d capture(s) from %d line(s)%s", made, n_lines,
                      f", {sum(steps.values())} step(s)" if steps else "")
-        return len(lines)
 
     # -- delivering ----------------------------------------------------------------------------------------
     def deliver(self) -> bool:

@@ -223,12 +223,12 @@ def _spooled_by_w1(srv, tmp_path, token):
     (w1 died between the spool's append and its post); the lease id."""
     a = twin(srv, tmp_path, token, "w1")
     lease = a.client.lease(a.lease_request())
-    item = lease["shapes"][0]
-    row = dict(item["shape"], gfx=lease["gfx"], cu_num=lease["cu_num"], libtype="torch", solidx=0, splitK=0, us=5.0,
+    item = lease.shapes[0]
+    row = dict(item.shape, gfx=lease.gfx, cu_num=lease.cu_num, libtype="torch", solidx=0, splitK=0, us=5.0,
                kernelName="k", err_ratio=0.0, tflops=1, bw=1)
-    res = ShapeResult(item["shape_id"], "ok", row=row, us=5.0, err_ratio=0.0, elapsed_s=0.01)
-    a.spool.put(lease["lease_id"], res.payload("torch", None))
-    return lease["lease_id"]
+    res = ShapeResult(item.shape_id, "ok", row=row, us=5.0, err_ratio=0.0, elapsed_s=0.01)
+    a.spool.put(lease.lease_id, res.payload("torch", None))
+    return lease.lease_id
 
 
 def twin(srv, tmp_path, token, worker_id):

@@ -48,16 +48,16 @@ def test_32_agents_never_share_a_shape_and_every_shape_has_one_result(server, db
                 if body is None:
                     return
                 with lock:
-                    leased.append([x["shape_id"] for x in body["shapes"]])
-                for item in body["shapes"]:
-                    row = dict(item["shape"], gfx="gfx942", cu_num="304", libtype="torch", solidx="0", splitK="0",
+                    leased.append([x.shape_id for x in body.shapes])
+                for item in body.shapes:
+                    row = dict(item.shape, gfx="gfx942", cu_num="304", libtype="torch", solidx="0", splitK="0",
                                us=str(1 + i), kernelName=f"k{i}", err_ratio="0", tflops="1", bw="1")
-                    res = {"shape_id": item["shape_id"], "backend": "torch", "status": "ok", "row": row,
+                    res = {"shape_id": item.shape_id, "backend": "torch", "status": "ok", "row": row,
                            "us": 1.0 + i, "err_ratio": 0.0, "elapsed_s": 0.01}
-                    for _ in range(2 if item["shape_id"] % 3 == 0 else 1):  # some posts repeated
-                        out = cl.post_result(body["lease_id"], res)
+                    for _ in range(2 if item.shape_id % 3 == 0 else 1):  # some posts repeated
+                        out = cl.post_result(body.lease_id, res)
                         with lock:
-                            statuses["duplicate" if out["duplicate"] else "new"] += 1
+                            statuses["duplicate" if out.duplicate else "new"] += 1
         except Exception as e:  # surfaced below
             errors.append(repr(e))
         finally:

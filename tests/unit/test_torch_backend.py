@@ -172,9 +172,10 @@ def test_the_compile_lane_calls_every_candidate_once_per_dtype_and_bias(monkeypa
 
     from workers.agent import Agent
     agent = SimpleNamespace(cfg=SimpleNamespace(compile_budget_s=1800.0), backend=backend, warmed=set())
-    assert not Agent.needs_build(agent, {"family": "bf16_gemm"})  # type: ignore[arg-type]
+    lease = SimpleNamespace(family="bf16_gemm")
+    assert not Agent.needs_build(agent, lease)  # type: ignore[arg-type]
     monkeypatch.setattr(TorchBackend, "builds", True)
-    assert Agent.needs_build(agent, {"family": "bf16_gemm"})  # type: ignore[arg-type]
+    assert Agent.needs_build(agent, lease)  # type: ignore[arg-type]
     report = backend.warm(lease_for((8, 64, 128, False), (16, 64, 128, True)), 60.0)
     assert report["ok"] and sorted(calls) == sorted([("torch_linear", False), ("other", False),
                                                      ("torch_linear", True), ("other", True)])

@@ -71,6 +71,21 @@ def test_what_the_worker_sends_is_valid_on_the_wire():
     assert e.value.field == "us"
 
 
+def test_one_result_status_is_the_plain_string_on_the_wire_in_the_spool_and_in_the_log():
+    """Issue 36: one ResultStatus from the backends through the wire to the results table. Its values are the
+    strings today's wire, spool records and databases hold, and a result carrying a member is the very JSON (and
+    log text) a result carrying the plain string was."""
+    assert [s.value for s in wire.ResultStatus] == ["ok", "default_best", "failed"]
+    plain = {"shape_id": 1, "backend": "torch", "status": "failed", "error": "backend error"}
+    typed = {**plain, "status": wire.ResultStatus.FAILED}
+    assert wire.ResultIn.model_validate(typed).model_dump_json() == wire.ResultIn.model_validate(plain).model_dump_json()
+    assert b'"status":"failed"' in wire.ResultIn.model_validate(typed).model_dump_json().encode()
+    assert json.dumps(typed) == json.dumps(plain)  # a spool record
+    assert f"{wire.ResultStatus.DEFAULT_BEST}" == "%s" % wire.ResultStatus.DEFAULT_BEST == "default_best"  # logs
+    assert wire.ResultStatus.OK == "ok" and wire.ResultIn.model_validate({**plain, "status": "ok"}).status is \
+        wire.ResultStatus.OK
+
+
 ERRORS = {"401", "403", "404", "409", "413", "422", "503"}  # the problems any route may answer
 
 
@@ -134,7 +149,7 @@ def test_results_go_one_by_one_to_a_service_without_the_batch_route(tmp_path):
         client = ServiceClient(f"http://127.0.0.1:{srv.server_address[1]}", retry_for_s=1)
         body = {"backend": "torch", "status": "default_best", "us": 5.0, "default_us": 5.0}
         out = client.post_results("lease-1", [{**body, "shape_id": 1}, {**body, "shape_id": 2}])
-        assert out[0]["result_id"] == 11 and isinstance(out[1], LeaseLost)
+        assert isinstance(out[0], wire.ResultOut) and out[0].result_id == 11 and isinstance(out[1], LeaseLost)
         assert seen == ["/v1/leases/lease-1/results/batch", "/v1/leases/lease-1/results", "/v1/leases/lease-1/results"]
     finally:
         srv.shutdown()

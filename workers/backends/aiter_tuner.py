@@ -31,12 +31,14 @@ import tempfile
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.domain.families import FAMILIES, TableFamily, get_family
 from app.domain.keys import row_key
 from app.domain.tables import Table, read_table, render_csv
+from app.wire import ResultStatus
 from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
 
 # the families whose AITER tuner this backend can race (TableFamily.tuner_script, tuner_races)
@@ -122,7 +124,7 @@ def result_from_row(family: TableFamily, lease: dict[str, Any], shape_id: int, r
     kernel = row.get("kernelName") or "+".join(x for x in (row.get("kernelName1"), row.get("kernelName2")) if x)
     header = lease.get("tuned_header") or list(family.tuned_header)
     out_row = {c: row.get(c, "") for c in header}
-    return ShapeResult(shape_id, "ok", row=out_row, us=us, err_ratio=err, kernel_name=kernel or None,
+    return ShapeResult(shape_id, ResultStatus.OK, row=out_row, us=us, err_ratio=err, kernel_name=kernel or None,
                        elapsed_s=elapsed_s, started_at=started, finished_at=now_iso())
 
 
@@ -192,6 +194,24 @@ def _module(path: Path) -> Any:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+Confirmed = list[tuple[dict[str, str], dict[str, Any]]]  # one shape's confirmed finalists: (its row, its bench)
+
+
+@dataclass
+class _Race:
+    """A two-phase race's state, phase by phase: the screen's exit code, last output lines and ranked
+    candidates per shape; the default path's and the finalists' --run_config benchmarks per shape."""
+
+    started: str  # ISO time the race began (every result's started_at)
+    t0: float  # time.monotonic() then
+    profile: Path  # the screen's -o2: every candidate's time (base_tuner.py post_process)
+    rc: int | None = None
+    tail: list[str] = field(default_factory=list)
+    ranked: dict[int, list[dict[str, str]]] = field(default_factory=dict)
+    default: dict[int, dict[str, Any]] = field(default_factory=dict)
+    confirmed: dict[int, Confirmed] = field(default_factory=dict)
 
 
 class AiterBackend:
@@ -270,76 +290,101 @@ class AiterBackend:
 
     def _two_phase(self, batch: Batch, family: TableFamily, tmp: Path, untuned: Path, tuned: Path,
                    emit: Emit) -> None:
+        race = _Race(now_iso(), time.monotonic(), tmp / "profile.csv")
+        if not self._screen(batch, family, untuned, tuned, race):
+            return  # abandoned: the agent releases the rest
+        carried = {item["shape_id"]: [n for n in (item.get("incumbent"), *(item.get("finalists") or [])) if n]
+                   for item in batch.lease["shapes"]}
+        fin = {sid: with_carried(finalists(rows, self.top_k, self.band, self.max_finalists), rows, carried.get(sid))
+               for sid, rows in race.ranked.items()}
+        if fin and batch.time_left() > self.margin_s and not self._confirm(batch, family, tmp, untuned, fin, race):
+            return
+        screen = match_rows(family, batch.lease, read_table(tuned.read_text(), str(tuned))) if tuned.exists() else {}
+        replayed = (self._replayed(batch, family, tmp, race.confirmed)
+                    if self.replay and family.replay and race.confirmed else {})
+        for item in batch.lease["shapes"]:
+            emit(self._verdict(family, batch.lease, item, race, screen.get(item["shape_id"]), replayed))
+
+    def _screen(self, batch: Batch, family: TableFamily, untuned: Path, tuned: Path, race: _Race) -> bool:
+        """Phase 1: every candidate timed cheaply (-o2 keeps each one's time); False when stopped."""
         assert self.root is not None
-        started, t0 = now_iso(), time.monotonic()
-        lease = batch.lease
-        profile = tmp / "profile.csv"
         screen_s = max(1.0, (batch.time_left() - self.margin_s) * self.screen_share)
         cmd = tuner_command(family, self.root, untuned, tuned, int(screen_s), self.mp, self.python,
                             ("--warmup", str(self.screen_warmup), "--iters", str(self.screen_iters),
-                             "-o2", str(profile), *self.extra))
-        rc, lines, how = self._run(cmd, batch, time.monotonic() + screen_s)
+                             "-o2", str(race.profile), *self.extra))
+        race.rc, lines, how = self._run(cmd, batch, time.monotonic() + screen_s)
         if how == "stop":
-            return  # abandoned: the agent releases the rest
-        tail = lines[-40:]
-        ranked = self._screened(family, lease, profile)
-        carried = {item["shape_id"]: [n for n in (item.get("incumbent"), *(item.get("finalists") or [])) if n]
-                   for item in lease["shapes"]}
-        fin = {sid: with_carried(finalists(rows, self.top_k, self.band, self.max_finalists), rows, carried.get(sid))
-               for sid, rows in ranked.items()}
+            return False
+        race.tail = lines[-40:]
+        race.ranked = self._screened(family, batch.lease, race.profile)
+        return True
+
+    def _confirm(self, batch: Batch, family: TableFamily, tmp: Path, untuned: Path,
+                 fin: dict[int, list[dict[str, str]]], race: _Race) -> bool:
+        """Phase 2: the default path, then the finalists rank by rank (one tuned CSV each), through the
+        production op with --run_config, while the budget lasts; False when stopped."""
+        assert self.root is not None
         scratch = tmp / "scratch_tuned.csv"  # -o for --run_config: nothing skipped, nothing of the image touched
-        default: dict[int, dict[str, Any]] = {}
-        confirmed: dict[int, list[tuple[dict[str, str], dict[str, Any]]]] = {}
-        if fin and batch.time_left() > self.margin_s:
-            rc_d, out_d, how = self._run(run_config_command(family, self.root, None, untuned, self.python, scratch),
-                                         batch, batch.deadline - self.margin_s / 2)
+        _, out_d, how = self._run(run_config_command(family, self.root, None, untuned, self.python, scratch),
+                                  batch, batch.deadline - self.margin_s / 2)
+        if how == "stop":
+            return False
+        race.default = parse_benchmark(out_d, family, batch.lease)
+        header = read_table(race.profile.read_text(), str(race.profile)).header
+        for r in range(max(len(f) for f in fin.values())):
+            rank = {sid: f[r] for sid, f in fin.items() if len(f) > r}
+            if not rank or batch.time_left() <= self.margin_s:
+                break
+            rank_csv = tmp / f"rank{r + 1}.csv"
+            rank_csv.write_text(render_csv(header, list(rank.values())))
+            _, out_r, how = self._run(run_config_command(family, self.root, rank_csv, untuned, self.python,
+                                                         scratch), batch, batch.deadline - self.margin_s / 2)
             if how == "stop":
-                return
-            default = parse_benchmark(out_d, family, lease)
-            header = read_table(profile.read_text(), str(profile)).header
-            for r in range(max(len(f) for f in fin.values())):
-                rank = {sid: f[r] for sid, f in fin.items() if len(f) > r}
-                if not rank or batch.time_left() <= self.margin_s:
-                    break
-                rank_csv = tmp / f"rank{r + 1}.csv"
-                rank_csv.write_text(render_csv(header, list(rank.values())))
-                _, out_r, how = self._run(run_config_command(family, self.root, rank_csv, untuned, self.python,
-                                                             scratch), batch, batch.deadline - self.margin_s / 2)
-                if how == "stop":
-                    return
-                for sid, bench in parse_benchmark(out_r, family, lease).items():
-                    if sid in rank and bench["status"] == "OK" and bench["e2e_us"]:
-                        confirmed.setdefault(sid, []).append((rank[sid], bench))
-        screen_rows = match_rows(family, lease, read_table(tuned.read_text(), str(tuned))) if tuned.exists() else {}
-        replayed = self._replayed(batch, family, tmp, confirmed) if self.replay and family.replay and confirmed else {}
-        for item in lease["shapes"]:
-            sid = item["shape_id"]
-            cands = [{"name": r.get("kernelName") or r.get("kernelId"), "us": _us(r), "err_ratio": _err(family, r)}
-                     for r in ranked.get(sid, [])]
-            elapsed = time.monotonic() - t0
-            if confirmed.get(sid):
-                row, bench = min(confirmed[sid], key=lambda x: x[1]["e2e_us"])
-                inc = next((x for x in confirmed[sid] if _kernel(x[0]) == item.get("incumbent")), None)
-                if inc is not None and bench["e2e_us"] >= inc[1]["e2e_us"] * (1 - self.incumbent_tie):
-                    row, bench = inc  # a gain inside the tie floor does not overturn a carried row
-                d = default.get(sid) or {}
-                res = result_from_row(family, lease, sid, row, elapsed, started)
-                res.us, res.default_us = bench["e2e_us"], d.get("e2e_us")  # AITER's --compare compares e2e
-                if res.default_us is not None:  # the default timed in this race: one of its candidates
-                    cands.append({"name": DEFAULT_PATH, "us": res.default_us, "err_ratio": None})
-                if not row_helps(res.us, res.default_us, self.min_improvement_pct):
-                    res.status, res.row = "default_best", None
-            elif sid in screen_rows:  # no confirmation inside the budget: the screening winner, no baseline
-                res = result_from_row(family, lease, sid, screen_rows[sid], elapsed, started)
-            else:
-                why = f"AITER tuner exit {rc}; no row for this shape. Last output:\n" + "\n".join(tail)
-                res = ShapeResult(sid, "failed", error=why[-4000:], elapsed_s=elapsed, started_at=started,
-                                  finished_at=now_iso())
-            res.candidates = cands[:10_000]
-            res.race = {"confirmed": [_kernel(r) for r, _ in confirmed.get(sid, [])]}
-            if sid in replayed and res.status != "failed":
-                self._replay_verdict(family, lease, res, confirmed[sid], replayed[sid], elapsed, started)
-            emit(res)
+                return False
+            for sid, bench in parse_benchmark(out_r, family, batch.lease).items():
+                if sid in rank and bench["status"] == "OK" and bench["e2e_us"]:
+                    race.confirmed.setdefault(sid, []).append((rank[sid], bench))
+        return True
+
+    def _verdict(self, family: TableFamily, lease: dict[str, Any], item: dict[str, Any], race: _Race,
+                 screened: dict[str, str] | None, replayed: dict[int, dict[str, Any]]) -> ShapeResult:
+        """Phase 3, one shape: the fastest confirmed finalist against the default; else the screen's winner with
+        no baseline; else failed. The replay's decision, where it ran, replaces AITER's timing."""
+        sid = item["shape_id"]
+        cands = [{"name": r.get("kernelName") or r.get("kernelId"), "us": _us(r), "err_ratio": _err(family, r)}
+                 for r in race.ranked.get(sid, [])]
+        elapsed = time.monotonic() - race.t0
+        if race.confirmed.get(sid):
+            res = self._confirmed(family, lease, item, race, cands, elapsed)
+        elif screened is not None:  # no confirmation inside the budget: the screening winner, no baseline
+            res = result_from_row(family, lease, sid, screened, elapsed, race.started)
+        else:
+            why = f"AITER tuner exit {race.rc}; no row for this shape. Last output:\n" + "\n".join(race.tail)
+            res = ShapeResult(sid, ResultStatus.FAILED, error=why[-4000:], elapsed_s=elapsed,
+                              started_at=race.started, finished_at=now_iso())
+        res.candidates = cands[:10_000]
+        res.race = {"confirmed": [_kernel(r) for r, _ in race.confirmed.get(sid, [])]}
+        if sid in replayed and res.status != ResultStatus.FAILED:
+            self._replay_verdict(family, lease, res, race.confirmed[sid], replayed[sid], elapsed, race.started)
+        return res
+
+    def _confirmed(self, family: TableFamily, lease: dict[str, Any], item: dict[str, Any], race: _Race,
+                   cands: list[dict[str, Any]], elapsed: float) -> ShapeResult:
+        """The fastest confirmed finalist by AITER's end-to-end time (a carried incumbent keeps a gain under the
+        tie floor), a row only where it beats the default by min_improvement_pct; the default joins cands."""
+        sid, confirmed = item["shape_id"], race.confirmed[item["shape_id"]]
+        row, bench = min(confirmed, key=lambda x: x[1]["e2e_us"])
+        inc = next((x for x in confirmed if _kernel(x[0]) == item.get("incumbent")), None)
+        if inc is not None and bench["e2e_us"] >= inc[1]["e2e_us"] * (1 - self.incumbent_tie):
+            row, bench = inc  # a gain inside the tie floor does not overturn a carried row
+        d = race.default.get(sid) or {}
+        res = result_from_row(family, lease, sid, row, elapsed, race.started)
+        res.us, res.default_us = bench["e2e_us"], d.get("e2e_us")  # AITER's --compare compares e2e
+        if res.default_us is not None:  # the default timed in this race: one of its candidates
+            cands.append({"name": DEFAULT_PATH, "us": res.default_us, "err_ratio": None})
+        if not row_helps(res.us, res.default_us, self.min_improvement_pct):
+            res.status, res.row = ResultStatus.DEFAULT_BEST, None
+        return res
 
     def _replayed(self, batch: Batch, family: TableFamily, tmp: Path,
                   confirmed: dict[int, list[tuple[dict[str, str], dict[str, Any]]]]) -> dict[int, dict[str, Any]]:
@@ -379,7 +424,7 @@ class AiterBackend:
         res.default_us = rec.get("default_us")
         row = next((r for r, _ in rows if _kernel(r) == rec["winner"]), None)
         if row is None or not row_helps(rec["us"], res.default_us, self.min_improvement_pct):
-            res.status, res.row, res.us = "default_best", None, rec["us"]
+            res.status, res.row, res.us = ResultStatus.DEFAULT_BEST, None, rec["us"]
             res.kernel_name = rec["winner"]
             return
         won = result_from_row(family, lease, res.shape_id, row, elapsed, started)
@@ -446,7 +491,7 @@ class AiterBackend:
         why = f"AITER tuner exit {proc.returncode}; no row for this shape. Last output:\n" + "\n".join(tail)
         for item in batch.lease["shapes"]:
             if item["shape_id"] not in posted:
-                emit(ShapeResult(item["shape_id"], "failed", error=why[-4000:], elapsed_s=time.monotonic() - last_t,
+                emit(ShapeResult(item["shape_id"], ResultStatus.FAILED, error=why[-4000:], elapsed_s=time.monotonic() - last_t,
                                  started_at=started, finished_at=now_iso()))
 
 

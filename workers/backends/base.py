@@ -7,15 +7,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from app.domain.improvement import MIN_IMPROVEMENT_PCT, row_helps  # noqa: F401  (the backends' rule)
+from app.wire import ResultStatus
 
 
 @dataclass
 class ShapeResult:
     shape_id: int
-    status: str  # ok (a row that helps) | default_best (tuned, no row) | failed
+    status: ResultStatus  # ok (a row that helps) | default_best (tuned, no row) | failed
     row: dict[str, Any] | None = None
     us: float | None = None
     err_ratio: float | None = None
@@ -69,3 +70,36 @@ class Backend(Protocol):
     families: list[str]
 
     def run(self, batch: Batch, emit: Emit) -> None: ...
+
+
+# What a backend may offer beyond run(): the agent and the CLI ask with isinstance, never by attribute name.
+
+@runtime_checkable
+class Warms(Protocol):
+    """A backend with a compile lane (workers/agent.py): builds what its races need, outside every lease."""
+
+    def warm(self, lease: dict[str, Any], budget_s: float, should_stop: Callable[[], bool]) -> dict[str, Any]:
+        """Build for the lease's family under budget_s; the wire's build report fields (seconds, ok,
+        output_tail: app/wire.py BuildIn)."""
+        ...
+
+
+@runtime_checkable
+class MayBuild(Protocol):
+    """A warming backend that knows whether it has anything to build here (torch: only on a GPU with Triton);
+    one without this builds every time it warms."""
+
+    @property
+    def builds(self) -> bool: ...
+
+
+@runtime_checkable
+class KernelCatalog(Protocol):
+    """A backend that can say which kernels it may race, per family (PUT /v1/images/{digest}/tables)."""
+
+    def kernel_catalog(self) -> dict[str, list[str]]: ...
+
+
+def has_builds(backend: object) -> bool:
+    """Whether the compile lane has anything to do for this backend: it warms, and has something to build."""
+    return isinstance(backend, Warms) and (not isinstance(backend, MayBuild) or backend.builds)
