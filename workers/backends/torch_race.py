@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from app.wire import ResultStatus
 from workers import gpu_idle
 from workers.backends import torch_checks
 from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
@@ -142,7 +143,7 @@ class TorchBackend:
         shape, sid = item["shape"], item["shape_id"]
         unsupported = [f for f in ("scaleAB", "bpreshuffle") if shape.get(f) == "True"]
         if unsupported or shape.get("dtype") not in _DTYPES or shape.get("outdtype") not in _DTYPES:
-            return ShapeResult(sid, "failed", error=f"torch backend cannot run {shape} ({unsupported or 'dtype'})",
+            return ShapeResult(sid, ResultStatus.FAILED, error=f"torch backend cannot run {shape} ({unsupported or 'dtype'})",
                                elapsed_s=time.monotonic() - t0, started_at=started, finished_at=now_iso())
         a, b, bias = inputs or self.inputs(shape)
         out_dtype = _DTYPES[shape["outdtype"]]
@@ -465,7 +466,7 @@ class TorchBackend:
                          "decision": race.decision, "reason": race.reason, "confidence": race.confidence, **note}}
         win = race.winner
         if win is None or win.out is None:
-            return ShapeResult(sid, "failed", error=race.error or "no winner", **done,
+            return ShapeResult(sid, ResultStatus.FAILED, error=race.error or "no winner", **done,
                                elapsed_s=time.monotonic() - t0, finished_at=now_iso())
         # every finalist passed both negative controls in _check (a control that did not fire failed it)
         done["timing"] = {"decision": race.decision, "reason": (race.reason or "")[:1000],
@@ -475,7 +476,7 @@ class TorchBackend:
         us = win.median * 1e6
         helps = row_helps(us, done["default_us"], self.min_improvement_pct)  # the default itself: 0% gain
         row = self._row(batch.lease, shape, win, us) if helps else None
-        return ShapeResult(sid, "ok" if helps else "default_best", row=row, us=us, err_ratio=win.err,
+        return ShapeResult(sid, ResultStatus.OK if helps else ResultStatus.DEFAULT_BEST, row=row, us=us, err_ratio=win.err,
                            kernel_name=win.name, **done, elapsed_s=time.monotonic() - t0, finished_at=now_iso())
 
     @staticmethod
