@@ -516,8 +516,8 @@ def _op_paths(c: Ask, out: list[ShapeEngagement]) -> list[ShapeEngagement]:
 
 def _calls_a_capture_cannot_tell(c: Ask, out: list[ShapeEngagement]) -> list[ShapeEngagement]:
     """A MoE lookup's log line does not say which call made it (MoeOpPath.call_variants: fused_moe, or fused_moe
-    with shared experts, which fhmoe_ runs with its own q_dtype_a and its wrapper step on the stages, fhmoe.py
-    :563-613; the gate mode): where more than one derives the captured q_dtype_a and their verdicts differ, the
+    with shared experts, which fhmoe_ runs with its own q_dtype_a and its wrapper step on the stages,
+    fhmoe.py:563-613; the gate mode): where more than one derives the captured q_dtype_a and their verdicts differ, the
     verdict is unknown, naming them."""
     op = c.family.moe_op
     if op is None or len(op.call_variants) < 2:
