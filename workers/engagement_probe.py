@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,13 +73,17 @@ def libtype_dispatch(op_source: str, op: str) -> tuple[dict[str, bool], str]:
     def is_libtype(e: ast.AST) -> bool:
         return (isinstance(e, ast.Name) and e.id == "libtype") or (
             isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and e.slice.value == "libtype")
+    def compared(c: ast.AST) -> str | None:  # `libtype == "<name>"`: the name (a libtype is a string)
+        if not (isinstance(c, ast.Compare) and is_libtype(c.left) and isinstance(c.ops[0], ast.Eq)):
+            return None
+        first = c.comparators[0]
+        return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
     runs: dict[str, bool] = {}
     other = "default"
     for node in ast.walk(fn):
         if not isinstance(node, ast.If):
             continue
-        names = [c.comparators[0].value for c in ast.walk(node.test) if isinstance(c, ast.Compare)
-                 and is_libtype(c.left) and isinstance(c.ops[0], ast.Eq) and isinstance(c.comparators[0], ast.Constant)]
+        names = [n for c in ast.walk(node.test) if (n := compared(c)) is not None]
         if not names:
             continue
         flydsl = any(isinstance(c, ast.Call) and getattr(c.func, "id", "") == "is_flydsl_available"
@@ -239,8 +244,8 @@ def op_probe(mod: Any, family: Any, ops: dict[str, Callable], importer: Callable
     return probe
 
 
-def lookup_probe(fn: Callable, family: Any, tuned_file: str, flydsl: bool,
-                 cpp_kernel: Callable[[dict], Any] | None = None, op_source: str | None = None) -> Probe:
+def lookup_probe(fn: Callable, family: Any, tuned_file: str | None, flydsl: bool,
+                 cpp_kernel: Callable[[dict, dict], Any] | None = None, op_source: str | None = None) -> Probe:
     """Any lookup whose arguments family.aiter_args names (a GEMM family whose op cannot be called here: a torch
     custom op in a real AITER, see op_function). Where the op dispatches on the
     row's libtype (family.aiter_op), a hit needs the op to run that libtype (libtype_dispatch, from the op's
@@ -360,6 +365,22 @@ def _fhmoe_shared(fh: Any, E: int, dim: int, inter: int) -> dict:
                 w2_scale=meta(E * dim * (s2k // 32)), shared_expert_id=E - 1)
 
 
+@dataclass
+class _MoeOp:
+    """What moe_op_probe calls fused_moe with: the op's module namespace (ns), its lookup, its signature's
+    parameters, the enums, the device's gfx, aiter/fhmoe.py's module, and fused_moe_ / fhmoe_ undecorated."""
+    ns: dict
+    family: Any
+    lookup: Callable
+    params: Any
+    ActivationType: Any
+    QuantType: Any
+    gfx: str
+    fhmoe: Any
+    body: Callable
+    fh_body: Callable | None
+
+
 def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx: str,
                  fhmoe: Any = None) -> Probe:
     """fused_moe (the entry the server calls) with meta tensors of the shape: hidden_states [token, model_dim] of
@@ -372,98 +393,18 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
     aiter/fhmoe.py's module, for the call_variant entries "fhmoe" and "shared" (fused_moe with shared-expert weights,
     fhmoe_ run undecorated, its wrapper step on the stages included): fhmoe's verdict is the lookup of its own table
     (config_file), fmoe's "shared" call's (a shared-expert call outside the DSV4 I384 contract) that of tuned_fmoe."""
-    import torch
     ns = vars(mod)
     path = family.moe_op
-    lookup = ns["get_2stage_cfgs"]
-    params = inspect.signature(ns["fused_moe"]).parameters
     not_aiters = [n for n in path.needs if not inspect.isfunction(ns.get(n))]
     if not_aiters:
         raise ProbeBroken(f"the MoE op's dispatch needs AITER's own {not_aiters} (a stub would decide for it)")
-    body = undecorated(ns, "fused_moe_", "get_inter_dim")
-    fh_body = undecorated(vars(fhmoe), "fhmoe_", "_fhmoe") if fhmoe is not None else None
-
-    def call(s: dict, variant: dict) -> tuple[Any, Any, Any, list]:
-        """(the lookup's q_dtype_a argument or None, (hit, row) or None, what AITER raised or None, its log lines)"""
-        rows: list = []
-        got: list = []
-        keyed: list = []
-        own: list = []  # per lookup: of the family's own table (config_file)
-
-        def spy(*a, **k):
-            keyed.append(str(a[6]))  # get_2stage_cfgs(token, model_dim, inter_dim, expert, topk, dtype, q_dtype_a
-            own.append((k.get("config_file") is not None) == fh)  # fhmoe's table, or (fmoe's shared call) not
-            got.append(lookup(*a, **k))
-            return got[-1]
-
-        def sorting(*a, **k):
-            raise Launched("moe_sorting")
-        M, E, topk = int(s["token"]), int(s["expert"]), int(s["topk"])
-        dim, inter = int(s["model_dim"]), int(s["inter_dim"])
-        w, dtype = _torch_dtype(s["q_dtype_w"]), _torch_dtype(s["dtype"])
-        w1 = torch.empty((E, inter * (2 if int(s["use_g1u1"]) else 1), dim), dtype=w, device="meta")
-        w2 = torch.empty((E, dim, inter), dtype=w, device="meta")
-        for t in (w1, w2):  # what AITER's shuffle_weight marks (the op reads it: is_shuffled)
-            setattr(t, "is_shuffled", True)
-        kw = dict(activation=getattr(ActivationType, s["act_type"].split(".")[1]),
-                  quant_type=getattr(QuantType, s["q_type"].split(".")[1]),
-                  doweight_stage1=bool(int(s["doweight_stage1"])))
-        gate = variant.get("gate_mode", s.get("gate_mode"))
-        if "gate_mode" in params and gate:
-            kw["gate_mode"] = ns["GateMode"][gate.split(".")[1]].value
-        entry = ns["fused_moe"]
-        if variant.get("entry") == "shared":
-            cells = dict(family.remap(s), **variant)
-            arch = ns["get_gfx"]()  # what the op's branches read (GPU_ARCHS)
-            qa = path.q_dtype_a(cells, gfx, arch) if path.variant(cells, gfx, arch) == variant else ""
-            if not qa:
-                return None, None, None, []  # not a call the shared-expert entry makes for these cells
-        # issue 35 (w35b): a shared-expert call is fused_moe with shared weights, which goes to fhmoe_ (fused_moe.py
-        # :495-536), as fhmoe's own calls do: its contract, its _q_dtype_a and the wrapper step it applies to the
-        # stages whatever table it read (_use_fhmoe_wrappers, fhmoe.py:304-317, :563-613) are AITER's own
-        fh = variant.get("entry") == "fhmoe"
-        shared = variant.get("entry") in ("shared", "fhmoe")
-        if shared and fhmoe is None:
-            raise ProbeBroken("this AITER has no aiter/fhmoe.py: its shared-expert entry cannot be called")
-        if shared:
-            kw.update(_fhmoe_shared(fhmoe, E, dim, inter))
-            vars(fhmoe)["fhmoe_"], kept = fh_body, vars(fhmoe)["fhmoe_"]
-        saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
-        ns.update(get_2stage_cfgs=spy, moe_sorting=sorting, logger=_RecordUsing(ns["logger"], rows),
-                  fused_moe_=body)
-        if hasattr(lookup, "cache_clear"):
-            lookup.cache_clear()  # a cached call logs no line: every call looks up anew
-        try:
-            entry(torch.empty((M, dim), dtype=dtype, device="meta"), w1, w2,
-                  torch.empty((M, topk), dtype=torch.float32, device="meta"),
-                  torch.empty((M, topk), dtype=torch.int32, device="meta"), **kw)
-        except Launched:
-            pass
-        except ProbeBroken:
-            raise
-        except Exception as e:  # noqa: BLE001  AITER raised on this call (after its lookup, or before)
-            # fhmoe: the lines of its tier lookups are not this call's (the service reads each as its own tier's)
-            return (keyed[-1] if keyed else None), None, e, [] if shared else [x for _, x in rows]
-        else:
-            raise ProbeBroken("fused_moe returned without launching moe_sorting")
-        finally:
-            ns.update(saved)
-            if shared:
-                vars(fhmoe)["fhmoe_"] = kept
-        if not got or not rows:
-            raise ProbeBroken("fused_moe launched a kernel without its lookup's 'using' line")
-        # fhmoe's tier lookups (fhmoe.py:345-385, cached per token) come first: the call's own is the last
-        lines = ([x for _, x in rows][-1:] if own[-1] else []) if shared else [x for _, x in rows]
-        try:
-            hit = moe_stages_run_row(path, got[-1], rows[-1][0]) and own[-1]
-            # a row of another table (a shared-expert call's in the DSV4 I384 contract) is none of this table's
-            return keyed[-1], (hit, rows[-1][0] if own[-1] else None), None, lines
-        except KernelNotFound as e:
-            return keyed[-1], None, e, lines
+    op = _MoeOp(ns, family, ns["get_2stage_cfgs"], inspect.signature(ns["fused_moe"]).parameters, ActivationType,
+                QuantType, gfx, fhmoe, undecorated(ns, "fused_moe_", "get_inter_dim"),
+                undecorated(vars(fhmoe), "fhmoe_", "_fhmoe") if fhmoe is not None else None)
 
     def probe(s):
         # the calls the shape allows (a shape may say its entry or gate mode; a capture's does not)
-        made = [call(s, dict(v)) for v in path.call_variants if all(s.get(k, x) == x for k, x in v)]
+        made = [_moe_call(op, s, dict(v)) for v in path.call_variants if all(s.get(k, x) == x for k, x in v)]
         want = str(family.remap(s).get("q_dtype_a"))
         _, res, raised, lines = next((m for m in made if m[0] == want), made[0])
         for msg, a, k in lines:  # the server's log: the call it made
@@ -472,6 +413,110 @@ def moe_op_probe(mod: Any, family: Any, ActivationType: Any, QuantType: Any, gfx
             raise raised
         return res
     return probe
+
+
+def _moe_tensors(s: dict) -> tuple[Any, ...]:
+    """fused_moe's positional arguments for the shape, as meta tensors (moe_op_probe)."""
+    import torch
+    M, E, topk = int(s["token"]), int(s["expert"]), int(s["topk"])
+    dim, inter = int(s["model_dim"]), int(s["inter_dim"])
+    w, dtype = _torch_dtype(s["q_dtype_w"]), _torch_dtype(s["dtype"])
+    w1 = torch.empty((E, inter * (2 if int(s["use_g1u1"]) else 1), dim), dtype=w, device="meta")
+    w2 = torch.empty((E, dim, inter), dtype=w, device="meta")
+    for t in (w1, w2):  # what AITER's shuffle_weight marks (the op reads it: is_shuffled)
+        setattr(t, "is_shuffled", True)
+    return (torch.empty((M, dim), dtype=dtype, device="meta"), w1, w2,
+            torch.empty((M, topk), dtype=torch.float32, device="meta"),
+            torch.empty((M, topk), dtype=torch.int32, device="meta"))
+
+
+def _moe_kwargs(op: _MoeOp, s: dict, variant: dict) -> dict[str, Any] | None:
+    """fused_moe's keyword arguments for the shape and the call variant; None: not a call the shared-expert entry
+    makes for these cells."""
+    kw: dict[str, Any] = dict(activation=getattr(op.ActivationType, s["act_type"].split(".")[1]),
+                              quant_type=getattr(op.QuantType, s["q_type"].split(".")[1]),
+                              doweight_stage1=bool(int(s["doweight_stage1"])))
+    gate = variant.get("gate_mode", s.get("gate_mode"))
+    if "gate_mode" in op.params and gate:
+        kw["gate_mode"] = op.ns["GateMode"][gate.split(".")[1]].value
+    if variant.get("entry") == "shared":
+        path, cells = op.family.moe_op, dict(op.family.remap(s), **variant)
+        arch = op.ns["get_gfx"]()  # what the op's branches read (GPU_ARCHS)
+        qa = path.q_dtype_a(cells, op.gfx, arch) if path.variant(cells, op.gfx, arch) == variant else ""
+        if not qa:
+            return None
+    return kw
+
+
+def _moe_call(op: _MoeOp, s: dict, variant: dict) -> tuple[Any, Any, Any, list]:
+    """One call of moe_op_probe: (the lookup's q_dtype_a argument or None, (hit, row) or None, what AITER raised or
+    None, its log lines)."""
+    rows: list = []
+    got: list = []
+    keyed: list = []
+    own: list = []  # per lookup: of the family's own table (config_file)
+    # issue 35 (w35b): a shared-expert call is fused_moe with shared weights, which goes to fhmoe_ (fused_moe.py
+    # :495-536), as fhmoe's own calls do: its contract, its _q_dtype_a and the wrapper step it applies to the
+    # stages whatever table it read (_use_fhmoe_wrappers, fhmoe.py:304-317, :563-613) are AITER's own
+    fh = variant.get("entry") == "fhmoe"
+    shared = variant.get("entry") in ("shared", "fhmoe")
+
+    def spy(*a, **k):
+        keyed.append(str(a[6]))  # get_2stage_cfgs(token, model_dim, inter_dim, expert, topk, dtype, q_dtype_a
+        own.append((k.get("config_file") is not None) == fh)  # fhmoe's table, or (fmoe's shared call) not
+        got.append(op.lookup(*a, **k))
+        return got[-1]
+    args = _moe_tensors(s)
+    kw = _moe_kwargs(op, s, variant)
+    if kw is None:
+        return None, None, None, []
+    if shared and op.fhmoe is None:
+        raise ProbeBroken("this AITER has no aiter/fhmoe.py: its shared-expert entry cannot be called")
+    if shared:
+        kw.update(_fhmoe_shared(op.fhmoe, int(s["expert"]), int(s["model_dim"]), int(s["inter_dim"])))
+    raised = _launch(op, shared, spy, rows, args, kw)
+    if raised is not None:
+        # fhmoe: the lines of its tier lookups are not this call's (the service reads each as its own tier's)
+        return (keyed[-1] if keyed else None), None, raised, [] if shared else [x for _, x in rows]
+    if not got or not rows:
+        raise ProbeBroken("fused_moe launched a kernel without its lookup's 'using' line")
+    # fhmoe's tier lookups (fhmoe.py:345-385, cached per token) come first: the call's own is the last
+    lines = ([x for _, x in rows][-1:] if own[-1] else []) if shared else [x for _, x in rows]
+    try:
+        hit = moe_stages_run_row(op.family.moe_op, got[-1], rows[-1][0]) and own[-1]
+        # a row of another table (a shared-expert call's in the DSV4 I384 contract) is none of this table's
+        return keyed[-1], (hit, rows[-1][0] if own[-1] else None), None, lines
+    except KernelNotFound as e:
+        return keyed[-1], None, e, lines
+
+
+def _launch(op: _MoeOp, shared: bool, spy: Callable, rows: list, args: tuple, kw: dict) -> Exception | None:
+    """fused_moe(*args, **kw) with the lookup spied on, the 'using' lines recorded into rows, fused_moe_ (and for a
+    shared-expert call fhmoe_) undecorated, up to its first kernel launch (moe_sorting): what AITER raised, or
+    None."""
+    def sorting(*a, **k):
+        raise Launched("moe_sorting")
+    ns = op.ns
+    if shared:
+        vars(op.fhmoe)["fhmoe_"], kept = op.fh_body, vars(op.fhmoe)["fhmoe_"]
+    saved = {n: ns[n] for n in ("get_2stage_cfgs", "moe_sorting", "logger", "fused_moe_")}
+    ns.update(get_2stage_cfgs=spy, moe_sorting=sorting, logger=_RecordUsing(ns["logger"], rows), fused_moe_=op.body)
+    if hasattr(op.lookup, "cache_clear"):
+        op.lookup.cache_clear()  # a cached call logs no line: every call looks up anew
+    try:
+        ns["fused_moe"](*args, **kw)
+    except Launched:
+        return None
+    except ProbeBroken:
+        raise
+    except Exception as e:  # noqa: BLE001  AITER raised on this call (after its lookup, or before)
+        return e
+    else:
+        raise ProbeBroken("fused_moe returned without launching moe_sorting")
+    finally:
+        ns.update(saved)
+        if shared:
+            vars(op.fhmoe)["fhmoe_"] = kept
 
 
 def grouped_op_probe(grouped: Any, ActivationType: Any, QuantType: Any) -> Probe:
@@ -695,6 +740,7 @@ def make_probe(family: Any, load: Callable[[str], Any], enums: Any, flydsl: bool
     mod = load(path)
     cpp = None
     if family.cpp_key is not None and csrc is not None and (tries := cpp_tries(csrc, family)) is not None:
+        assert tuned_file is not None, "needs_file(family): the caller resolves the table the compiled one reads"
         cpp = cpp_kernel_of(load("aiter/jit/utils/chip_info.py"), family, tuned_file, gfx, cu_num, tries,
                             compiled_libtype(csrc, family))
     ops = {e.function: op for e in family.op_entries if (op := op_function(mod, e, fn)) is not None}

@@ -21,10 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from app.domain.families import get_family, release_named
+from app.domain.families import TableFamily, get_family, release_named
 from app.domain.tables import read_table, render_csv
 from workers.backends.aiter_tuner import default_aiter_root, run_config_command
 from app import aiter_install
@@ -95,65 +97,93 @@ def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: st
     digest, family = camp["image_digest"], camp["family"]
     plan = http.get(f"/v1/overlays/{digest}/{family}/deploy").raise_for_status().json()
     form = form or (plan["offered"] or ["layer"])[0]
-    report = http.get(f"/v1/campaigns/{campaign_id}/engagement", params={"form": form}).raise_for_status().json()
-    rows, nxt = list(report["report"]), report.get("next")
-    while nxt:  # the report comes a page at a time
-        page = http.get(f"/v1/campaigns/{campaign_id}/engagement",
-                        params={"form": form, "after": nxt}).raise_for_status().json()
-        rows, nxt = rows + page["report"], page.get("next")
-    fam = release_named(report["release"]).family(family)
+    release, rows = _report(client, campaign_id, form)
+    fam = release_named(release).family(family)
     text = http.get(f"/v1/overlays/{digest}/{family}.csv", params={"form": form}).raise_for_status().text
-    env_name = fam.env_var
     with tempfile.TemporaryDirectory(prefix="aiter-engagement-") as tmp:
-        dropped: Path | None = None
-        if form == "layer":
-            mine = Path(tmp, plan["layer"]["overlay"].rsplit("/", 1)[-1])
-            mine.write_text(text)
-            value = ":".join(str(mine) if f == plan["layer"]["overlay"] else f for f in plan["layer"]["files"])
-        elif form == "merged":
-            mine = Path(tmp, plan["merged"]["file"].rsplit("/", 1)[-1])
-            mine.write_text(text)
-            value = str(mine)
-        else:  # the drop-in is the deploy itself: a file in the image's model_configs/, taken out afterwards
-            dropped = Path(plan["model_configs_dropin"]["copy_to"])
-            dropped.write_text(text)
-            value = None
-        old = os.environ.get(env_name)
+        value, dropped = _deployed_here(plan, form, text, Path(tmp))
         try:
-            if value is None:
-                os.environ.pop(env_name, None)
-            else:
-                os.environ[env_name] = value
-            os.environ["AITER_LOG_TUNED_CONFIG"] = "1"
-            at = aiter()
-            error, results = None, []
-            try:
-                # a lookup that resolves its table itself does so inside the probe, as in the server
-                tuned_file = (resolved_file(at.core, fam.aiter_file_attr)  # type: ignore[arg-type]  # named by a
-                              if needs_file(fam) else None)  # family whose probe needs its file
-                look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file,
-                                  at.importer)
-                for r in rows:  # a shape AITER raises on is its verdict; the next shapes are still probed
-                    hit, cfg, raised = outcome(look, r["shape"])
-                    found = cfg is not None and any(c in cfg for c in ("us", "kernelName1", "BV"))
-                    results.append({"shape_id": r["shape_id"], "hit": bool(hit), "raised": raised,
-                                    "row": row_identity(cfg) if found else None,
-                                    "kernel": None if cfg is None or not hit else
-                                    str(cfg.get("kernelName") or cfg.get("kernelName1") or "")})
-            except ProbeBroken:
-                raise  # the probe itself, not AITER: no proof is posted
-            except Exception as e:  # noqa: BLE001  AITER raised on this deploy (resolving it): that is the finding
-                error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            with _env_set(fam.env_var, value):
+                at = aiter()
+                error, results = _proved(at, fam, rows)
         finally:
-            if old is None:
-                os.environ.pop(env_name, None)
-            else:
-                os.environ[env_name] = old
             if dropped is not None:
                 dropped.unlink(missing_ok=True)
     body = {"form": form, "worker_id": worker_id, "aiter_commit": at.commit, "aiter_version": at.version,
             "flydsl": at.flydsl, "error": error, "results": results}
     return http.post(f"/v1/campaigns/{campaign_id}/engagement/proofs", json=body).raise_for_status().json()
+
+
+def _report(client: ServiceClient, campaign_id: int, form: str) -> tuple[str, list[dict]]:
+    """The service's engagement report on the form: its release, and every shape's row (it comes a page at a
+    time)."""
+    http = client.http
+    report = http.get(f"/v1/campaigns/{campaign_id}/engagement", params={"form": form}).raise_for_status().json()
+    rows, nxt = list(report["report"]), report.get("next")
+    while nxt:
+        page = http.get(f"/v1/campaigns/{campaign_id}/engagement",
+                        params={"form": form, "after": nxt}).raise_for_status().json()
+        rows, nxt = rows + page["report"], page.get("next")
+    return report["release"], rows
+
+
+def _deployed_here(plan: dict, form: str, text: str, tmp: Path) -> tuple[str | None, Path | None]:
+    """The overlay's text deployed as the plan's form says: (the env var's value, None to unset it; the drop-in
+    file written into the image's model_configs/, to take out afterwards)."""
+    if form == "layer":
+        mine = Path(tmp, plan["layer"]["overlay"].rsplit("/", 1)[-1])
+        mine.write_text(text)
+        return ":".join(str(mine) if f == plan["layer"]["overlay"] else f for f in plan["layer"]["files"]), None
+    if form == "merged":
+        mine = Path(tmp, plan["merged"]["file"].rsplit("/", 1)[-1])
+        mine.write_text(text)
+        return str(mine), None
+    # the drop-in is the deploy itself: a file in the image's model_configs/, taken out afterwards
+    dropped = Path(plan["model_configs_dropin"]["copy_to"])
+    dropped.write_text(text)
+    return None, dropped
+
+
+@contextmanager
+def _env_set(name: str, value: str | None) -> Iterator[None]:
+    """The family's env var set to value (None: unset) and AITER_LOG_TUNED_CONFIG=1, for AITER's import; the
+    family's var put back afterwards."""
+    old = os.environ.get(name)
+    try:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+        os.environ["AITER_LOG_TUNED_CONFIG"] = "1"
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _proved(at: AiterAtHand, fam: TableFamily, rows: list[dict]) -> tuple[str | None, list[dict]]:
+    """AITER's own lookup of every shape of the report: (what AITER raised resolving the deploy, or None; the
+    results). A shape AITER raises on is its verdict; the next shapes are still probed."""
+    results: list[dict] = []
+    try:
+        # a lookup that resolves its table itself does so inside the probe, as in the server
+        tuned_file = (resolved_file(at.core, fam.aiter_file_attr)  # type: ignore[arg-type]  # named by a
+                      if needs_file(fam) else None)  # family whose probe needs its file
+        look = make_probe(fam, at.load, at.enums, at.flydsl, at.gfx, at.cu_num, at.csrc, tuned_file, at.importer)
+        for r in rows:
+            hit, cfg, raised = outcome(look, r["shape"])
+            found = cfg is not None and any(c in cfg for c in ("us", "kernelName1", "BV"))
+            results.append({"shape_id": r["shape_id"], "hit": bool(hit), "raised": raised,
+                            "row": row_identity(cfg) if found else None,
+                            "kernel": None if cfg is None or not hit else
+                            str(cfg.get("kernelName") or cfg.get("kernelName1") or "")})
+    except ProbeBroken:
+        raise  # the probe itself, not AITER: no proof is posted
+    except Exception as e:  # noqa: BLE001  AITER raised on this deploy (resolving it): that is the finding
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", results
+    return None, results
 
 
 def main(argv: list[str] | None = None) -> int:

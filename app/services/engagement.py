@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.schemas import EngagementProofIn
 from app.db.session import Database
 from app.db.models import Campaign, CampaignShape, Capture, EngagementProof, Image
-from app.domain.families import TableFamily, get_family, lookup_identity
+from app.domain.families import LookupIdentity, TableFamily, get_family, lookup_identity
 from app.domain.keys import m_candidates
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
@@ -35,7 +36,7 @@ class Verdicts:
     used: str  # the form (or "supplied")
     refused: str | None
     warnings: list[str]
-    shapes: list  # rows with id, shape, priority, state (_SHAPES)
+    shapes: Sequence[Any]  # rows with id, shape, priority, state (_SHAPES)
     checks: list[eng.ShapeEngagement]
     table: Table  # the table checked
 
@@ -118,9 +119,9 @@ def _every_or_page(s: Session, db: Database | None, campaign_id: int, page: list
                    counts: dict[str, campaigns.StateCounts] | None = None
                    ) -> tuple[Verdicts, EngagementProof | None, page_totals.Shown, int]:
     """The verdicts and the totals over every shape: within the request for a small campaign (or without a
-    database to count in), else for the page's shapes only, the totals from the app's caches.totals (app/services/caches.py). counts: the
-    campaign's campaigns.shape_counts where the caller has them. Returns (verdicts, latest proof,
-    page_totals.Shown, the number of shapes)."""
+    database to count in), else for the page's shapes only, the totals from the app's caches.totals
+    (app/services/caches.py). counts: the campaign's campaigns.shape_counts where the caller has them. Returns
+    (verdicts, latest proof, page_totals.Shown, the number of shapes)."""
     if counts is None:
         counts = campaigns.shape_counts(s, campaign_id).get(campaign_id, {})
     shapes = shapes_version(counts)
@@ -193,44 +194,55 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
     camp = campaign_or_404(s, campaign_id)
     ident = runtime_identity(s, camp)
     ov = overlays.build(s, camp.image_digest, camp.family, gfx=ident["gpu_gfx"])
-    warnings: list[str] = []
-    refused = None
     if form is None:
         form = "merged" if merged else None
     if form is not None and form not in FORMS:
         raise Invalid(f"form: one of {', '.join(FORMS)}", "form")
-    if table_csv is not None:
-        try:
-            table = read_table(table_csv, "supplied", ov.family.comment_prefix)
-        except ValueError as e:
-            raise Invalid(f"body: {e}", "body") from None
-        warnings = ov.schema.header_problems(table.header)
-        for i, row in enumerate(table.rows):  # a row AITER could not run is refused, not predicted
-            bad = ov.family.unreadable(row)
-            if bad is not None:
-                raise Invalid(f"body.rows.{i}.{bad[0]} (CSV line {i + 2}): {bad[1]}", f"body.rows.{i}.{bad[0]}")
-        used = "supplied"
-    else:
-        arts = ov.artifacts()
-        form = form or deploy.first_offered(arts, ov.shipped.known) or "layer"  # the deploy plan's choice
-        art = arts[form]
-        refused = art.refused
-        table = art.table if art.table is not None else Table(ov.table.header)
-        used = form
+    table, used, refused, warnings = (_supplied(ov, table_csv) if table_csv is not None else _built(ov, form))
     shapes = only if only is not None else s.execute(
         select(*_SHAPES).where(CampaignShape.campaign_id == camp.id)
         .order_by(CampaignShape.priority.desc(), CampaignShape.id)).all()
+    checks, refused = _checked(camp, ov, ident, used, table, [x.shape for x in shapes], refused)
+    return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks, table)
+
+
+def _supplied(ov: overlays.Overlay, table_csv: str) -> tuple[Table, str, str | None, list[str]]:
+    """A table as written (table, "supplied", no refusal, its header's warnings); a row AITER could not run is
+    refused (422 naming the row's cell), not predicted."""
+    try:
+        table = read_table(table_csv, "supplied", ov.family.comment_prefix)
+    except ValueError as e:
+        raise Invalid(f"body: {e}", "body") from None
+    for i, row in enumerate(table.rows):
+        bad = ov.family.unreadable(row)
+        if bad is not None:
+            raise Invalid(f"body.rows.{i}.{bad[0]} (CSV line {i + 2}): {bad[1]}", f"body.rows.{i}.{bad[0]}")
+    return table, "supplied", None, ov.schema.header_problems(table.header)
+
+
+def _built(ov: overlays.Overlay, form: str | None) -> tuple[Table, str, str | None, list[str]]:
+    """The table AITER builds from a deploy form (default: the deploy plan's choice), the form, its refusal."""
+    arts = ov.artifacts()
+    form = form or deploy.first_offered(arts, ov.shipped.known) or "layer"
+    art = arts[form]
+    return (art.table if art.table is not None else Table(ov.table.header)), form, art.refused, []
+
+
+def _checked(camp: Campaign, ov: overlays.Overlay, ident: dict[str, Any], used: str, table: Table,
+             shapes: list[dict[str, str]], refused: str | None) -> tuple[list[eng.ShapeEngagement], str | None]:
+    """eng.check of the shapes on the table as the runtime identity sees it; (the verdicts, the refusal): a
+    loader that raises, or a serving environment AITER raises in, refuses the form (nothing engages)."""
     cpp_at = (camp.gfx, camp.cu_num)
-    targets = tuple(tuple(t) for t in ident["build_targets"]) or (cpp_at,)
+    targets = tuple((str(t[0]), int(t[1])) for t in ident["build_targets"]) or (cpp_at,)
     try:
         checks = eng.check(ov.family, ov.schema.key_columns, ident["lookup_gfx"], ident["lookup_cu_num"],
-                           [x.shape for x in shapes], table, flydsl=ident["flydsl"], cpp_at=cpp_at,
+                           shapes, table, flydsl=ident["flydsl"], cpp_at=cpp_at,
                            build_targets=targets,  # the built form's table is prepared once (Overlay.lookup)
                            prepared=None if used == "supplied" else ov.lookup(used, ident["lookup_gfx"], targets),
                            arch=ident["lookup_arch"], env=ident["env"])
     except eng.LookupRaises as e:
         refused = f"AITER's loader raises on this table: {e}"
-        checks = [eng.ShapeEngagement(x.shape, False, [], reason=refused) for x in shapes]
+        checks = [eng.ShapeEngagement(x, False, [], reason=refused) for x in shapes]
     if refused is None and ident["lookup_error"]:
         refused = f"AITER raises in this serving environment: {ident['lookup_error']}"
     if refused is None and ident["miss_error"]:  # a shape without a row takes a path that raises
@@ -239,7 +251,7 @@ def verdicts(s: Session, campaign_id: int, merged: bool = False, table_csv: str 
                 c.fails, c.reason = True, f"no row, and the default path raises here: {ident['miss_error']}"
     if refused is not None:  # AITER raises at start: nothing engages
         checks = [eng.ShapeEngagement(c.shape, False, c.tried_m, reason=refused) for c in checks]
-    return Verdicts(camp, ov, ident, used, refused, warnings, shapes, checks, table)
+    return checks, refused
 
 
 def _kernel(row: dict | None) -> str | None:
@@ -269,29 +281,15 @@ def record_proof(s: Session, campaign_id: int, body: EngagementProofIn) -> dict:
             "hits": sum(r.hit for r in body.results), "raises": sum(bool(r.raised) for r in body.results)}
 
 
-def runtime_identity(s: Session, camp: Campaign) -> dict:
+def runtime_identity(s: Session, camp: Campaign) -> dict[str, Any]:
     """gfx and cu_num the way the server's AITER will see them, from the environment its last capture sent
     (families.lookup_identity: GPU_ARCHS for get_gfx() families, CU_NUM for Python lookups, build targets for
     the compiled tables, which the device itself is asked for)."""
     cap = s.scalars(select(Capture).where(Capture.campaign_id == camp.id).order_by(Capture.id.desc())).first()
-    env = dict(cap.env) if cap and cap.env else {}
+    env: dict[str, str] = dict(cap.env) if cap and cap.env else {}
     fam = get_family(camp.family)
     li = lookup_identity(fam, camp.gfx, camp.cu_num, env)
-    gfx, cu, notes = li.gfx, li.cu_num, []
-    if li.error:
-        notes.append(f"GPU_ARCHS={env.get('GPU_ARCHS')!r} CU_NUM={env.get('CU_NUM')!r}: AITER's lookup raises "
-                     f"({li.error}); fix the serving environment")
-    if gfx != camp.gfx:
-        notes.append(f"GPU_ARCHS={env['GPU_ARCHS']}: AITER looks up gfx={gfx} (its last entry), not the GPU's "
-                     f"{camp.gfx}; unset GPU_ARCHS in the serving environment or every row misses")
-    if cu != camp.cu_num:
-        notes.append(f"CU_NUM={env.get('CU_NUM')}: Python lookups use cu_num={cu}, the GPU has {camp.cu_num}"
-                     + (" and the compiled C++ table uses the GPU's: they disagree" if fam.compiled else ""))
-    if fam.compiled and li.build_error:
-        notes.append(f"building the compiled table raises: {li.build_error}")
-    elif fam.compiled and (camp.gfx, camp.cu_num) not in li.build_targets:
-        notes.append(f"the compiled table is built for {list(li.build_targets)} (GPU_ARCHS/CU_NUM), the GPU is "
-                     f"{camp.gfx}/{camp.cu_num}: its kernels come from none of the rows")
+    notes = _identity_notes(fam, camp, env, li)
     img = s.get(Image, camp.image_digest)
     # the worker checks AITER's is_flydsl_available() in the image itself; a server's capture may say so too
     flydsl = (img.flydsl if img is not None and img.flydsl is not None else
@@ -299,7 +297,7 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
     if cap and cap.aiter_version and img and img.aiter_version and cap.aiter_version != img.aiter_version:
         notes.append(f"the server reports AITER {cap.aiter_version}, the image's worker {img.aiter_version}: "
                      "rows are only valid in the image they were measured in")
-    return {"gpu_gfx": camp.gfx, "gpu_cu_num": camp.cu_num, "lookup_gfx": gfx, "lookup_cu_num": cu,
+    return {"gpu_gfx": camp.gfx, "gpu_cu_num": camp.cu_num, "lookup_gfx": li.gfx, "lookup_cu_num": li.cu_num,
             "lookup_arch": li.arch,
             "build_targets": [list(t) for t in li.build_targets], "miss_error": li.miss_error,
             # both, where both raise: which one the server meets first depends on what it calls first
@@ -307,11 +305,29 @@ def runtime_identity(s: Session, camp: Campaign) -> dict:
             "flydsl": flydsl, "env": env, "mismatches": notes}
 
 
-def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log: str,
-                deploy_form: str | None = None) -> dict:
-    """Per-shape counts of AITER's hit and miss lines in a server log taken after deploy."""
-    fam = family_or_422(family)
-    counts: dict[str, dict] = {}
+def _identity_notes(fam: TableFamily, camp: Campaign, env: dict[str, str], li: LookupIdentity) -> list[str]:
+    """Where the serving environment makes AITER look up another GPU than the campaign's, or raise."""
+    notes = []
+    if li.error:
+        notes.append(f"GPU_ARCHS={env.get('GPU_ARCHS')!r} CU_NUM={env.get('CU_NUM')!r}: AITER's lookup raises "
+                     f"({li.error}); fix the serving environment")
+    if li.gfx != camp.gfx:
+        notes.append(f"GPU_ARCHS={env['GPU_ARCHS']}: AITER looks up gfx={li.gfx} (its last entry), not the GPU's "
+                     f"{camp.gfx}; unset GPU_ARCHS in the serving environment or every row misses")
+    if li.cu_num != camp.cu_num:
+        notes.append(f"CU_NUM={env.get('CU_NUM')}: Python lookups use cu_num={li.cu_num}, the GPU has {camp.cu_num}"
+                     + (" and the compiled C++ table uses the GPU's: they disagree" if fam.compiled else ""))
+    if fam.compiled and li.build_error:
+        notes.append(f"building the compiled table raises: {li.build_error}")
+    elif fam.compiled and (camp.gfx, camp.cu_num) not in li.build_targets:
+        notes.append(f"the compiled table is built for {list(li.build_targets)} (GPU_ARCHS/CU_NUM), the GPU is "
+                     f"{camp.gfx}/{camp.cu_num}: its kernels come from none of the rows")
+    return notes
+
+
+def _log_counts(fam: TableFamily, log: str) -> tuple[dict[str, dict[str, Any]], int]:
+    """AITER's hit and miss lines of fam in a server log, per shape (its key); and the lines no shape parses from."""
+    counts: dict[str, dict[str, Any]] = {}
     skipped = 0
     for ev in parse_log(log).events:
         if ev.family != fam.name:
@@ -325,27 +341,45 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
         c["hits" if ev.hit else "misses"] += 1
         if ev.file:
             c["files"].add(ev.file)
+    return counts, skipped
+
+
+def _predicted(s: Session, camp: Campaign | None, gfx: str, deploy_form: str | None
+               ) -> tuple[dict[tuple[Any, ...], tuple[Any, bool, bool, bool]], str | None, dict[str, str]]:
+    """The campaign's verdicts keyed as the log prints the shapes (MoE: the padded token): (shape row, hit, fails,
+    a row found); the form checked; the serving environment."""
+    predicted: dict[tuple[Any, ...], tuple[Any, bool, bool, bool]] = {}
+    if camp is None:
+        return predicted, None, {}
+    v = verdicts(s, camp.id, form=deploy_form)
+    env = v.ident["env"]
+    for x, c in zip(v.shapes, v.checks):
+        predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx, env), (x, c.hit, c.fails, c.row is not None))
+    return predicted, v.used, env
+
+
+def _observed(c: dict[str, Any], x: Any, hit: bool | None, fails: bool, found: bool) -> dict[str, Any]:
+    """One shape's log counts beside its prediction (hit None: no prediction)."""
+    observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
+    # a row AITER finds is logged as used even where its kernel then raises, or the op's dispatch then runs
+    # another kernel (a MoE stage route, a libtype the op does not run)
+    logged = hit or fails or found
+    return {"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
+            "shape_id": x.id if x is not None else None, "state": x.state if x is not None else None,
+            "observed": observed, "predicted_hit": hit, "predicted_fails": fails,
+            "disagrees": hit is not None and observed != "mixed" and (observed == "hit") != logged}
+
+
+def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log: str,
+                deploy_form: str | None = None) -> dict[str, Any]:
+    """Per-shape counts of AITER's hit and miss lines in a server log taken after deploy."""
+    fam = family_or_422(family)
+    counts, skipped = _log_counts(fam, log)
     camp = s.scalars(select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx,
                                             Campaign.cu_num == cu_num, Campaign.family == fam.name)).first()
-    predicted: dict[tuple, tuple] = {}
-    form, env = None, {}
-    if camp is not None:
-        v = verdicts(s, camp.id, form=deploy_form)
-        env = v.ident["env"]
-        form = v.used
-        for x, c in zip(v.shapes, v.checks):  # keyed as the log prints it (MoE: the padded token)
-            predicted.setdefault(_as_logged(v.ov.family, x.shape, gfx, env), (x, c.hit, c.fails, c.row is not None))
-    report = []
-    for k, c in counts.items():
-        x, hit, fails, found = predicted.get(_as_logged(fam, c["shape"], gfx, env), (None, None, False, False))
-        observed = "hit" if c["hits"] and not c["misses"] else "miss" if c["misses"] and not c["hits"] else "mixed"
-        # a row AITER finds is logged as used even where its kernel then raises, or the op's dispatch then runs
-        # another kernel (a MoE stage route, a libtype the op does not run)
-        logged = hit or fails or found
-        report.append({"shape": c["shape"], "hits": c["hits"], "misses": c["misses"], "files": sorted(c["files"]),
-                       "shape_id": x.id if x is not None else None, "state": x.state if x is not None else None,
-                       "observed": observed, "predicted_hit": hit, "predicted_fails": fails,
-                       "disagrees": hit is not None and observed != "mixed" and (observed == "hit") != logged})
+    predicted, form, env = _predicted(s, camp, gfx, deploy_form)
+    none: tuple[Any, bool | None, bool, bool] = (None, None, False, False)
+    report = [_observed(c, *predicted.get(_as_logged(fam, c["shape"], gfx, env), none)) for c in counts.values()]
     return {"family": fam.name, "env_var": fam.env_var, "campaign_id": camp.id if camp else None, "form": form,
             "shapes": len(report), "hit_lines": sum(r["hits"] for r in report),
             "miss_lines": sum(r["misses"] for r in report), "unparsable_lines": skipped,
