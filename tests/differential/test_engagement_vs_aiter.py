@@ -752,7 +752,7 @@ def flydsl_names(seed: int, n: int = 40):
                 names = (name, re.sub(r"_block_k_warp\d+", "", name), name.replace(f"_w{a}_", "_wfp8_"),
                          name.replace(ident[0], "gfx1250"), "flydsl_gemm2_" + a)
                 shapes.append(s)
-                for m in {s["M"], str(rng.choice(m_candidates(family, s)))}:
+                for m in sorted({s["M"], str(rng.choice(m_candidates(family, s)))}):  # sorted: the rng draws in one order
                     libtype = "flydsl" if rng.random() < 0.85 else rng.choice(("asm", "hipblaslt"))
                     v = {**result_cells(family, pool, rng), **s, "M": m, "gfx": ident[0], "cu_num": str(ident[1]),
                          "libtype": libtype, "solidx": "0", "splitK": "0", "kernelName": rng.choice(names)}
