@@ -11,10 +11,10 @@ from app.domain.families.gemm_ops import (A4W4_OP, A8W8_BATCHED_OP, A8W8_OP, BF1
                                           BLOCKSCALE_BPRESHUFFLE_OP, BLOCKSCALE_OP, BPRESHUFFLE_OPS,
                                           BPRESHUFFLE_RETRY, FLYDSL_A8W8_NAME, FLYDSL_HGEMM_NAME,
                                           FLYDSL_HGEMM_SOURCES, MNK_FILE, MXSCALE_OP)
+from app.domain.families.gpus import GPU_FP8
 from app.domain.families.log_formats import LOG_A8W8, LOG_A8W8_BATCHED, LOG_BF16, LOG_BF16_BATCHED, LOG_CK, LOG_MOE
 from app.domain.families.moe_ops import FHMOE_OP, FMOE_OP, GROUPED_OP
 from app.domain.families.ops import MissRaises, OpPath, OpRemap, ReadCell
-from app.domain.families.gpus import GPU_FP8
 from app.domain.families.record import TableFamily
 from app.domain.families.renames import BLOCKSCALE_1X1, FLYDSL_BPRESHUFFLE_X0, FMOE_CK_QUANT
 from app.domain.families.rules import (CaptureRules, DeployRules, LoaderRules, LookupRules, OpDispatch, ReplaySpec,
@@ -40,7 +40,7 @@ _BATCHED_OLD_VARIANT = (("cu_num,B,M,N,K,kernelId,splitK,us,kernelName,tflops,bw
 _FMOE_OLD_KEYS = ("cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,"
                   "use_g1u1,doweight_stage1")
 _FMOE_HEAD = _FMOE_OLD_KEYS + ",block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage"
-# a CK GEMM lookup (gemm_op_a8w8.py get_CKGEMM_config, gemm_op_a4w4.py get_GEMM_config): M,N,K and the table
+
 
 FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
     TableFamily(
@@ -56,11 +56,11 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             # tuned_gemm.py:163-177: a flydsl row runs only where get_flydsl_splitk_hgemm_kernel_params knows its
             # kernel
             flydsl_catalog=FLYDSL_HGEMM_NAME, aiter_file_attr="AITER_CONFIG_GEMM_BF16_FILE",
-            # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16 input,
-            # N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`
+            # tuned_gemm.py:191-210: no row, bpreshuffle, a gfx other than gfx942: the asm default needs a bf16
+            # input, N and K multiples of 64 and a bf16/fp32 output, else `assert False, "no solution ..."`
             miss_raises=(MissRaises(
-                "tuned_gemm.py:208", "AssertionError: no solution (bpreshuffle without a row, and no default asm kernel "
-                "for this dtype/N/K/otype)", when=(("bpreshuffle", "==", "True"), ("gfx", "!=", "gfx942")),
+                "tuned_gemm.py:208", "AssertionError: no solution (bpreshuffle without a row, and no default asm "
+                "kernel for this dtype/N/K/otype)", when=(("bpreshuffle", "==", "True"), ("gfx", "!=", "gfx942")),
                 unless=(("dtype", "==", "torch.bfloat16"), ("N", "%", "64"), ("K", "%", "64"),
                         ("outdtype", "in", "torch.bfloat16|torch.float32"))),),
         ),
@@ -94,9 +94,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                        ("triton", "AITER's own gemm_a16w16 Triton kernel with AITER's own configs "
                                   "(tuned_gemm.py:584-602)")),
         ),
-        tuner=TunerRules(
-            tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py",
-        ),
+        tuner=TunerRules(tuner_script="csrc/gemm_a16w16/gemm_a16w16_tune.py"),
         capture=CaptureRules(
             log_lines=LOG_BF16,
             # AITER's own defaults for an unflagged call (tuned_gemm.py:290-324): outdtype is the input dtype
@@ -115,18 +113,14 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             cpp_key=_GEMM_KEY, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_GEMM_config_with_quant_type",
             aiter_file_attr="AITER_CONFIG_GEMM_A8W8_FILE", aiter_args=("M", "N", "K", "q_dtype_w", "@file"),
         ),
-        loader=LoaderRules(
-            gfx_optional=True, tuned_variants=_CK_OLD_VARIANT,
-        ),
+        loader=LoaderRules(gfx_optional=True, tuned_variants=_CK_OLD_VARIANT),
         op=OpDispatch(
             # gemm_a8w8_CK looks up any weight dtype but the GPU's own fp8 and int8 as torch.int8
             # (gemm_op_a8w8.py:663): a float8_e4m3fn weight on gfx942, a fnuz one on gfx950
             op_remaps=(OpRemap("ops/gemm_op_a8w8.py:663", "q_dtype_w", (GPU_FP8, "torch.int8"), "torch.int8"),),
             op_entries=(A8W8_OP,),
         ),
-        deploy=DeployRules(
-            filled=("kernelName",),
-        ),
+        deploy=DeployRules(filled=("kernelName",)),
         tuner=TunerRules(
             math="fp8", tuner_script="csrc/ck_gemm_a8w8/gemm_a8w8_tune.py",
             # the tuner races kernels_list only and names a row by kernels_list[kernelId].name (gemm_a8w8_tune.py:
@@ -138,9 +132,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                               inputs=("x", "weight", "x_scale", "w_scale"), kernel="run_gemm_a8w8",
                               op="aiter.ops.gemm_op_a8w8:gemm_a8w8"),
         ),
-        capture=CaptureRules(
-            log_lines=LOG_A8W8,
-        ),
+        capture=CaptureRules(log_lines=LOG_A8W8),
     ),
     TableFamily(
         name="a8w8_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
@@ -172,9 +164,9 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                 # a weight neither int8 (gemm_a8w8_ASM's) nor the GPU's own fp8: `assert WQ.dtype == dtypes.fp8`
                 OpPath("ops/gemm_op_a8w8.py:726", "AssertionError: gemm_a8w8_bpreshuffle only support fp8 now (the "
                        "weight is not the GPU's own fp8)", when=(("q_dtype_w", "!in", GPU_FP8 + "|torch.int8"),)),
-                # issue 35 (w35b): a flydsl row (FlyDSL importable) off gfx1250 imports ops/flydsl/gemm_kernels.py (or its
-                # 8-wave module) to run; its catalog registration names kernels with get_gfx() (:174, :689-697), which
-                # raises on a GPU_ARCHS entry it does not know: every such call raises
+                # issue 35 (w35b): a flydsl row (FlyDSL importable) off gfx1250 imports ops/flydsl/gemm_kernels.py (or
+                # its 8-wave module) to run; its catalog registration names kernels with get_gfx() (:174, :689-697),
+                # which raises on a GPU_ARCHS entry it does not know: every such call raises
                 OpPath("ops/flydsl/gemm_kernels.py:174, :697", "KeyError: Unknown GPU architecture (get_gfx() of "
                        "GPU_ARCHS, in FlyDSL's GEMM catalog the flydsl row's kernel is run from)",
                        when=(("q_dtype_w", "!=", "torch.int8"), ("gfx", "!=", "gfx1250"), ("flydsl", "==", "True"),
@@ -186,12 +178,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
                        row_when=(("libtype", "==", "flydsl"), ("kernelName", "!~", FLYDSL_A8W8_NAME)))),
             libtype_use_unless=(("q_dtype_w", "torch.int8"),),
         ),
-        tuner=TunerRules(
-            math="fp8", tuner_script="csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle_tune.py",
-        ),
-        capture=CaptureRules(
-            log_lines=LOG_A8W8,
-        ),
+        tuner=TunerRules(math="fp8", tuner_script="csrc/ck_gemm_a8w8_bpreshuffle/gemm_a8w8_bpreshuffle_tune.py"),
+        capture=CaptureRules(log_lines=LOG_A8W8),
     ),
     TableFamily(
         name="a8w8_blockscale_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
@@ -202,20 +190,14 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             compiled=True, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config", aiter_args=MNK_FILE,
             aiter_file_attr="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_FILE",
         ),
-        loader=LoaderRules(
-            gfx_optional=True, tuned_variants=_CK_OLD_VARIANT,
-        ),
+        loader=LoaderRules(gfx_optional=True, tuned_variants=_CK_OLD_VARIANT),
         op=OpDispatch(
             # gemm_a8w8_blockscale (:839-866): ck and cktile rows run (by kernelName); any other libtype asserts
             aiter_op="gemm_a8w8_blockscale", op_entries=(BLOCKSCALE_OP,),
             libtype_use=(("ck", "hit"), ("cktile", "hit")), libtype_other="fails",
         ),
-        tuner=TunerRules(
-            math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py",
-        ),
-        capture=CaptureRules(
-            log_lines=LOG_CK,
-        ),
+        tuner=TunerRules(math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py"),
+        capture=CaptureRules(log_lines=LOG_CK),
     ),
     TableFamily(
         name="a8w8_blockscale_bpreshuffle_gemm", env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",
@@ -227,9 +209,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             compiled=True, aiter_lookup="aiter/ops/gemm_op_a8w8.py:get_CKGEMM_config", aiter_args=MNK_FILE,
             aiter_file_attr="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_FILE", flydsl_miss="default",
         ),
-        loader=LoaderRules(
-            gfx_optional=True, tuned_variants=_CK_OLD_VARIANT, untuned_variants=("M,N,K,q_dtype_w",),
-        ),
+        loader=LoaderRules(gfx_optional=True, tuned_variants=_CK_OLD_VARIANT, untuned_variants=("M,N,K,q_dtype_w",)),
         op=OpDispatch(
             # gemm_a8w8_blockscale_bpreshuffle (:1021-1081): triton, cktile, ck, asm, opus and (FlyDSL importable)
             # flydsl rows run; anything else falls through to the default ck kernel
@@ -244,9 +224,7 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             math="fp8", tuner_script="csrc/ck_gemm_a8w8_blockscale/gemm_a8w8_blockscale_tune.py",
             tuner_args=("--preshuffle",),
         ),
-        capture=CaptureRules(
-            log_lines=LOG_CK,
-        ),
+        capture=CaptureRules(log_lines=LOG_CK),
     ),
     TableFamily(
         name="a4w4_blockscale_gemm", env_var="AITER_CONFIG_GEMM_A4W4", tuned_file="a4w4_blockscale_tuned_gemm.csv",
@@ -256,20 +234,14 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             compiled=True, aiter_lookup="aiter/ops/gemm_op_a4w4.py:get_GEMM_config", aiter_args=("M", "N", "K"),
             aiter_file_attr="AITER_CONFIG_GEMM_A4W4_FILE",
         ),
-        loader=LoaderRules(
-            gfx_optional=True, tuned_variants=_CK_OLD_VARIANT,
-        ),
+        loader=LoaderRules(gfx_optional=True, tuned_variants=_CK_OLD_VARIANT),
         op=OpDispatch(
             op_entries=(A4W4_OP,),
             op_paths=(OpPath("ops/gemm_op_a4w4.py:196-199", "RuntimeError: A4W4 GEMM kernel is not supported on gfx942",
                              when=(("gfx", "==", "gfx942"),)),),
         ),
-        tuner=TunerRules(
-            math="fp4", tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py",
-        ),
-        capture=CaptureRules(
-            log_lines=LOG_CK,
-        ),
+        tuner=TunerRules(math="fp4", tuner_script="csrc/ck_gemm_a4w4_blockscale/gemm_a4w4_blockscale_tune.py"),
+        capture=CaptureRules(log_lines=LOG_CK),
     ),
     TableFamily(
         name="a8w8_batched_gemm", env_var="AITER_CONFIG_A8W8_BATCHED_GEMM", tuned_file="a8w8_tuned_batched_gemm.csv",
@@ -280,21 +252,11 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             aiter_lookup="aiter/ops/batched_gemm_op_a8w8.py:get_CKBatchedGEMM_config",
             aiter_args=("B", "M", "N", "K"), aiter_file_attr="AITER_CONFIG_A8W8_BATCHED_GEMM_FILE",
         ),
-        loader=LoaderRules(
-            gfx_optional=True, tuned_variants=_BATCHED_OLD_VARIANT,
-        ),
-        op=OpDispatch(
-            op_entries=(A8W8_BATCHED_OP,),
-        ),
-        deploy=DeployRules(
-            filled=("kernelName",),
-        ),
-        tuner=TunerRules(
-            math="fp8", tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py",
-        ),
-        capture=CaptureRules(
-            log_lines=LOG_A8W8_BATCHED,
-        ),
+        loader=LoaderRules(gfx_optional=True, tuned_variants=_BATCHED_OLD_VARIANT),
+        op=OpDispatch(op_entries=(A8W8_BATCHED_OP,)),
+        deploy=DeployRules(filled=("kernelName",)),
+        tuner=TunerRules(math="fp8", tuner_script="csrc/ck_batched_gemm_a8w8/batched_gemm_a8w8_tune.py"),
+        capture=CaptureRules(log_lines=LOG_A8W8_BATCHED),
     ),
     TableFamily(
         name="bf16_batched_gemm", env_var="AITER_CONFIG_BF16_BATCHED_GEMM", tuned_file="bf16_tuned_batched_gemm.csv",
@@ -305,21 +267,11 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             aiter_lookup="aiter/ops/batched_gemm_op_bf16.py:get_CKBatchedGEMM_config",
             aiter_args=("B", "M", "N", "K"), aiter_file_attr="AITER_CONFIG_BF16_BATCHED_GEMM_FILE",
         ),
-        loader=LoaderRules(
-            gfx_optional=True, tuned_variants=_BATCHED_OLD_VARIANT,
-        ),
-        op=OpDispatch(
-            op_entries=(BF16_BATCHED_OP,),
-        ),
-        deploy=DeployRules(
-            filled=("kernelName",),
-        ),
-        tuner=TunerRules(
-            tuner_script="csrc/ck_batched_gemm_bf16/batched_gemm_bf16_tune.py",
-        ),
-        capture=CaptureRules(
-            log_lines=LOG_BF16_BATCHED,
-        ),
+        loader=LoaderRules(gfx_optional=True, tuned_variants=_BATCHED_OLD_VARIANT),
+        op=OpDispatch(op_entries=(BF16_BATCHED_OP,)),
+        deploy=DeployRules(filled=("kernelName",)),
+        tuner=TunerRules(tuner_script="csrc/ck_batched_gemm_bf16/batched_gemm_bf16_tune.py"),
+        capture=CaptureRules(log_lines=LOG_BF16_BATCHED),
     ),
     TableFamily(
         # fp8 e8m0 mxscale BMM: lowercase columns, no cu_num, no shipped default or untuned file
@@ -337,8 +289,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             # _batched_gemm_a8w8_mxscale_impl (batched_gemm_op_a8w8.py:279-297): an opus row runs (int() of its
             # kernelId and splitK), any other libtype raises NotImplementedError; no row: opus' own heuristic
             libtype_use=(("opus", "hit"),), libtype_other="fails",
-            read_cells=(ReadCell("kernelId", "int", "ops/batched_gemm_op_a8w8.py:295", when=(("libtype", "==", "opus"),)),
-                        ReadCell("splitK", "int", "ops/batched_gemm_op_a8w8.py:296", when=(("libtype", "==", "opus"),))),
+            read_cells=(ReadCell("kernelId", "int", "ops/batched_gemm_op_a8w8.py:295",
+                                 when=(("libtype", "==", "opus"),)),
+                        ReadCell("splitK", "int", "ops/batched_gemm_op_a8w8.py:296",
+                                 when=(("libtype", "==", "opus"),))),
         ),
         tuner=TunerRules(
             err_max=0.02,  # opus_bmm_mxscale_tune.py:32
@@ -388,12 +342,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             deploy_notes=("fused_moe_dp_shared_expert.py reads aiter/configs/tuned_fmoe.csv directly and ignores the "
                           "env var; rows that differ from a shipped row only in act_type are matched first-wins.",),
         ),
-        tuner=TunerRules(
-            err_max=0.1, tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py",
-        ),
-        capture=CaptureRules(
-            log_lines=LOG_MOE,
-        ),
+        tuner=TunerRules(err_max=0.1, tuner_script="csrc/ck_gemm_moe_2stages_codegen/gemm_moe_tune.py"),
+        capture=CaptureRules(log_lines=LOG_MOE),
     ),
     TableFamily(
         name="fhmoe", kernel_columns=("kernelName1", "kernelName2"), env_var="AITER_CONFIG_FHMOE",
@@ -410,8 +360,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             padding="moe_exact", lookup_derived=(("shared_expert_id", "expert", -1),), flydsl_miss="fails",
             aiter_lookup="aiter/fused_moe.py:get_2stage_cfgs", aiter_args=("@file",),
             aiter_file_attr="AITER_CONFIG_FHMOE_FILE",
-            miss_raises=(MissRaises("fused_moe.py:2369-2374", "NotImplementedError: the dedicated FHMoE path requires an "
-                                    "exact tuned config row"),),
+            miss_raises=(MissRaises("fused_moe.py:2369-2374", "NotImplementedError: the dedicated FHMoE path requires "
+                                    "an exact tuned config row"),),
         ),
         loader=LoaderRules(
             # fused_moe.py:2153-2185,2271-2275: get_2stage_cfgs(config_file=AITER_CONFIG_FHMOE's table) keys also on
@@ -419,19 +369,13 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             # repeated key raises (duplicated(subset=...), identical rows included); FlyDSL kernels only
             duplicate_keys="raise_any", backfill_gfx=True, dropped_rows=(("_tag", "flydsl_fallback"),),
         ),
-        op=OpDispatch(
-            moe_op=FHMOE_OP,
-        ),
+        op=OpDispatch(moe_op=FHMOE_OP),
         deploy=DeployRules(
             filled=("kernelName1", "kernelName2"),
             deploy_notes=("fhmoe has no us column: any duplicate key in a multi-file merge raises RuntimeError.",),
         ),
-        tuner=TunerRules(
-            err_max=0.1,
-        ),
-        capture=CaptureRules(
-            log_lines=LOG_MOE,
-        ),
+        tuner=TunerRules(err_max=0.1),
+        capture=CaptureRules(log_lines=LOG_MOE),
     ),
     TableFamily(
         # no kernel_renames across v0.1.19 -> v0.1.20: v0.1.19's kernelName1 followed gate_mode (SEPARATED: *_gguu,
@@ -455,12 +399,8 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
             aiter_lookup="aiter/ops/flydsl/grouped_moe_gfx1250.py:_find_grouped_config", key_match="wildcard",
             aiter_file_attr="AITER_CONFIG_GROUPED_FMOE_FILE",
         ),
-        loader=LoaderRules(
-            duplicate_keys="first", env_concat=True,
-        ),
-        op=OpDispatch(
-            moe_op=GROUPED_OP,
-        ),
+        loader=LoaderRules(duplicate_keys="first", env_concat=True),
+        op=OpDispatch(moe_op=GROUPED_OP),
         deploy=DeployRules(
             filled=("kernelName1", "kernelName2"),
             deploy_notes=("AITER_CONFIG_GROUPED_FMOE bypasses merge and dedup: empty cells are wildcards, lowest us "
@@ -508,11 +448,10 @@ FAMILIES: dict[str, TableFamily] = {f.name: f for f in [
         op=OpDispatch(
             # chunk_gated_delta_rule_fwd_h_flydsl_opt runs the BV its lookup returns only where it is 16, 32 or 64
             # (V is 128), and raises ValueError on any other
-            read_cells=(ReadCell("BV", "enum", "ops/flydsl/linear_attention_prefill_kernels.py:1270", ("16", "32", "64")),),
+            read_cells=(ReadCell("BV", "enum", "ops/flydsl/linear_attention_prefill_kernels.py:1270",
+                                 ("16", "32", "64")),),
         ),
-        deploy=DeployRules(
-            filled=("BV",),
-        ),
+        deploy=DeployRules(filled=("BV",)),
         tuner=TunerRules(
             tuner_script="csrc/gdn_k5/chunk_gdn_h_opt_tune.py",
             tuner_races=False,  # K5BvTuner.post_process (chunk_gdn_h_opt_tune.py:512-524) writes no --profile_file

@@ -55,8 +55,8 @@ BPRESHUFFLE_OPS = (
 _BLOCKSCALE_XW = (_t("M", "K", dtype="dtypes.fp8"), _t("N", "K", dtype="dtypes.fp8"), _t("M", "(K+127)//128"),
                   _t("(N+127)//128", "(K+127)//128"))
 BLOCKSCALE_OP = OpEntry("gemm_a8w8_blockscale", "ops/gemm_op_a8w8.py:805-872", _BLOCKSCALE_XW,
-                         (("gemm_a8w8_blockscale_ck", "ck"), ("gemm_a8w8_blockscale_cktile", "cktile"),
-                          ("aiter.ops.triton.gemm.basic.gemm_a8w8_blockscale:gemm_a8w8_blockscale", "triton")))
+                        (("gemm_a8w8_blockscale_ck", "ck"), ("gemm_a8w8_blockscale_cktile", "cktile"),
+                         ("aiter.ops.triton.gemm.basic.gemm_a8w8_blockscale:gemm_a8w8_blockscale", "triton")))
 BLOCKSCALE_BPRESHUFFLE_OP = OpEntry(
     "gemm_a8w8_blockscale_bpreshuffle", "ops/gemm_op_a8w8.py:909-1087", _BLOCKSCALE_XW,
     (("gemm_a8w8_blockscale_bpreshuffle_ck", "ck"), ("gemm_a8w8_blockscale_bpreshuffle_cktile", "cktile"),
@@ -67,7 +67,7 @@ BLOCKSCALE_BPRESHUFFLE_OP = OpEntry(
 # fp4x2 A [M,K/2], B [N,K/2] with e8m0 scales per 32 (gemm_op_a4w4.py:148-238): a CK row (a kernel name without
 # "_ZN") runs gemm_a4w4_blockscale, an asm one (and no row) gemm_a4w4_asm with the row's name
 A4W4_XW = (_t("M", "K//2", dtype="dtypes.fp4x2"), _t("N", "K//2", dtype="dtypes.fp4x2"),
-            _t("M", "(K+31)//32", dtype="dtypes.fp8_e8m0"), _t("N", "(K+31)//32", dtype="dtypes.fp8_e8m0"))
+           _t("M", "(K+31)//32", dtype="dtypes.fp8_e8m0"), _t("N", "(K+31)//32", dtype="dtypes.fp8_e8m0"))
 _A4W4_LAUNCHERS = (("gemm_a4w4_blockscale", "*"), ("_gemm_a4w4_asm", "*"), ("gemm_a4w4_asm", "*"))
 A4W4_OP = OpEntry("gemm_a4w4", "ops/gemm_op_a4w4.py:148-238", A4W4_XW, _A4W4_LAUNCHERS)
 # batched: XQ [B,M,K], WQ [B,N,K] (batched_gemm_op_a8w8.py:124-149, batched_gemm_op_bf16.py:107-130)
@@ -81,7 +81,7 @@ BF16_BATCHED_OP = OpEntry(
     (("batched_gemm_bf16", "*"),))
 # a flydsl bpreshuffle kernel name the op runs: gemm_op_a8w8.py:148-151 (its spelling), or the 8-wave runner's (:178)
 FLYDSL_A8W8_NAME = (r"(?:flydsl_bpreshuffle_8w_|flydsl_bpreshuflle_(\d+)x(\d+)x(\d+)_\w+_\w+_\w+_(\d+)x(\d+)"
-                     r"(?:x(\d+))?(?:x(\d+))?(?:_([A-Za-z][A-Za-z0-9]*))?$)")
+                    r"(?:x(\d+))?(?:x(\d+))?(?:_([A-Za-z][A-Za-z0-9]*))?$)")
 # x [M,G,K] fp8, wo_a [G,N,K] fp8, e8m0 scales (batched_gemm_op_a8w8.py:257-297: the unguarded impl of
 # batched_gemm_a8w8_mxscale; the table's b is G)
 MXSCALE_OP = OpEntry(
