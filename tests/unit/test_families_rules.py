@@ -10,14 +10,30 @@ from typing import get_args
 
 import pytest
 
-from app.domain.families import (CURRENT, FAMILIES, RELEASE_0_1_7, RELEASES, CaptureRules, CellParse, CppPadding,
-                                 DeployRules, DuplicateKeys, FlydslMiss, GfxSource, KeyMatch, LoaderRules,
+from app.domain.families import (CURRENT, FAMILIES, RELEASE_0_1_7, RELEASES, CaptureRules, CellParse, CondOp,
+                                 CppPadding, DeployRules, DuplicateKeys, FlydslMiss, GfxSource, KeyMatch, LoaderRules,
                                  LookupRules, Math, MergeOnDuplicate, OpDispatch, Padding, PathRuns, RowUse,
                                  TableFamily, TunerRules, get_family, lookup_identity)
 
 RECORDS = {"lookup": LookupRules, "loader": LoaderRules, "op": OpDispatch, "deploy": DeployRules,
            "tuner": TunerRules, "capture": CaptureRules}
 EVERY = [(r, n) for r in RELEASES for n in FAMILIES]
+
+
+COND_FIELDS = {"when", "unless", "row_when", "table_when", "stages_when"}
+
+
+def _conds(obj: object) -> list[tuple[str, str, str]]:
+    """Every (column, op, value) condition in a family's records, however deep (ops, MoE routes, raises...)."""
+    if isinstance(obj, tuple):
+        return [c for x in obj for c in _conds(x)]
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return []
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        out += list(value) if f.name in COND_FIELDS else _conds(value)
+    return out
 
 
 def _ids(case: tuple[object, str]) -> str:
@@ -51,6 +67,10 @@ def test_the_behaviour_switches_hold_only_values_their_readers_know(case):
     assert {p.runs for p in op.op_paths} <= set(get_args(PathRuns))
     assert {c.parse for c in op.read_cells} <= set(get_args(CellParse))
     assert release.merge_on_duplicate in get_args(MergeOnDuplicate)
+    conds = _conds(fam)
+    assert {op for _, op, _ in conds} <= set(get_args(CondOp))
+    if fam.moe_op is not None:
+        assert conds, "the MoE op's routes and branches are conditions"
 
 
 def test_a_release_changes_a_familys_rules_not_its_table():

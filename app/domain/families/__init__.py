@@ -25,7 +25,7 @@ from __future__ import annotations
 from app.domain.families.catalog import FAMILIES, UnknownFamily, family_for_file, get_family
 from app.domain.families.columns import (BOOL, BOOL01, DIM_BOUNDS, DTYPE, DTYPES, ENUM, ENUM_VALUES, FLOAT, INT,
                                          STR, ColumnKind, column_kind, enum_prefix, int_floor)
-from app.domain.families.conditions import Cond, Conds, holds
+from app.domain.families.conditions import Cond, CondOp, Conds, holds
 from app.domain.families.gemm_ops import BPRESHUFFLE_RETRY, FLYDSL_HGEMM_NAME, FLYDSL_HGEMM_SOURCES
 from app.domain.families.gpus import (FP8_OF_GFX, GFX_CU_NUM, GFX_NAMES, GPU_FP8, LEGACY_CU_NUM_TO_GFX,
                                       LLC_BYTES_OF_GFX, gfx_from_cu_num, gpu_fp8, llc_bytes)
@@ -50,7 +50,7 @@ __all__ = [
     "FP8_OF_GFX", "GFX_CU_NUM", "GFX_NAMES", "GPU_FP8", "GROUPED_OP", "INT", "LEGACY_CU_NUM_TO_GFX",
     "LLC_BYTES_OF_GFX", "LOG_A8W8", "LOG_A8W8_BATCHED", "LOG_BF16", "LOG_BF16_BATCHED", "LOG_CK", "LOG_MOE",
     "MOE_ENV", "MOE_ENV_RAISES", "RELEASES", "RELEASE_0_1_7", "SNR_MIN_DB_OF_MATH", "STR",
-    "AiterRelease", "CaptureRules", "CellParse", "ColumnKind", "Cond", "Conds", "CppPadding", "DeployRules",
+    "AiterRelease", "CaptureRules", "CellParse", "ColumnKind", "Cond", "CondOp", "Conds", "CppPadding", "DeployRules",
     "DuplicateKeys", "FamilyOverride", "FlydslMiss", "GfxSource", "KernelRename", "KeyMatch", "LoaderRules",
     "LogLine", "LookupIdentity", "LookupRules", "Math", "MergeOnDuplicate", "MissRaises", "MoeADtype", "MoeLauncher",
     "MoeOpPath", "MoeRoute", "MoeStage", "OpArg", "OpDispatch", "OpEntry", "OpPath", "OpRemap", "Padding",

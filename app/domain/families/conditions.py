@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
+# the ops a condition may use: holds' ("<" and ">": moe_holds' only, a MoE call's cells)
+CondOp = Literal["==", "!=", "in", "!in", "%", "~", "!~", "nonzero", "!int", "<", ">"]
 # (column, op, value): see holds for the ops
-Cond = tuple[str, str, str]
+Cond = tuple[str, CondOp, str]
 Conds = tuple[Cond, ...]
 
 

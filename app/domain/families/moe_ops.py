@@ -3,6 +3,7 @@ gfx1250 entry (GROUPED_OP), and the serving environment's variables the MoE op r
 
 from __future__ import annotations
 
+from app.domain.families.conditions import Cond, CondOp, Conds
 from app.domain.families.gpus import GPU_FP8
 from app.domain.families.moe_paths import MoeADtype, MoeLauncher, MoeOpPath, MoeRoute
 from app.domain.families.ops import MissRaises
@@ -18,27 +19,33 @@ MOE_ENV_RAISES = tuple(MissRaises(w, f"ValueError: int() of {v} (the serving env
                                     ("fused_moe.py:768", "AITER_BF16_FP8_MOE_BOUND")))
 # --- end issue 35 (w35b) MoE environment -------------------------------------------------------------------------
 
-_P1X32, _SWIGLU = ("q_type", "==", "QuantType.per_1x32"), ("act_type", "==", "ActivationType.Swiglu")
+_P1X32: Cond = ("q_type", "==", "QuantType.per_1x32")
+_SWIGLU: Cond = ("act_type", "==", "ActivationType.Swiglu")
 _BF16, _FP4X2 = "torch.bfloat16", "torch.float4_e2m1fn_x2"
 # fused_moe.py:759-806 (_fused_moe_impl), env unset (AITER_BF16_FP8_MOE_BOUND and GPTOSS_SWIGLU_MXFP4_BF16_BOUND
 # 256, no AITER_SITUV2_A8W4/A4W4, no AITER_FORCE_A8W4); M is the raw token count; the per_1x128 fp8-input branch
 # (:762-767) needs an fp8 hidden_states with a1_scale, which a bf16/fp16 `dtype` call never is
-_SHARED = ("entry", "==", "shared")
+_SHARED: Cond = ("entry", "==", "shared")
+# fhmoe_'s contract and its activation dtype by gate mode (the shared-expert branches below)
+_FHMOE_CONTRACT: Conds = (_SHARED, ("gfx", "==", "gfx950"), _P1X32, ("act_type", "==", "ActivationType.Silu"),
+                          ("q_dtype_w", "==", _FP4X2))
+_FHMOE_GATE: tuple[tuple[Conds, str], ...] = (((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), ((), _FP4X2))
+# per_1x32 SiTUv2 and the environment variables that pick its activation dtype
+_SITUV2: Conds = (_P1X32, ("act_type", "==", "ActivationType.Situv2"))
+_SITUV2_ENV: tuple[tuple[Conds, str], ...] = (((("AITER_SITUV2_A8W4", "==", "1"),), GPU_FP8),
+                                              ((("AITER_SITUV2_A4W4", "==", "1"),), _FP4X2), ((), _BF16))
 _FMOE_A_DTYPE = (
     # fused_moe with shared experts goes to fhmoe_ (fused_moe.py:495-536), which calls _fused_moe_impl with
     # _q_dtype_a fp8 for interleaved gate/up weights, else fp4x2 (aiter/fhmoe.py:563, :611 at e4048607a5); its
     # contract (fhmoe.py _validate_fhmoe_contract) is gfx950, per_1x32, Silu and fp4x2 weights
-    *(MoeADtype((_SHARED, ("gfx", "==", "gfx950"), _P1X32, ("act_type", "==", "ActivationType.Silu"),
-                 ("q_dtype_w", "==", _FP4X2)) + g, a)
-      for g, a in (((("gate_mode", "==", "GateMode.INTERLEAVE"),), GPU_FP8), ((), _FP4X2))),
+    *(MoeADtype(_FHMOE_CONTRACT + g, a) for g, a in _FHMOE_GATE),
     MoeADtype((_SHARED,), ""),
     # :799-803: AITER_FORCE_A8W4 `in ("1")` is a substring test of "1": set empty, it forces fp8 too
     MoeADtype((("gfx", "==", "gfx1250"), ("AITER_FORCE_A8W4", "in", "|1")), GPU_FP8),
     MoeADtype((("gfx", "==", "gfx1250"),), _FP4X2),
     MoeADtype((_P1X32, ("q_dtype_w", "==", "torch.int4")), _BF16),  # :769-771
     MoeADtype((_P1X32, ("q_dtype_w", "==", GPU_FP8)), GPU_FP8),  # :772-774
-    *(MoeADtype((_P1X32, ("act_type", "==", "ActivationType.Situv2")) + c, a) for c, a in (  # :776-788
-        ((("AITER_SITUV2_A8W4", "==", "1"),), GPU_FP8), ((("AITER_SITUV2_A4W4", "==", "1"),), _FP4X2), ((), _BF16))),
+    *(MoeADtype(_SITUV2 + c, a) for c, a in _SITUV2_ENV),  # :776-788
     MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED"),
                ("token", "<", "$GPTOSS_SWIGLU_MXFP4_BF16_BOUND")), _BF16),  # :789-790
     MoeADtype((_P1X32, _SWIGLU, ("gate_mode", "==", "GateMode.SEPARATED")), _FP4X2),
@@ -63,21 +70,23 @@ _FMOE_LAUNCHERS = (
     MoeLauncher("_mxfp4_a4w4_stage1_fw", "kernelName1", r"flydsl_mxmoe_g1"),
     MoeLauncher("_mxfp4_a4w4_stage2_fw", "kernelName2", r"flydsl_mxmoe_g2"),
     MoeLauncher("cktile_moe_stage1", "", r".*cktile"), MoeLauncher("cktile_moe_stage2", "", r".*cktile"))
-_G1U1, _NO_DOWEIGHT = ("use_g1u1", "in", "1|True"), ("doweight_stage1", "in", "0|False")
-_HALF, _FLYDSL = ("dtype", "in", "torch.bfloat16|torch.float16"), ("flydsl", "==", "True")
-_W_FP4 = ("q_dtype_w", "==", _FP4X2)
+_G1U1: Cond = ("use_g1u1", "in", "1|True")
+_NO_DOWEIGHT: Cond = ("doweight_stage1", "in", "0|False")
+_HALF: Cond = ("dtype", "in", "torch.bfloat16|torch.float16")
+_FLYDSL: Cond = ("flydsl", "==", "True")
+_W_FP4: Cond = ("q_dtype_w", "==", _FP4X2)
 _CKTILE = ("cktile_moe_stage1", "cktile_moe_stage2")
 _S2_TAIL = ((r"opus_moe2", "opus_a8w4_stage2_wrapper"), (r"cktile_", "cktile_moe_stage2"), (r"", "ck_moe_stage2_fwd"))
 _S2_FLYDSL = ((r"flydsl_", "_flydsl_stage2_wrapper"),) + _S2_TAIL
-_CK_KN1 = ("kernelName1", "~", r".*ck2stages")
+_CK_KN1: Cond = ("kernelName1", "~", r".*ck2stages")
 # issue 35 (w35b): the stages _use_fhmoe_wrappers accepts (fhmoe.py:304-317), and what it raises on any other
 _FLYDSL_STAGES = ("_flydsl_stage1_wrapper", "_flydsl_stage2_wrapper")
 # fhmoe.py _is_dsv4_i384_fhmoe_contract (:569-586): the calls that read AITER_CONFIG_FHMOE's table; _PADLESS: of a
 # tuned_fmoe capture, which carries no pads (fhmoe_'s defaults are 0)
-_DSV4_I384 = (("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
+_DSV4_I384: Conds = (("model_dim", "==", "7168"), ("inter_dim", "==", "384"), ("expert", "==", "385"), ("topk", "==", "7"),
               ("hidden_pad", "==", "0"), ("intermediate_pad", "==", "0"), ("gate_mode", "==", "GateMode.INTERLEAVE"),
               ("doweight_stage1", "in", "0|False"))
-_DSV4_I384_PADLESS = tuple(c if c[0] not in ("hidden_pad", "intermediate_pad") else (c[0], "in", "|0")
+_DSV4_I384_PADLESS: Conds = tuple(c if c[0] not in ("hidden_pad", "intermediate_pad") else (c[0], "in", "|0")
                            for c in _DSV4_I384)
 _FHMOE_STAGES_RAISE = ("NotImplementedError: Heterogeneous MXFP4/FP8 experts require the two-stage FlyDSL path "
                        "(fhmoe.py:304-317)")
@@ -149,7 +158,7 @@ FMOE_OP = MoeOpPath("fused_moe.py:759-806", _FMOE_A_DTYPE,
 # (_validate_fhmoe_contract, :48-85, get_gfx() first), _q_dtype_a (:563), the dedicated table for the DSV4 I384
 # contract only (:569-586; else tuned_fmoe), a row at every padded tier up to M (:345-385, :579-583) and the
 # two-stage FlyDSL launchers (_use_fhmoe_wrappers, :304-317)
-_FHMOE_RAISES = (("gfx", "!=", "gfx950", "NotImplementedError: Heterogeneous MXFP4/FP8 experts currently require "
+_FHMOE_RAISES: tuple[tuple[str, CondOp, str, str], ...] = (("gfx", "!=", "gfx950", "NotImplementedError: Heterogeneous MXFP4/FP8 experts currently require "
                                          "gfx950"),
                  ("q_type", "!=", "QuantType.per_1x32", "ValueError: Heterogeneous MXFP4/FP8 experts require per_1x32"),
                  ("act_type", "!=", "ActivationType.Silu", "ValueError: Heterogeneous MXFP4/FP8 experts require SiLU"),
