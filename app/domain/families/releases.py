@@ -105,9 +105,9 @@ def _fmoe_0_1_7(f: TableFamily) -> TableFamily:
     return replace(f, lookup=replace(f.lookup, lookup_ignores=(), padding="moe_0_1_7"),
                    loader=replace(f.loader, duplicate_keys="raise", backfill_gfx=False, dropped_rows=()),
                    deploy=replace(f.deploy, overlay_first=False),
-                   op=replace(f.op, moe_op=FMOE_OP_0_1_7, read_cells=(ReadCell("block_m", "int", "fused_moe.py:632"),
-                                                                      ReadCell("run_1stage", "int",
-                                                                               "fused_moe.py:636"))))
+                   op=replace(f.op, moe_op=FMOE_OP_0_1_7, read_cells=(
+                       ReadCell("block_m", "int", "fused_moe.py:632"),
+                       ReadCell("run_1stage", "int", "fused_moe.py:636"))))
 
 
 CURRENT = AiterRelease(name="current", version_prefixes=())
