@@ -432,11 +432,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     if late and shape.state != ls.ShapeState.QUEUED.value:
         return _superseded(p, shape, lease, body, now, f"shape {body.shape_id} is {shape.state} now")
     try:
-        row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
-        _check_timing(lease, shape, body)
-        _check_times(lease, body, settings, now)
-        body = _one_kernel(lease, body, row)
-        _check_kernel(p, lease, body, row)
+        row, body = _checked(p, lease, shape, body, settings, now)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if late:
             return Refused(e, shape.state)
@@ -444,6 +440,25 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         p.drive(_write_facts(p, [(shape, f)], now))
         p.drive(_finish_if_empty(p, lease))
         return Refused(e, f.state.value)
+    return _take(p, lease, shape, body, row, late, settings, now)
+
+
+def _checked(p: Plain, lease, shape, body: ResultIn, settings: Settings,  # type: ignore[no-untyped-def]
+             now: datetime) -> tuple[dict[str, str] | None, ResultIn]:
+    """A result's checks (Invalid on the first that fails): its winner row as the image's schema keeps it (None
+    for no row) and the result naming its row's kernel."""
+    row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
+    _check_timing(lease, shape, body)
+    _check_times(lease, body, settings, now)
+    body = _one_kernel(lease, body, row)
+    _check_kernel(p, lease, body, row)
+    return row, body
+
+
+def _take(p: Plain, lease, shape, body: ResultIn, row: dict[str, str] | None,  # type: ignore[no-untyped-def]
+          late: bool, settings: Settings, now: datetime) -> ResultOut | Refused:
+    """A result that passed its checks: stored, and its shape's transition (and an inherited shape's confirmation)
+    written; a late one only if it tuned the shape."""
     err_max = get_family(lease.family).err_max
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
@@ -457,10 +472,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     result_id = _add_result(p, shape, lease, body, now, row, verified,
                             "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status)
     caches_of(p).costs.pop((p.key, lease.campaign_id, body.backend))
-    if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
-        # the default path measured on this identity replaces the roofline estimate in the served time
-        p.run("measured_default", {"sid": shape.id, "us": body.default_us,
-                                   "priority": served.priority(shape.calls, shape.steps, body.default_us)})
+    _measured_default(p, shape, body)
     why = body.error or f"no verified winner (err_ratio {body.err_ratio} > {err_max} or bad us {body.us})"
     if late:
         f = ls.late_result(_row_facts(shape), kind)
@@ -476,6 +488,13 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     if not late:
         p.drive(_finish_if_empty(p, lease))
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
+
+
+def _measured_default(p: Plain, shape, body: ResultIn) -> None:  # type: ignore[no-untyped-def]
+    """The default path measured on this identity replaces the roofline estimate in the served time."""
+    if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
+        p.run("measured_default", {"sid": shape.id, "us": body.default_us,
+                                   "priority": served.priority(shape.calls, shape.steps, body.default_us)})
 
 
 def _confirmation(shape, kind: ls.ResultKind, body: ResultIn) -> upgrade.Confirmation | None:  # type: ignore[no-untyped-def]
