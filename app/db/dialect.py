@@ -230,6 +230,12 @@ class Sent(NamedTuple):
     rows: list | None  # type: ignore[type-arg]
     count: int  # type: ignore[assignment]  # the rows it changed; shadows tuple.count on purpose
 
+    @property
+    def answer(self) -> list:  # type: ignore[type-arg]
+        """The rows of a statement that answers rows (_ANSWERS: a SELECT, or a write RETURNING them)."""
+        assert self.rows is not None, "a write answers no rows"
+        return self.rows
+
 
 Stmt = tuple[str, dict]
 T = TypeVar("T")
@@ -242,7 +248,7 @@ Steps = Generator[tuple[Stmt, ...], list[Sent], T]
 def ask(name: str, params: dict) -> Steps[list]:  # type: ignore[type-arg]
     """One statement's rows (a step of its own)."""
     (sent,) = yield ((name, params),)
-    return sent.rows  # type: ignore[return-value]
+    return sent.answer
 
 
 def change(name: str, params: dict) -> Steps[int]:
@@ -266,7 +272,7 @@ class Rows:
         self.pg, self.key = pg, key
         self.state: dict[str, Any] = {} if state is None else state
 
-    def stamp(self, when: datetime) -> object:
+    def stamp(self, when: datetime | None) -> object:
         return when if self.pg else _bind("sqlite")(when)
 
     def when(self, value) -> datetime:  # type: ignore[no-untyped-def]
@@ -350,7 +356,7 @@ class Plain(Rows):
             return done.value  # type: ignore[no-any-return]
 
     def rows(self, name: str, params: dict) -> list[tuple]:  # type: ignore[type-arg]
-        return self.batch((name, params))[0].rows  # type: ignore[return-value]
+        return self.batch((name, params))[0].answer
 
     def run(self, name: str, params: dict) -> int:
         """Rows the statement changed."""

@@ -132,7 +132,8 @@ def check_lineage(new: str, old: str, parents: dict[str, str | None]) -> None:
         raise LineageError("from", "an image cannot inherit from itself", conflict=False)
     if parents.get(new):
         raise LineageError("image_digest", f"{new} already inherits from {parents[new]}")
-    seen, at = set(), old
+    seen: set[str] = set()
+    at: str | None = old
     while at is not None and at not in seen:
         if at == new:
             raise LineageError("from", f"{old} descends from {new}; inheriting would make a cycle")

@@ -180,7 +180,7 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
                                                       "cu": body.cu_num}))
     if not touched.count:
         yield from _add_worker(body, touch)
-    camp = _best_campaign(p.as_campaigns(campaigns.rows), body)
+    camp = _best_campaign(p.as_campaigns(campaigns.answer), body)
     if camp is None:
         return None
     backend = body.backends[0]
@@ -271,8 +271,8 @@ def release(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,
     """Untouched shapes go back to the queue uncounted; `started` ones count a try. The lease and the shapes it
     holds are read in one round trip, the lease ended and the shapes written in a second."""
     found, held = yield (("lease", {"lid": lease_id}), ("held", {"lid": lease_id}))
-    lease = yield from _live_lease(p, lease_id, settings, caller, p.as_leases(found.rows))
-    back = p.as_shapes(held.rows)
+    lease = yield from _live_lease(p, lease_id, settings, caller, p.as_leases(found.answer))
+    back = p.as_shapes(held.answer)
     yield from _end_lease(p, lease, ls.LeaseState.RELEASED,
                [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts)) for r in back])
     return len(back)
@@ -417,8 +417,8 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     p = Plain.of(s)
     read = p.batch(("lease", {"lid": lease_id}), ("result_of", {"lid": lease_id, "sid": body.shape_id}),
                    ("shape", {"sid": body.shape_id}))  # one round trip
-    lease = p.drive(_owned_lease(p, lease_id, caller, p.as_leases(read[0].rows)))
-    dup, found = read[1].rows, p.as_shapes(read[2].rows)
+    lease = p.drive(_owned_lease(p, lease_id, caller, p.as_leases(read[0].answer)))
+    dup, found = read[1].answer, p.as_shapes(read[2].answer)
     if dup:  # a retried POST: same answer, nothing stored twice
         return ResultOut(result_id=dup[0][0], shape_state=found[0].state if found else "?",
                          verified=bool(dup[0][1]), duplicate=True)
