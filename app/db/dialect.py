@@ -7,12 +7,12 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from sqlalchemy import Engine, func, make_url, select, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
@@ -21,8 +21,11 @@ from sqlalchemy.orm import Session
 from app.db.models import CampaignShape
 from app.domain.lease_states import LeaseState, ShapeState
 
+if TYPE_CHECKING:
+    import psycopg
+
 # (shape_key, shape as a dict, calls, flops of one call, default_us estimate, priority)
-ShapeRow = tuple[str, dict, int, float, float, float]
+ShapeRow = tuple[str, dict[str, Any], int, float, float, float]
 
 _COLS = ("campaign_id, shape_key, shape, calls, flops, default_us, priority, default_measured, state, attempts, "
          "updated_at")
@@ -33,10 +36,11 @@ _ON_CONFLICT = ("ON CONFLICT (campaign_id, shape_key) DO UPDATE SET calls = shap
 
 
 @lru_cache
-def _bind(dialect_name: str):  # type: ignore[no-untyped-def]
+def _bind(dialect_name: str) -> Callable[[Any], Any]:
     """The driver values SQLAlchemy would bind for updated_at (SQLite stores a formatted string)."""
     from sqlalchemy.dialects import postgresql, sqlite
-    d = postgresql.psycopg.dialect() if dialect_name == "postgresql" else sqlite.pysqlite.dialect()
+    # SQLAlchemy's dialect classes declare no types on their constructors
+    d = postgresql.psycopg.dialect() if dialect_name == "postgresql" else sqlite.pysqlite.dialect()  # type: ignore[no-untyped-call]
     proc = CampaignShape.__table__.c.updated_at.type.bind_processor(d)
     return proc or (lambda v: v)
 
@@ -49,7 +53,7 @@ def add_shape_calls(s: Session, campaign_id: int, rows: Sequence[ShapeRow], now:
     conn = s.connection()
     dbapi = cast(DBAPIConnection, conn.connection.dbapi_connection)  # the session's: never None
     if conn.dialect.name == "postgresql":
-        return _pg_copy_upsert(dbapi, campaign_id, rows, now)
+        return _pg_copy_upsert(cast("psycopg.Connection[Any]", dbapi), campaign_id, rows, now)  # psycopg's there
     # SQLite: BEGIN IMMEDIATE holds the only write lock, so counting before and after is exact
     count = select(func.count()).select_from(CampaignShape).where(CampaignShape.campaign_id == campaign_id)
     before = s.scalar(count) or 0
@@ -64,7 +68,8 @@ def add_shape_calls(s: Session, campaign_id: int, rows: Sequence[ShapeRow], now:
     return (s.scalar(count) or 0) - before
 
 
-def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: datetime) -> int:  # type: ignore[no-untyped-def]
+def _pg_copy_upsert(dbapi: psycopg.Connection[Any], campaign_id: int, rows: Sequence[ShapeRow], now: datetime
+                    ) -> int:
     """COPY into a temporary table, then one INSERT ... SELECT ... ON CONFLICT; xmax = 0 marks a new row.
     Rows go in key order so concurrent captures of overlapping shapes lock them in the same order."""
     with dbapi.cursor() as cur:
@@ -76,12 +81,14 @@ def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: date
         cur.execute(f"WITH up AS (INSERT INTO shapes ({_COLS}) SELECT %s, shape_key, shape::json, calls, flops, "
                     f"default_us, priority, false, 'queued', 0, %s FROM shape_in ORDER BY shape_key {_ON_CONFLICT} "
                     "RETURNING xmax = 0 AS new) SELECT count(*) FILTER (WHERE new) FROM up", (campaign_id, now))
-        new = cur.fetchone()[0]
+        row = cur.fetchone()
+        assert row is not None, "count(*) answers one row"
+        new = row[0]
         cur.execute("DROP TABLE shape_in")
     return int(new)
 
 
-def insert_shapes_absent(s: Session, rows: Sequence[dict]) -> set[str]:
+def insert_shapes_absent(s: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
     """Insert shapes whose (campaign_id, shape_key) is not there yet; a shape a concurrent capture inserted first is
     left as it is (the caller merges into it). Key order, as captures take their row locks. Returns the keys
     inserted here."""
@@ -361,13 +368,15 @@ class Rows:
     def stamp(self, when: datetime | None) -> object:
         return when if self.pg else _bind("sqlite")(when)
 
-    def when(self, value) -> datetime:  # type: ignore[no-untyped-def]
+    def when(self, value: Any) -> datetime:
+        """A time as the driver answers it (PostgreSQL's a datetime, SQLite's text)."""
         return value if self.pg else datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
 
-    def doc(self, value):  # type: ignore[no-untyped-def]
+    def doc(self, value: Any) -> Any:
+        """A JSON document as the driver answers it (PostgreSQL's decoded, SQLite's text)."""
         return value if self.pg or value is None else json.loads(value)
 
-    def to_doc(self, value) -> str:  # type: ignore[no-untyped-def]
+    def to_doc(self, value: object) -> str:
         return json.dumps(value)
 
     # typed rows of rows a batch read
@@ -402,11 +411,10 @@ class Plain(Rows):
     """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
     opens itself, or a session's own, Plain.of)."""
 
-    def __init__(self, dbapi, pg: bool, key: str, begin: bool = False,  # type: ignore[no-untyped-def]
-                 state: dict[str, Any] | None = None):
+    def __init__(self, dbapi: Any, pg: bool, key: str, begin: bool = False, state: dict[str, Any] | None = None):
         """begin (PostgreSQL, a connection in autocommit): this Plain opens its transaction itself, with a BEGIN
         sent together with its first statements (psycopg's own BEGIN, even in a pipeline, waits for its answer:
-        a round trip of its own)."""
+        a round trip of its own). dbapi: a sqlite3 or psycopg connection (pipeline() only on PostgreSQL)."""
         super().__init__(pg, key, state)
         self.dbapi, self._sql, self._begin = dbapi, _RENDERED[pg], begin
 
@@ -449,7 +457,8 @@ class Plain(Rows):
             while True:
                 stmts = steps.send(self.batch(*stmts))
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            answer: T = done.value
+            return answer
 
     def rows(self, name: Sql, params: dict[str, Any]) -> list[Row]:
         return self.batch((name, params))[0].answer
@@ -467,7 +476,7 @@ class AsyncPlain(Rows):
     steps without a thread hop. The connection is in autocommit and this opens the transaction with its first
     batch, as Plain does."""
 
-    def __init__(self, conn, key: str, state: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+    def __init__(self, conn: psycopg.AsyncConnection[Any], key: str, state: dict[str, Any] | None = None):
         super().__init__(True, key, state)
         self.conn, self._sql, self._begin = conn, _RENDERED[True], True
 
@@ -495,4 +504,5 @@ class AsyncPlain(Rows):
             while True:
                 stmts = steps.send(await self.batch(*stmts))
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            answer: T = done.value
+            return answer

@@ -10,6 +10,7 @@ Each form is judged on the table AITER would build from it; a form that raises o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.domain import engagement as eng
 from app.domain.families import AiterRelease, TableFamily
@@ -206,7 +207,8 @@ def _notes(family: TableFamily, arts: dict[str, Artifact], raced: tuple[tuple[st
 
 
 def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
-         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True) -> dict:
+         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True
+         ) -> dict[str, Any]:
     """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted);
     shipped_known: the image's worker reported its tables (else the layer form is not offered)."""
     base = configs_dir or "<aiter package>/aiter/configs"
@@ -240,7 +242,7 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
     }
 
 
-def first_step(plan: dict) -> dict:
+def first_step(plan: dict[str, Any]) -> dict[str, Any]:
     """What a person is told to do, from the plan alone (the campaign page renders this, never its own line):
     the first offered form's setting or copy, and every form not offered with why."""
     refused = [(f, plan[f]["why_not"]) for f in FORMS if not plan[f]["offered"]]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from app.domain.families import AiterRelease, TableFamily, gfx_from_cu_num
 from app.domain.headers import parse_header_line
-from app.domain.keys import row_key
+from app.domain.keys import Key, row_key
 from app.domain.row_memo import NO_MEMO, RowMemo
 
 
@@ -207,11 +207,11 @@ def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tupl
     return _duplicates_raise(family, [t.name for t, rs in zip(tables, written) for _ in rs], rows, ks, dups, keys)
 
 
-def _lowest_us(written: list[list[dict[str, str]]], rows: list[dict[str, str]], ks: list[tuple],
+def _lowest_us(written: list[list[dict[str, str]]], rows: list[dict[str, str]], ks: list[Key],
                memo: RowMemo) -> list[dict[str, str]]:
     """Releases that keep a key's fastest row: sorted by us (stable), the first row of each key kept."""
     us = [u for rs in written for u in memo.per_row("us", rs, _us)]
-    best: dict[tuple, dict[str, str]] = {}
+    best: dict[Key, dict[str, str]] = {}
     for i in sorted(range(len(rows)), key=us.__getitem__):
         best.setdefault(ks[i], rows[i])
     return list(best.values())
@@ -229,12 +229,12 @@ def _merge_header(release: AiterRelease, tables: list[Table]) -> tuple[str, ...]
     return header
 
 
-def _duplicates_raise(family: TableFamily, name: list[str], rows: list[dict[str, str]], ks: list[tuple],
+def _duplicates_raise(family: TableFamily, name: list[str], rows: list[dict[str, str]], ks: list[Key],
                       dups: list[int], keys: tuple[str, ...]) -> MergeResult:
     """AITER's RuntimeError for keys repeated across files (name: each row's file), after it rewrote in place each
     file that lost a row to its key's lowest us."""
     # the first row of each key in a stable sort by us: the lowest (us, position); a key's only row is its own
-    best_of: dict[tuple, int] = {}
+    best_of: dict[Key, int] = {}
     for i in dups:
         j = best_of.get(ks[i])
         if j is None or _us(rows[i]) < _us(rows[j]):
@@ -253,7 +253,7 @@ def merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str,
     the earlier file; rows keep the position of the first row of their key."""
     header = union_header(tables)
     keys = release.merge_key(untuned_header, header)
-    best: dict[tuple, tuple[int, dict[str, str]]] = {}
+    best: dict[Key, tuple[int, dict[str, str]]] = {}
     order = 0
     for t in tables:
         filled = filled_rows(t, header, live_gfx, memo)

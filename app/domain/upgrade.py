@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 from enum import StrEnum
 
 from app.domain.lease_states import ResultKind
@@ -64,7 +65,7 @@ def triage(kernel: str | None, row: dict[str, str], header: Iterable[str], shipp
     return Triage.CARRIED
 
 
-def finalists(incumbent: str | None, candidates: Iterable[dict], top: int = TOP,
+def finalists(incumbent: str | None, candidates: Iterable[dict[str, Any]], top: int = TOP,
               catalog: Collection[str] | None = None) -> list[str]:
     """The confirmation race's kernels, the incumbent first, then the parent race's `top` fastest others that
     finished without an error (and that the new image still has)."""
