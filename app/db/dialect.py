@@ -40,7 +40,8 @@ def _bind(dialect_name: str) -> Callable[[Any], Any]:
     """The driver values SQLAlchemy would bind for updated_at (SQLite stores a formatted string)."""
     from sqlalchemy.dialects import postgresql, sqlite
     # SQLAlchemy's dialect classes declare no types on their constructors
-    d = postgresql.psycopg.dialect() if dialect_name == "postgresql" else sqlite.pysqlite.dialect()  # type: ignore[no-untyped-call]
+    d = (postgresql.psycopg.dialect() if dialect_name == "postgresql"  # type: ignore[no-untyped-call]
+         else sqlite.pysqlite.dialect())
     proc = CampaignShape.__table__.c.updated_at.type.bind_processor(d)
     return proc or (lambda v: v)
 

@@ -393,6 +393,7 @@ class Refused:
 SUPERSEDED = "superseded"  # the status of a late result kept as a record only
 
 
+# TODO(#36, s36c): body.status as wire.ResultStatus once it lands (compared as strings here until then)
 def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct: float) -> ls.ResultKind:
     if body.status == "failed":
         return ls.ResultKind.FAILED
