@@ -204,7 +204,8 @@ def op_probe(mod: Any, family: Any, ops: dict[str, Callable], importer: Callable
         entry = family.op_entry(s)
         if entry is None:
             raise ProbeBroken(f"no op of {family.name} serves {s}")
-        op, real, got = ops[entry.function], ns[lookup], []
+        op, real = ops[entry.function], ns[lookup]
+        got: list[Any] = []
 
         spy = _recording(real, got)
         spy.__dict__ = real.__dict__  # the lookup keeps its table as an attribute of its global name (batched)
@@ -287,7 +288,8 @@ class _RecordUsing:
 
     def info(self, msg, *a, **k):
         if str(msg).startswith("[fused_moe] using"):
-            self._rows.append((inspect.currentframe().f_back.f_locals.get("cfg"), (msg, a, k)))
+            caller = inspect.currentframe().f_back  # type: ignore[union-attr]  # CPython: a called frame has one
+            self._rows.append((caller.f_locals.get("cfg") if caller else None, (msg, a, k)))
             return None
         return self._inner.info(msg, *a, **k)
 

@@ -7,21 +7,25 @@ import fcntl
 import json
 import os
 import re
-from collections import namedtuple
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from enum import StrEnum
 from functools import lru_cache
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from sqlalchemy import Engine, func, make_url, select, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session
 
 from app.db.models import CampaignShape
+from app.domain.lease_states import LeaseState, ShapeState
+
+if TYPE_CHECKING:
+    import psycopg
 
 # (shape_key, shape as a dict, calls, flops of one call, default_us estimate, priority)
-ShapeRow = tuple[str, dict, int, float, float, float]
+ShapeRow = tuple[str, dict[str, Any], int, float, float, float]
 
 _COLS = ("campaign_id, shape_key, shape, calls, flops, default_us, priority, default_measured, state, attempts, "
          "updated_at")
@@ -32,10 +36,12 @@ _ON_CONFLICT = ("ON CONFLICT (campaign_id, shape_key) DO UPDATE SET calls = shap
 
 
 @lru_cache
-def _bind(dialect_name: str):  # type: ignore[no-untyped-def]
+def _bind(dialect_name: str) -> Callable[[Any], Any]:
     """The driver values SQLAlchemy would bind for updated_at (SQLite stores a formatted string)."""
     from sqlalchemy.dialects import postgresql, sqlite
-    d = postgresql.psycopg.dialect() if dialect_name == "postgresql" else sqlite.pysqlite.dialect()
+    # SQLAlchemy's dialect classes declare no types on their constructors
+    d = (postgresql.psycopg.dialect() if dialect_name == "postgresql"  # type: ignore[no-untyped-call]
+         else sqlite.pysqlite.dialect())
     proc = CampaignShape.__table__.c.updated_at.type.bind_processor(d)
     return proc or (lambda v: v)
 
@@ -48,7 +54,7 @@ def add_shape_calls(s: Session, campaign_id: int, rows: Sequence[ShapeRow], now:
     conn = s.connection()
     dbapi = cast(DBAPIConnection, conn.connection.dbapi_connection)  # the session's: never None
     if conn.dialect.name == "postgresql":
-        return _pg_copy_upsert(dbapi, campaign_id, rows, now)
+        return _pg_copy_upsert(cast("psycopg.Connection[Any]", dbapi), campaign_id, rows, now)  # psycopg's there
     # SQLite: BEGIN IMMEDIATE holds the only write lock, so counting before and after is exact
     count = select(func.count()).select_from(CampaignShape).where(CampaignShape.campaign_id == campaign_id)
     before = s.scalar(count) or 0
@@ -63,7 +69,8 @@ def add_shape_calls(s: Session, campaign_id: int, rows: Sequence[ShapeRow], now:
     return (s.scalar(count) or 0) - before
 
 
-def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: datetime) -> int:  # type: ignore[no-untyped-def]
+def _pg_copy_upsert(dbapi: psycopg.Connection[Any], campaign_id: int, rows: Sequence[ShapeRow], now: datetime
+                    ) -> int:
     """COPY into a temporary table, then one INSERT ... SELECT ... ON CONFLICT; xmax = 0 marks a new row.
     Rows go in key order so concurrent captures of overlapping shapes lock them in the same order."""
     with dbapi.cursor() as cur:
@@ -75,12 +82,14 @@ def _pg_copy_upsert(dbapi, campaign_id: int, rows: Sequence[ShapeRow], now: date
         cur.execute(f"WITH up AS (INSERT INTO shapes ({_COLS}) SELECT %s, shape_key, shape::json, calls, flops, "
                     f"default_us, priority, false, 'queued', 0, %s FROM shape_in ORDER BY shape_key {_ON_CONFLICT} "
                     "RETURNING xmax = 0 AS new) SELECT count(*) FILTER (WHERE new) FROM up", (campaign_id, now))
-        new = cur.fetchone()[0]
+        row = cur.fetchone()
+        assert row is not None, "count(*) answers one row"
+        new = row[0]
         cur.execute("DROP TABLE shape_in")
     return int(new)
 
 
-def insert_shapes_absent(s: Session, rows: Sequence[dict]) -> set[str]:
+def insert_shapes_absent(s: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
     """Insert shapes whose (campaign_id, shape_key) is not there yet; a shape a concurrent capture inserted first is
     left as it is (the caller merges into it). Key order, as captures take their row locks. Returns the keys
     inserted here."""
@@ -146,59 +155,154 @@ def db_key(engine: Engine) -> str:
 # of them: the lease, heartbeat, release and sweep paths run these instead (app/services/leasing.py), written
 # once with :name placeholders; ${...} marks what differs by engine.
 
-# the last four: an inherited shape's confirmation race (app/domain/upgrade.py)
-_SHAPE_FACTS = ("id, shape, calls, state, attempts, attempts_base, lease_id, last_error, campaign_id, steps, "
-                "triage, outcome, finalists")
-_LEASE_COLS = "id, state, expires_at, hard_deadline, token_id, worker_id, campaign_id"
+class Sql(StrEnum):
+    """PLAIN_SQL's statements by name: a misspelt one is a type error, not a KeyError on the fleet's hottest path."""
+    TOUCH_WORKER = "touch_worker"
+    TOUCH_OWN_WORKER = "touch_own_worker"
+    WORKER_EXISTS = "worker_exists"
+    ADD_WORKER = "add_worker"
+    WORKER_SEEN = "worker_seen"
+    CAMPAIGNS = "campaigns"
+    PICK = "pick"
+    HELD = "held"
+    WRITE_SHAPE = "write_shape"
+    ADD_LEASE = "add_lease"
+    LEASE = "lease"
+    DEAD_LEASES = "dead_leases"
+    END_LEASE = "end_lease"
+    BEAT = "beat"
+    SHAPE = "shape"
+    SET_OUTCOME = "set_outcome"
+    MEASURED_DEFAULT = "measured_default"
+    ADD_RESULT = "add_result"
+    RESULT_OF = "result_of"
+    COSTS = "costs"
+    HEADERS = "headers"
+    CATALOG = "catalog"
+
+
+# Typed rows of the statements' answers; each statement's column list is made from its row type's fields (one
+# source for both), and Rows converts the values (states to lease_states' enums, times, JSON documents).
+class ShapeFactsRow(NamedTuple):
+    """A shape as the lease routes read it ("pick", "held", "shape")."""
+    id: int
+    shape: dict[str, Any]
+    calls: int
+    state: ShapeState
+    attempts: int
+    attempts_base: int | None
+    lease_id: str | None
+    last_error: str | None
+    campaign_id: int
+    steps: float | None
+    # the last three: an inherited shape's confirmation race (app/domain/upgrade.py)
+    triage: str | None
+    outcome: str | None
+    finalists: list[str] | None
+
+
+class LeaseRow(NamedTuple):
+    """A lease as the sweeper reads it ("dead_leases")."""
+    id: str
+    state: LeaseState
+    expires_at: datetime
+    hard_deadline: datetime
+    token_id: int | None
+    worker_id: str
+    campaign_id: int
+
+
+class CampaignLeaseRow(NamedTuple):
+    """A lease with its campaign's facts ("lease": the token's image scope, a result's checks)."""
+    id: str
+    state: LeaseState
+    expires_at: datetime
+    hard_deadline: datetime
+    token_id: int | None
+    worker_id: str
+    campaign_id: int
+    # its campaign's
+    family: str
+    image_digest: str
+    gfx: str
+    cu_num: int
+
+
+class CampaignRow(NamedTuple):
+    """An identity's campaign with its top queued shape's priority ("campaigns"; None: nothing queued)."""
+    id: int
+    family: str
+    image_digest: str
+    gfx: str
+    cu_num: int
+    top: float | None
+
+
+class PostedRow(NamedTuple):
+    """A result already posted for a lease's shape ("result_of")."""
+    id: int
+    verified: bool
+
+
+_SHAPE_FACTS = ", ".join(ShapeFactsRow._fields)
+_LEASE_COLS = ", ".join(LeaseRow._fields)
+_LEASE_OF_CAMPAIGN = ", ".join([f"l.{c}" for c in LeaseRow._fields] +
+                               [f"c.{c}" for c in CampaignLeaseRow._fields[len(LeaseRow._fields):]])
+_QUEUED, _LEASED, _ACTIVE = ShapeState.QUEUED.value, ShapeState.LEASED.value, LeaseState.ACTIVE.value
 _WORKER_SEEN = ("image_digest = :image_digest, gfx = :gfx, cu_num = :cu_num, host = :host, "
                 "backends = ${json:backends}, aiter_commit = :aiter_commit, last_seen_at = :now")
-PLAIN_SQL = {
-    "touch_worker": f"UPDATE workers SET {_WORKER_SEEN} WHERE id = :wid",
-    "touch_own_worker": f"UPDATE workers SET {_WORKER_SEEN} WHERE id = :wid AND (token_id IS NULL OR token_id = :tok)",
-    "worker_exists": "SELECT 1 FROM workers WHERE id = :wid",
-    "add_worker": "INSERT INTO workers (id, image_digest, gfx, cu_num, host, backends, aiter_commit, first_seen_at, "
-                  "last_seen_at, token_id) VALUES (:wid, :image_digest, :gfx, :cu_num, :host, ${json:backends}, "
-                  ":aiter_commit, :now, :now, :tok) ON CONFLICT (id) DO NOTHING",  # another request's first lease won
-    "worker_seen": "UPDATE workers SET last_seen_at = :now WHERE id = :wid",
+PLAIN_SQL: dict[Sql, str] = {
+    Sql.TOUCH_WORKER: f"UPDATE workers SET {_WORKER_SEEN} WHERE id = :wid",
+    Sql.TOUCH_OWN_WORKER: f"UPDATE workers SET {_WORKER_SEEN} WHERE id = :wid AND (token_id IS NULL OR "
+                          "token_id = :tok)",
+    Sql.WORKER_EXISTS: "SELECT 1 FROM workers WHERE id = :wid",
+    # DO NOTHING: another request's first lease won
+    Sql.ADD_WORKER: "INSERT INTO workers (id, image_digest, gfx, cu_num, host, backends, aiter_commit, "
+                    "first_seen_at, last_seen_at, token_id) VALUES (:wid, :image_digest, :gfx, :cu_num, :host, "
+                    "${json:backends}, :aiter_commit, :now, :now, :tok) ON CONFLICT (id) DO NOTHING",
+    Sql.WORKER_SEEN: "UPDATE workers SET last_seen_at = :now WHERE id = :wid",
     # an identity's campaigns, each with its top queued priority: one ix_shapes_queue seek per campaign
-    "campaigns": "SELECT c.id, c.family, c.image_digest, c.gfx, c.cu_num, (SELECT s.priority FROM shapes s "
-                 "WHERE s.campaign_id = c.id AND s.state = 'queued' ORDER BY s.priority DESC LIMIT 1) AS top "
-                 "FROM campaigns c WHERE c.image_digest = :digest AND c.gfx = :gfx AND c.cu_num = :cu",
+    Sql.CAMPAIGNS: f"SELECT {', '.join('c.' + c for c in CampaignRow._fields[:-1])}, (SELECT s.priority FROM "
+                   f"shapes s WHERE s.campaign_id = c.id AND s.state = '{_QUEUED}' ORDER BY s.priority DESC "
+                   "LIMIT 1) AS top FROM campaigns c WHERE c.image_digest = :digest AND c.gfx = :gfx AND "
+                   "c.cu_num = :cu",
     # the next n of a campaign's queue: one ix_shapes_queue range
-    "pick": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE campaign_id = :cid AND state = 'queued' "
-            "ORDER BY priority DESC, id LIMIT :n${skip_locked}",
-    "held": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE lease_id = :lid AND state = 'leased'",
+    Sql.PICK: f"SELECT {_SHAPE_FACTS} FROM shapes WHERE campaign_id = :cid AND state = '{_QUEUED}' "
+              "ORDER BY priority DESC, id LIMIT :n${skip_locked}",
+    Sql.HELD: f"SELECT {_SHAPE_FACTS} FROM shapes WHERE lease_id = :lid AND state = '{_LEASED}'",
     # one shape's transition, guarded by the state and the lease it was read in
-    "write_shape": "UPDATE shapes SET state = :state, attempts = :attempts, attempts_base = :base, "
-                   "lease_id = :lease, last_error = :error, updated_at = :now WHERE id = :id AND state = :was "
-                   "AND lease_id ${is} :was_lease",
-    "add_lease": "INSERT INTO leases (id, worker_id, campaign_id, backend, token_id, budget_s, created_at, "
-                 "heartbeat_at, hard_deadline, expires_at, state) VALUES (:id, :wid, :cid, :backend, :tok, "
-                 ":budget_s, :now, :now, :hard, :exp, :state)",
+    Sql.WRITE_SHAPE: "UPDATE shapes SET state = :state, attempts = :attempts, attempts_base = :base, "
+                     "lease_id = :lease, last_error = :error, updated_at = :now WHERE id = :id AND state = :was "
+                     "AND lease_id ${is} :was_lease",
+    Sql.ADD_LEASE: "INSERT INTO leases (id, worker_id, campaign_id, backend, token_id, budget_s, created_at, "
+                   "heartbeat_at, hard_deadline, expires_at, state) VALUES (:id, :wid, :cid, :backend, :tok, "
+                   ":budget_s, :now, :now, :hard, :exp, :state)",
     # a lease with its campaign's facts (the token's image scope, a result's checks): one primary-key join
-    "lease": f"SELECT {', '.join('l.' + c for c in _LEASE_COLS.split(', '))}, c.family, c.image_digest, c.gfx, "
-             "c.cu_num FROM leases l JOIN campaigns c ON c.id = l.campaign_id WHERE l.id = :lid",
-    "dead_leases": f"SELECT {_LEASE_COLS} FROM leases WHERE state = 'active' AND expires_at < :now ORDER BY id",
-    "end_lease": "UPDATE leases SET state = :state WHERE id = :lid AND state = 'active'",
-    "beat": "UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = 'active'",
-    "shape": f"SELECT {_SHAPE_FACTS} FROM shapes WHERE id = :sid",
+    Sql.LEASE: f"SELECT {_LEASE_OF_CAMPAIGN} FROM leases l JOIN campaigns c ON c.id = l.campaign_id "
+               "WHERE l.id = :lid",
+    Sql.DEAD_LEASES: f"SELECT {_LEASE_COLS} FROM leases WHERE state = '{_ACTIVE}' AND expires_at < :now "
+                     "ORDER BY id",
+    Sql.END_LEASE: f"UPDATE leases SET state = :state WHERE id = :lid AND state = '{_ACTIVE}'",
+    Sql.BEAT: f"UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = '{_ACTIVE}'",
+    Sql.SHAPE: f"SELECT {_SHAPE_FACTS} FROM shapes WHERE id = :sid",
     # how an inherited shape's confirmation ended; finalists NULL: raced in full from now on
-    "set_outcome": "UPDATE shapes SET outcome = :outcome, finalists = ${json:finalists} WHERE id = :sid",
-    "measured_default": "UPDATE shapes SET default_us = :us, default_measured = TRUE, priority = :priority "
-                        "WHERE id = :sid",
-    "add_result": "INSERT INTO results (shape_id, lease_id, worker_id, backend, image_digest, aiter_commit, status, "
-                  "us, err_ratio, verified, kernel_name, default_us, row, candidates, error, confidence, spread, "
-                  "timing, elapsed_s, started_at, finished_at, created_at) VALUES (:sid, :lid, :wid, :backend, "
-                  ":digest, :aiter_commit, :status, :us, :err_ratio, :verified, :kernel_name, :default_us, "
-                  "${json:row}, ${json:candidates}, :error, :confidence, :spread, ${json:timing}, :elapsed_s, "
-                  ":started_at, :finished_at, :now) RETURNING id",
-    "result_of": "SELECT id, verified FROM results WHERE lease_id = :lid AND shape_id = :sid",
-    "costs": "SELECT r.elapsed_s FROM results r JOIN shapes s ON s.id = r.shape_id WHERE s.campaign_id = :cid "
-             "AND r.backend = :backend AND r.elapsed_s IS NOT NULL AND r.status IN ('ok', 'default_best') "
-             "ORDER BY r.id DESC LIMIT 200",  # a failed try's seconds say nothing of a shape's cost
-    "headers": "SELECT path, header FROM image_tables WHERE image_digest = :digest AND family = :family "
-               "AND kind = :kind ORDER BY path",
-    "catalog": "SELECT kernel_catalog FROM images WHERE digest = :digest",
+    Sql.SET_OUTCOME: "UPDATE shapes SET outcome = :outcome, finalists = ${json:finalists} WHERE id = :sid",
+    Sql.MEASURED_DEFAULT: "UPDATE shapes SET default_us = :us, default_measured = TRUE, priority = :priority "
+                          "WHERE id = :sid",
+    Sql.ADD_RESULT: "INSERT INTO results (shape_id, lease_id, worker_id, backend, image_digest, aiter_commit, "
+                    "status, us, err_ratio, verified, kernel_name, default_us, row, candidates, error, confidence, "
+                    "spread, timing, elapsed_s, started_at, finished_at, created_at) VALUES (:sid, :lid, :wid, "
+                    ":backend, :digest, :aiter_commit, :status, :us, :err_ratio, :verified, :kernel_name, "
+                    ":default_us, ${json:row}, ${json:candidates}, :error, :confidence, :spread, ${json:timing}, "
+                    ":elapsed_s, :started_at, :finished_at, :now) RETURNING id",
+    Sql.RESULT_OF: f"SELECT {', '.join(PostedRow._fields)} FROM results WHERE lease_id = :lid AND shape_id = :sid",
+    # TODO(#36, s36c): the statuses from wire.ResultStatus once it lands
+    Sql.COSTS: "SELECT r.elapsed_s FROM results r JOIN shapes s ON s.id = r.shape_id WHERE s.campaign_id = :cid "
+               "AND r.backend = :backend AND r.elapsed_s IS NOT NULL AND r.status IN ('ok', 'default_best') "
+               "ORDER BY r.id DESC LIMIT 200",  # a failed try's seconds say nothing of a shape's cost
+    Sql.HEADERS: "SELECT path, header FROM image_tables WHERE image_digest = :digest AND family = :family "
+                 "AND kind = :kind ORDER BY path",
+    Sql.CATALOG: "SELECT kernel_catalog FROM images WHERE digest = :digest",
 }
 
 
@@ -212,26 +316,22 @@ def _render(sql: str, pg: bool) -> str:
 _RENDERED = {pg: {k: _render(v, pg) for k, v in PLAIN_SQL.items()} for pg in (False, True)}
 
 
-def _row_type(name: str, fields: list[str], defaults: tuple[None, ...] | None = None) -> Any:
-    """A row type with the fields of a statement's own column list (one source for both); mypy cannot read
-    fields made at run time, so its rows are typed Any."""
-    return namedtuple(name, fields, defaults=defaults)
-
-
-# a lease row; from "lease" also its campaign's family, image_digest, gfx and cu_num
-_LEASE_ROW = _row_type("_LEASE_ROW", _LEASE_COLS.split(", ") + ["family", "image_digest", "gfx", "cu_num"],
-                       defaults=(None,) * 4)
-_SHAPE_ROW = _row_type("_SHAPE_ROW", _SHAPE_FACTS.split(", "))
-_CAMPAIGN_ROW = namedtuple("_CAMPAIGN_ROW", "id family image_digest gfx cu_num top")
+Row = tuple[Any, ...]  # a row as the driver answers it
 
 
 class Sent(NamedTuple):
     """One statement of a batch: its rows (None for a write) and how many rows it changed."""
-    rows: list | None  # type: ignore[type-arg]
+    rows: list[Row] | None
     count: int  # type: ignore[assignment]  # the rows it changed; shadows tuple.count on purpose
 
+    @property
+    def answer(self) -> list[Row]:
+        """The rows of a statement that answers rows (_ANSWERS: a SELECT, or a write RETURNING them)."""
+        assert self.rows is not None, "a write answers no rows"
+        return self.rows
 
-Stmt = tuple[str, dict]
+
+Stmt = tuple[Sql, dict[str, Any]]
 T = TypeVar("T")
 # Use-case logic written once for both drivers (sans-IO, as psycopg's own core is): a generator that yields each
 # batch of statements it needs at once and is sent their Sents back; its return value is the answer. Plain.drive
@@ -239,13 +339,13 @@ T = TypeVar("T")
 Steps = Generator[tuple[Stmt, ...], list[Sent], T]
 
 
-def ask(name: str, params: dict) -> Steps[list]:  # type: ignore[type-arg]
+def ask(name: Sql, params: dict[str, Any]) -> Steps[list[Row]]:
     """One statement's rows (a step of its own)."""
     (sent,) = yield ((name, params),)
-    return sent.rows  # type: ignore[return-value]
+    return sent.answer
 
 
-def change(name: str, params: dict) -> Steps[int]:
+def change(name: Sql, params: dict[str, Any]) -> Steps[int]:
     """Rows one statement changed."""
     (sent,) = yield ((name, params),)
     return sent.count
@@ -266,33 +366,45 @@ class Rows:
         self.pg, self.key = pg, key
         self.state: dict[str, Any] = {} if state is None else state
 
-    def stamp(self, when: datetime) -> object:
+    def stamp(self, when: datetime | None) -> object:
         return when if self.pg else _bind("sqlite")(when)
 
-    def when(self, value) -> datetime:  # type: ignore[no-untyped-def]
+    def when(self, value: Any) -> datetime:
+        """A time as the driver answers it (PostgreSQL's a datetime, SQLite's text)."""
         return value if self.pg else datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
 
-    def doc(self, value):  # type: ignore[no-untyped-def]
+    def doc(self, value: Any) -> Any:
+        """A JSON document as the driver answers it (PostgreSQL's decoded, SQLite's text)."""
         return value if self.pg or value is None else json.loads(value)
 
-    def to_doc(self, value) -> str:  # type: ignore[no-untyped-def]
+    def to_doc(self, value: object) -> str:
         return json.dumps(value)
 
     # typed rows of rows a batch read
-    def as_leases(self, rows: list) -> list:  # type: ignore[type-arg]
-        return [_LEASE_ROW(r[0], r[1], self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
+    def as_leases(self, rows: list[Row]) -> list[CampaignLeaseRow]:
+        """Of "lease"."""
+        return [CampaignLeaseRow(r[0], LeaseState(r[1]), self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
 
-    def as_shapes(self, rows: list) -> list:  # type: ignore[type-arg]
-        return [_SHAPE_ROW(r[0], self.doc(r[1]), *r[2:12], self.doc(r[12])) for r in rows]
+    def as_lease_rows(self, rows: list[Row]) -> list[LeaseRow]:
+        """Of "dead_leases"."""
+        return [LeaseRow(r[0], LeaseState(r[1]), self.when(r[2]), self.when(r[3]), *r[4:]) for r in rows]
+
+    def as_shapes(self, rows: list[Row]) -> list[ShapeFactsRow]:
+        return [ShapeFactsRow(r[0], self.doc(r[1]), r[2], ShapeState(r[3]), r[4], r[5], r[6], r[7], r[8], r[9],
+                              r[10], r[11], self.doc(r[12])) for r in rows]
 
     @staticmethod
-    def as_campaigns(rows: list) -> list:  # type: ignore[type-arg]
-        return [_CAMPAIGN_ROW(*r) for r in rows]
+    def as_campaigns(rows: list[Row]) -> list[CampaignRow]:
+        return [CampaignRow(*r) for r in rows]
 
-    def lease_steps(self, name: str, params: dict) -> Steps[list]:  # type: ignore[type-arg]
+    @staticmethod
+    def as_posted(rows: list[Row]) -> list[PostedRow]:
+        return [PostedRow(*r) for r in rows]
+
+    def lease_steps(self, name: Sql, params: dict[str, Any]) -> Steps[list[CampaignLeaseRow]]:
         return self.as_leases((yield from ask(name, params)))
 
-    def shape_steps(self, name: str, params: dict) -> Steps[list]:  # type: ignore[type-arg]
+    def shape_steps(self, name: Sql, params: dict[str, Any]) -> Steps[list[ShapeFactsRow]]:
         return self.as_shapes((yield from ask(name, params)))
 
 
@@ -300,11 +412,10 @@ class Plain(Rows):
     """PLAIN_SQL on a driver connection inside one transaction (Database.plain's, which on PostgreSQL the Plain
     opens itself, or a session's own, Plain.of)."""
 
-    def __init__(self, dbapi, pg: bool, key: str, begin: bool = False,  # type: ignore[no-untyped-def]
-                 state: dict[str, Any] | None = None):
+    def __init__(self, dbapi: Any, pg: bool, key: str, begin: bool = False, state: dict[str, Any] | None = None):
         """begin (PostgreSQL, a connection in autocommit): this Plain opens its transaction itself, with a BEGIN
         sent together with its first statements (psycopg's own BEGIN, even in a pipeline, waits for its answer:
-        a round trip of its own)."""
+        a round trip of its own). dbapi: a sqlite3 or psycopg connection (pipeline() only on PostgreSQL)."""
         super().__init__(pg, key, state)
         self.dbapi, self._sql, self._begin = dbapi, _RENDERED[pg], begin
 
@@ -347,16 +458,17 @@ class Plain(Rows):
             while True:
                 stmts = steps.send(self.batch(*stmts))
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            answer: T = done.value
+            return answer
 
-    def rows(self, name: str, params: dict) -> list[tuple]:  # type: ignore[type-arg]
-        return self.batch((name, params))[0].rows  # type: ignore[return-value]
+    def rows(self, name: Sql, params: dict[str, Any]) -> list[Row]:
+        return self.batch((name, params))[0].answer
 
-    def run(self, name: str, params: dict) -> int:
+    def run(self, name: Sql, params: dict[str, Any]) -> int:
         """Rows the statement changed."""
         return self.batch((name, params))[0].count
 
-    def shape_rows(self, name: str, params: dict) -> list:  # type: ignore[type-arg]
+    def shape_rows(self, name: Sql, params: dict[str, Any]) -> list[ShapeFactsRow]:
         return self.as_shapes(self.rows(name, params))
 
 
@@ -365,7 +477,7 @@ class AsyncPlain(Rows):
     steps without a thread hop. The connection is in autocommit and this opens the transaction with its first
     batch, as Plain does."""
 
-    def __init__(self, conn, key: str, state: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+    def __init__(self, conn: psycopg.AsyncConnection[Any], key: str, state: dict[str, Any] | None = None):
         super().__init__(True, key, state)
         self.conn, self._sql, self._begin = conn, _RENDERED[True], True
 
@@ -393,4 +505,5 @@ class AsyncPlain(Rows):
             while True:
                 stmts = steps.send(await self.batch(*stmts))
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            answer: T = done.value
+            return answer

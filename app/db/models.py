@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String,
                         Text, UniqueConstraint)
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -20,12 +22,12 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value, dialect):  # type: ignore[override]
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("naive datetime")
         return value.astimezone(timezone.utc) if value is not None else None
 
-    def process_result_value(self, value, dialect):  # type: ignore[override]
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)
         return value
@@ -50,7 +52,7 @@ class Image(Base):
     # the image this one inherited its campaigns from (POST /v1/images/{digest}/inherit): an upgrade
     parent_digest: Mapped[str | None] = mapped_column(ForeignKey("images.digest"))
     # {family: [kernel names]}: what the image's tuner may race, as its worker reported it (None: not reported)
-    kernel_catalog: Mapped[dict | None] = mapped_column(JSON)
+    kernel_catalog: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -82,7 +84,7 @@ class Campaign(Base):
     family: Mapped[str] = mapped_column(String(64))
     # steps per tokens-per-step bucket ({"1": n, "8": n, ..., "+Inf": n}) summed over the captures that sent
     # them; when present, shapes are weighted by served steps instead of calls (app/domain/served.py)
-    step_hist: Mapped[dict | None] = mapped_column(JSON)
+    step_hist: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     shapes: Mapped[list[CampaignShape]] = relationship(back_populates="campaign", lazy="raise")
 
@@ -100,10 +102,10 @@ class Capture(Base):
     source_format: Mapped[str] = mapped_column(String(16))
     aiter_version: Mapped[str | None] = mapped_column(String(80))
     aiter_commit: Mapped[str | None] = mapped_column(String(80))
-    env: Mapped[dict] = mapped_column(JSON, default=dict)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     shapes: Mapped[int] = mapped_column(Integer)
     calls: Mapped[int] = mapped_column(BigInteger)  # a hot decode shape passes 2^31 calls
-    step_hist: Mapped[dict | None] = mapped_column(JSON)  # the step-count deltas it carried
+    step_hist: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the step-count deltas it carried
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -114,7 +116,7 @@ class CampaignShape(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"))
     shape_key: Mapped[str] = mapped_column(String(1000))
-    shape: Mapped[dict] = mapped_column(JSON)
+    shape: Mapped[dict[str, Any]] = mapped_column(JSON)
     calls: Mapped[int] = mapped_column(BigInteger, default=0)
     flops: Mapped[float] = mapped_column(Float)
     # the default path's time per call: the gfx's roofline estimate until a result measures it
@@ -133,7 +135,7 @@ class CampaignShape(Base):
     # top kernels (raced beside the default and the incumbent), and how the confirmation ended
     triage: Mapped[str | None] = mapped_column(String(16))
     carried_result_id: Mapped[int | None] = mapped_column(Integer)  # results.id (no FK: results point at shapes)
-    finalists: Mapped[list | None] = mapped_column(JSON)
+    finalists: Mapped[list[str] | None] = mapped_column(JSON)
     outcome: Mapped[str | None] = mapped_column(String(16))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     campaign: Mapped[Campaign] = relationship(back_populates="shapes", lazy="raise")
@@ -152,7 +154,7 @@ class Worker(Base):
     gfx: Mapped[str] = mapped_column(String(32))
     cu_num: Mapped[int] = mapped_column(Integer)
     host: Mapped[str | None] = mapped_column(String(255))
-    backends: Mapped[list] = mapped_column(JSON, default=list)
+    backends: Mapped[list[str]] = mapped_column(JSON, default=list)
     aiter_commit: Mapped[str | None] = mapped_column(String(80))
     first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -192,13 +194,13 @@ class Result(Base):
     verified: Mapped[bool] = mapped_column(Boolean, default=False)
     kernel_name: Mapped[str | None] = mapped_column(Text)
     default_us: Mapped[float | None] = mapped_column(Float)  # the untuned default, where the backend timed it
-    row: Mapped[dict | None] = mapped_column(JSON)  # the winner in the family's tuned schema
-    candidates: Mapped[list] = mapped_column(JSON, default=list)
+    row: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the winner in the family's tuned schema
+    candidates: Mapped[list[Any]] = mapped_column(JSON, default=list)
     error: Mapped[str | None] = mapped_column(Text)
     # issue 34: the decision's confidence over capture windows, the winner's spread, the decision and its reason
     confidence: Mapped[float | None] = mapped_column(Float)
     spread: Mapped[float | None] = mapped_column(Float)
-    timing: Mapped[dict | None] = mapped_column(JSON)
+    timing: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     elapsed_s: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -213,7 +215,7 @@ class Token(Base):
     name: Mapped[str] = mapped_column(String(128))
     role: Mapped[str] = mapped_column(String(16))  # capture | worker | admin | read
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    digests: Mapped[list | None] = mapped_column(JSON)  # image digests it may act on; None: all
+    digests: Mapped[list[str] | None] = mapped_column(JSON)  # image digests it may act on; None: all
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
@@ -263,7 +265,7 @@ class EngagementProof(Base):
     aiter_version: Mapped[str | None] = mapped_column(String(80))
     flydsl: Mapped[bool | None] = mapped_column(Boolean)
     error: Mapped[str | None] = mapped_column(Text)  # what AITER raised while resolving the table
-    results: Mapped[list] = mapped_column(JSON, default=list)  # [{shape_id, hit, kernel}]
+    results: Mapped[list[Any]] = mapped_column(JSON, default=list)  # [{shape_id, hit, kernel}]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -278,10 +280,10 @@ class OverlayVersion(Base):
     state: Mapped[str] = mapped_column(String(16), default="candidate")  # app/domain/ab_states.py VersionState
     # [{family, env_var, name, sha256, rows, content, own}]: own = the overlay's own rows (what a rollback drops
     # rows from; for a merged file the deployed content also holds the shipped rows)
-    files: Mapped[list] = mapped_column(JSON)
+    files: Mapped[list[Any]] = mapped_column(JSON)
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("overlay_versions.id"))  # a rollback's source
     note: Mapped[str] = mapped_column(Text, default="")
-    withdrawn: Mapped[list | None] = mapped_column(JSON)  # [{family, row}] a rollback left out
+    withdrawn: Mapped[list[Any] | None] = mapped_column(JSON)  # [{family, row}] a rollback left out
     promoted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     promoted_run_id: Mapped[int | None] = mapped_column(Integer)  # ab_runs.id whose A/B promoted it
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -296,7 +298,7 @@ class AbRun(Base):
     version_id: Mapped[int] = mapped_column(ForeignKey("overlay_versions.id"), index=True)
     baseline_version_id: Mapped[int | None] = mapped_column(ForeignKey("overlay_versions.id"))  # None: shipped
     state: Mapped[str] = mapped_column(String(16), default="created")  # app/domain/ab_states.py RunState
-    points: Mapped[list] = mapped_column(JSON)  # [OperatingPoint]
+    points: Mapped[list[Any]] = mapped_column(JSON)  # [OperatingPoint]
     points_source: Mapped[str] = mapped_column(String(32))  # captured | default | given
     repeats: Mapped[int] = mapped_column(Integer)  # rounds per band (each round: every arm once)
     requests_per_pass: Mapped[int] = mapped_column(Integer)
@@ -306,7 +308,7 @@ class AbRun(Base):
     seed: Mapped[int] = mapped_column(Integer)
     max_loss: Mapped[float] = mapped_column(Float)  # promotion: every band's interval rules out a bigger loss
     fault: Mapped[str | None] = mapped_column(Text)  # why the drive stopped (state interrupted)
-    result: Mapped[dict | None] = mapped_column(JSON)  # verdicts, per band, control, engagement, accuracy
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # verdicts, per band, control, engagement, accuracy
     rollback_version_id: Mapped[int | None] = mapped_column(Integer)  # proposed when a band regresses
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
@@ -323,8 +325,8 @@ class AbPass(Base):
     band: Mapped[str] = mapped_column(String(64))
     repeat: Mapped[int] = mapped_column(Integer)
     arm: Mapped[str] = mapped_column(String(16))
-    records: Mapped[list] = mapped_column(JSON)  # [RequestRecord]
-    logs: Mapped[dict] = mapped_column(JSON)  # rank -> the window's log text
+    records: Mapped[list[Any]] = mapped_column(JSON)  # [RequestRecord]
+    logs: Mapped[dict[str, Any]] = mapped_column(JSON)  # rank -> the window's log text
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -336,6 +338,6 @@ class AbArm(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("ab_runs.id"))
     arm: Mapped[str] = mapped_column(String(16))
-    logs: Mapped[dict] = mapped_column(JSON)  # rank -> start and warm-up log text
-    first_tokens: Mapped[list | None] = mapped_column(JSON)
+    logs: Mapped[dict[str, Any]] = mapped_column(JSON)  # rank -> start and warm-up log text
+    first_tokens: Mapped[list[Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

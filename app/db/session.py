@@ -10,15 +10,19 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from contextlib import asynccontextmanager, contextmanager
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.dialect import AsyncPlain, Plain, db_key
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 # With checkpoints in the background, a request's commit still checkpoints once the WAL holds this many pages
@@ -35,7 +39,7 @@ def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True,
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": sqlite_busy_ms / 1000})
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _rec):  # type: ignore[no-untyped-def]
+        def _pragmas(dbapi_conn: sqlite3.Connection, _rec: ConnectionPoolEntry) -> None:
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -49,7 +53,7 @@ def make_engine(url: str, sqlite_busy_ms: int = 5000, immediate: bool = True,
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _begin(conn):  # type: ignore[no-untyped-def]
+        def _begin(conn: Connection) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
@@ -73,11 +77,11 @@ def _ping_when_idle(engine: Engine) -> None:
     error = engine.dialect.loaded_dbapi.Error
 
     @event.listens_for(engine, "checkin")
-    def _back(_dbapi_conn, rec):  # type: ignore[no-untyped-def]
+    def _back(_dbapi_conn: DBAPIConnection, rec: ConnectionPoolEntry) -> None:
         rec.info["back_at"] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
-    def _out(dbapi_conn, rec, _proxy):  # type: ignore[no-untyped-def]
+    def _out(dbapi_conn: DBAPIConnection, rec: ConnectionPoolEntry, _proxy: PoolProxiedConnection) -> None:
         if time.monotonic() - rec.info.pop("back_at", math.inf) < IDLE_PING_S:
             return
         try:
@@ -96,9 +100,10 @@ class LoopConnections:
 
     def __init__(self, conninfo: str, size: int):
         self._conninfo, self._slots = conninfo, asyncio.Semaphore(size)
-        self._idle: list[Any] = []  # psycopg.AsyncConnection (psycopg is imported where it is used)
+        # psycopg is imported where it is used (PostgreSQL only)
+        self._idle: list[tuple[psycopg.AsyncConnection[Any], float]] = []  # with when each came back
 
-    async def get(self):  # type: ignore[no-untyped-def]
+    async def get(self) -> psycopg.AsyncConnection[Any]:
         import psycopg
         await self._slots.acquire()
         try:
@@ -116,7 +121,7 @@ class LoopConnections:
             self._slots.release()
             raise
 
-    def put(self, conn) -> None:  # type: ignore[no-untyped-def]
+    def put(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Back after use (a closed one is dropped)."""
         if not conn.closed:
             self._idle.append((conn, time.monotonic()))
@@ -191,7 +196,7 @@ class Database:
             self.write_failure = None
 
     @staticmethod
-    def _changes(dbapi) -> int:  # type: ignore[no-untyped-def]
+    def _changes(dbapi: object) -> int:
         """SQLite: rows this connection changed, ever (a write transaction that changed none proves nothing)."""
         return int(getattr(dbapi, "total_changes", 0))
 

@@ -26,7 +26,7 @@ def plan(family: TableFamily, shapes: list[tuple[dict[str, str], float]]) -> lis
     mcol = family.m_column
     if mcol is None:
         return [BucketRow(tuple(s.items()), 0, [], w) for s, w in shapes]
-    groups: dict[tuple, dict[int, float]] = {}
+    groups: dict[tuple[tuple[str, str], ...], dict[int, float]] = {}
     for s, w in shapes:
         rest = tuple((k, v) for k, v in s.items() if k != mcol)
         g = groups.setdefault(rest, {})

@@ -10,6 +10,7 @@ Each form is judged on the table AITER would build from it; a form that raises o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.domain import engagement as eng
 from app.domain.families import AiterRelease, TableFamily
@@ -167,15 +168,10 @@ def first_offered(arts: dict[str, Artifact], shipped_known: bool) -> str | None:
     return next((f for f, why in why_not(arts, shipped_known).items() if why is None), None)
 
 
-def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
-         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True) -> dict:
-    """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted);
-    shipped_known: the image's worker reported its tables (else the layer form is not offered)."""
-    base = configs_dir or "<aiter package>/aiter/configs"
-
-    def path(name: str) -> str:
-        return f"{mount}/{name}" if name == overlay_name or name.startswith("merged_") else f"{base}/{name}"
-    layer = arts["layer"]
+def _notes(family: TableFamily, arts: dict[str, Artifact], raced: tuple[tuple[str, str, int], ...],
+           shipped_known: bool) -> list[str]:
+    """The plan's notes: how AITER reads the variable, the family's own notes, what the torch backend's rows
+    serve, a compiled table's rebuild, and every form not offered with why."""
     notes = [
         f"Setting {family.env_var} replaces the shipped table: the 'layer' value lists the image's default and "
         "model_configs tables first, joined by ':' (a comma is not a separator).",
@@ -197,11 +193,9 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
         notes.append(f"{family.name} kernels come from a table compiled into AITER's CK JIT module: deploy with "
                      f"AITER_REBUILD=1 in this image, with {family.env_var} already set so the overlay is visible at "
                      "build time (without a rebuild splitK and kernel mismatch, or a name-keyed kernel is missing).")
-    refused = why_not(arts, shipped_known)
     if not shipped_known:  # the layer value would list the overlay alone, the merged file be it: neither offered
         notes[:0] = [f"not offered: layer: {SHIPPED_UNKNOWN}"] + (
             [f"not offered: merged: {MERGED_UNKNOWN}"] if arts["merged"].refused is None else [])
-    offered = [f for f in FORMS if refused[f] is None]
     for f in FORMS:
         if arts[f].refused:
             notes.append(f"not offered: {f}: {arts[f].refused}")
@@ -209,6 +203,22 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
             notes.append(f"{f}: deploys the overlay downloaded with exclude_shipped=true, without its "
                          f"{arts[f].excluded_shipped} row(s) whose key the image ships (the full overlay: "
                          f"{arts[f].full_refused}); the shipped rows stay, the merged file is where ours win")
+    return notes
+
+
+def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
+         mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True
+         ) -> dict[str, Any]:
+    """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted);
+    shipped_known: the image's worker reported its tables (else the layer form is not offered)."""
+    base = configs_dir or "<aiter package>/aiter/configs"
+
+    def path(name: str) -> str:
+        return f"{mount}/{name}" if name == overlay_name or name.startswith("merged_") else f"{base}/{name}"
+    layer = arts["layer"]
+    notes = _notes(family, arts, raced, shipped_known)
+    refused = why_not(arts, shipped_known)
+    offered = [f for f in FORMS if refused[f] is None]
     merged_name = arts["merged"].files[0] if arts["merged"].files else f"merged_{overlay_name}"
     return {
         "family": family.name, "env_var": family.env_var, "offered": offered,
@@ -232,7 +242,7 @@ def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact]
     }
 
 
-def first_step(plan: dict) -> dict:
+def first_step(plan: dict[str, Any]) -> dict[str, Any]:
     """What a person is told to do, from the plan alone (the campaign page renders this, never its own line):
     the first offered form's setting or copy, and every form not offered with why."""
     refused = [(f, plan[f]["why_not"]) for f in FORMS if not plan[f]["offered"]]

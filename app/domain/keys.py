@@ -65,16 +65,20 @@ def runtime_value(col: str, raw: str) -> object:
     return raw
 
 
-def row_key(key_columns: tuple[str, ...], row: dict[str, str]) -> tuple:
+# a row's key as AITER's lookup compares it: its cells as runtime values (runtime_value)
+Key = tuple[object, ...]
+
+
+def row_key(key_columns: tuple[str, ...], row: dict[str, str]) -> Key:
     return tuple(runtime_value(c, row.get(c, "")) for c in key_columns)
 
 
 def lookup_keys(family: TableFamily, key_columns: tuple[str, ...], gfx: str, cu_num: int,
-                shape: dict[str, str]) -> list[tuple[int | None, tuple]]:
+                shape: dict[str, str]) -> list[tuple[int | None, Key]]:
     """(M tried, key tuple) for each candidate, in the order AITER tries them."""
     base = dict(shape, gfx=gfx, cu_num=str(cu_num))
     cands: list[int | None] = [*m_candidates(family, shape)] or [None]
-    out: list[tuple[int | None, tuple]] = []
+    out: list[tuple[int | None, Key]] = []
     for m in cands:
         cells = dict(base)
         if m is not None:

@@ -33,13 +33,15 @@ class RowMemo:
     def value(self, what: Hashable, of: tuple[object, ...], make: Callable[[], V]) -> V:
         """make(), kept under (what, of) when the memo holds every object in `of`; `what` names everything
         else make reads."""
-        return self._kept(what, of, make, False)
+        kept: V = self._kept(what, of, make, False)
+        return kept
 
     def rows(self, what: Hashable, of: tuple[object, ...], make: Callable[[], list[dict[str, str]]]
              ) -> list[dict[str, str]]:
         """value() for a list of rows: the kept list and its rows are held too, so what is derived from them
         is kept in turn."""
-        return self._kept(what, of, make, True)
+        kept: list[dict[str, str]] = self._kept(what, of, make, True)
+        return kept
 
     def _kept(self, what: Hashable, of: tuple[object, ...], make: Callable[[], Any], hold: bool) -> Any:
         held = self._held
@@ -79,7 +81,7 @@ class RowMemo:
                 if i in held:
                     kept[i] = v
             out.append(v)
-        return out  # type: ignore[return-value]
+        return out
 
 
 NO_MEMO = RowMemo()

@@ -93,10 +93,10 @@ def step_weights(family: TableFamily, shapes: Sequence[Mapping[str, str]],
     mcol = family.m_column
     if mcol is None:
         return [total for _ in shapes]  # no M: every step runs it
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple[object, ...], list[int]] = {}
     for sh in shapes:
         groups.setdefault(tuple((k, v) for k, v in sh.items() if k != mcol), []).append(int(sh[mcol]))
-    ranges: dict[tuple, dict[int, tuple[int, int]]] = {}
+    ranges: dict[tuple[object, ...], dict[int, tuple[int, int]]] = {}
     top = max((int(sh[mcol]) for sh in shapes), default=1)
     for rest, ms in groups.items():
         prev, r = 0, {}

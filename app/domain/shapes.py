@@ -64,15 +64,7 @@ def cell(col: str, raw: object, field: str) -> str:
 def _cell(col: str, raw: object) -> str:
     kind = column_kind(col)
     if kind == INT:
-        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-            raise _Bad(f"expected a non-negative integer, got {raw!r}")
-        try:
-            v = int(str(raw).strip()) if not isinstance(raw, float) else int(raw)
-        except ValueError:
-            raise _Bad(f"expected a non-negative integer, got {raw!r}") from None
-        if v < int_floor(col) or v > MAX_DIM:
-            raise _Bad(f"expected an integer in [{int_floor(col)}, {MAX_DIM}], got {v}")
-        return str(v)
+        return _int_cell(col, raw)
     if kind == BOOL:
         return "True" if _truthy(raw) else "False"
     if kind == BOOL01:
@@ -84,14 +76,31 @@ def _cell(col: str, raw: object) -> str:
             raise _Bad(f"unknown dtype {raw!r}; expected one of {sorted(DTYPES)}")
         return s
     if kind == ENUM:
-        prefix = enum_prefix(col)
-        name = s.split(".", 1)[1] if s.startswith(prefix + ".") else s
-        if name not in ENUM_VALUES[prefix]:
-            raise _Bad(f"unknown {prefix} {raw!r}; expected one of {sorted(ENUM_VALUES[prefix])}")
-        return f"{prefix}.{name}"
+        return _enum_cell(col, raw, s)
     if not s or any(ch.isspace() for ch in s) or "," in s:
         raise _Bad(f"expected a non-empty value without spaces or commas, got {raw!r}")
     return s
+
+
+def _int_cell(col: str, raw: object) -> str:
+    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+        raise _Bad(f"expected a non-negative integer, got {raw!r}")
+    try:
+        v = int(str(raw).strip()) if not isinstance(raw, float) else int(raw)
+    except ValueError:
+        raise _Bad(f"expected a non-negative integer, got {raw!r}") from None
+    if v < int_floor(col) or v > MAX_DIM:
+        raise _Bad(f"expected an integer in [{int_floor(col)}, {MAX_DIM}], got {v}")
+    return str(v)
+
+
+def _enum_cell(col: str, raw: object, s: str) -> str:
+    """An enum cell as AITER writes it (prefix.NAME); the bare name is taken too."""
+    prefix = enum_prefix(col)
+    name = s.split(".", 1)[1] if s.startswith(prefix + ".") else s
+    if name not in ENUM_VALUES[prefix]:
+        raise _Bad(f"unknown {prefix} {raw!r}; expected one of {sorted(ENUM_VALUES[prefix])}")
+    return f"{prefix}.{name}"
 
 
 def make_shape(family: TableFamily, raw: Mapping[str, object], where: str = "shape") -> Shape:

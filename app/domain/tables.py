@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from app.domain.families import AiterRelease, TableFamily, gfx_from_cu_num
 from app.domain.headers import parse_header_line
-from app.domain.keys import row_key
+from app.domain.keys import Key, row_key
 from app.domain.row_memo import NO_MEMO, RowMemo
 
 
@@ -186,25 +186,17 @@ def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tupl
     if lead is not None:  # pd.read_csv(path) (core.py:280) takes the first comment line for the header
         return MergeResult(None, f"pandas reads {lead.name}'s first line {lead.preamble[0][:60]!r} as its header: "
                                  "AITER's merge of this file is not the table")
-    if release.merge_union_columns:
-        header = union_header(tables)
-    else:
-        header = tables[0].header
-        for t in tables[1:]:
-            if t.header != header:
-                return MergeResult(None, f"AssertionError: Column mismatch between {tables[0].name} and {t.name}")
+    header = _merge_header(release, tables)
+    if isinstance(header, MergeResult):
+        return header
     written = as_pandas_writes([filled_rows(t, header, live_gfx, memo) for t in tables], header, memo)
     rows = [r for rs in written for r in rs]
     if untuned_header is None:  # no untuned sibling: AITER logs a warning and dedups nothing
         return MergeResult(Table(header, rows, "merged"))
     keys = release.merge_key(untuned_header, header)
     ks = [k for rs in written for k in memo.per_row(("key", keys), rs, lambda r: row_key(keys, r))]
-    if release.merge_on_duplicate == "lowest_us":  # sorted by us (stable), the first row of each key kept
-        us = [u for rs in written for u in memo.per_row("us", rs, _us)]
-        best: dict[tuple, dict[str, str]] = {}
-        for i in sorted(range(len(rows)), key=us.__getitem__):
-            best.setdefault(ks[i], rows[i])
-        return MergeResult(Table(header, list(best.values()), "merged"))
+    if release.merge_on_duplicate == "lowest_us":
+        return MergeResult(Table(header, _lowest_us(written, rows, ks, memo), "merged"))
     seen = Counter(ks)
     dups = [i for i, k in enumerate(ks) if seen[k] > 1]
     if not dups:
@@ -212,9 +204,37 @@ def aiter_merge(release: AiterRelease, family: TableFamily, untuned_header: tupl
     if "us" not in header:
         return MergeResult(None, f"RuntimeError: Found {len(dups)} duplicate shape entries during merge of "
                                  f"'{family.merge_name}'. No 'us' column")
-    name = [t.name for t, rs in zip(tables, written) for _ in rs]  # each row's file
+    return _duplicates_raise(family, [t.name for t, rs in zip(tables, written) for _ in rs], rows, ks, dups, keys)
+
+
+def _lowest_us(written: list[list[dict[str, str]]], rows: list[dict[str, str]], ks: list[Key],
+               memo: RowMemo) -> list[dict[str, str]]:
+    """Releases that keep a key's fastest row: sorted by us (stable), the first row of each key kept."""
+    us = [u for rs in written for u in memo.per_row("us", rs, _us)]
+    best: dict[Key, dict[str, str]] = {}
+    for i in sorted(range(len(rows)), key=us.__getitem__):
+        best.setdefault(ks[i], rows[i])
+    return list(best.values())
+
+
+def _merge_header(release: AiterRelease, tables: list[Table]) -> tuple[str, ...] | MergeResult:
+    """The merged table's header: the files' union (releases that merge by union), else the first file's, which
+    every other file must repeat (AITER asserts it), or the MergeResult of that assertion."""
+    if release.merge_union_columns:
+        return union_header(tables)
+    header = tables[0].header
+    for t in tables[1:]:
+        if t.header != header:
+            return MergeResult(None, f"AssertionError: Column mismatch between {tables[0].name} and {t.name}")
+    return header
+
+
+def _duplicates_raise(family: TableFamily, name: list[str], rows: list[dict[str, str]], ks: list[Key],
+                      dups: list[int], keys: tuple[str, ...]) -> MergeResult:
+    """AITER's RuntimeError for keys repeated across files (name: each row's file), after it rewrote in place each
+    file that lost a row to its key's lowest us."""
     # the first row of each key in a stable sort by us: the lowest (us, position); a key's only row is its own
-    best_of: dict[tuple, int] = {}
+    best_of: dict[Key, int] = {}
     for i in dups:
         j = best_of.get(ks[i])
         if j is None or _us(rows[i]) < _us(rows[j]):
@@ -233,7 +253,7 @@ def merge(release: AiterRelease, family: TableFamily, untuned_header: tuple[str,
     the earlier file; rows keep the position of the first row of their key."""
     header = union_header(tables)
     keys = release.merge_key(untuned_header, header)
-    best: dict[tuple, tuple[int, dict[str, str]]] = {}
+    best: dict[Key, tuple[int, dict[str, str]]] = {}
     order = 0
     for t in tables:
         filled = filled_rows(t, header, live_gfx, memo)

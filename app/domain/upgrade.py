@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 from enum import StrEnum
 
 from app.domain.lease_states import ResultKind
@@ -64,7 +65,7 @@ def triage(kernel: str | None, row: dict[str, str], header: Iterable[str], shipp
     return Triage.CARRIED
 
 
-def finalists(incumbent: str | None, candidates: Iterable[dict], top: int = TOP,
+def finalists(incumbent: str | None, candidates: Iterable[dict[str, Any]], top: int = TOP,
               catalog: Collection[str] | None = None) -> list[str]:
     """The confirmation race's kernels, the incumbent first, then the parent race's `top` fastest others that
     finished without an error (and that the new image still has)."""
@@ -132,7 +133,8 @@ def check_lineage(new: str, old: str, parents: dict[str, str | None]) -> None:
         raise LineageError("from", "an image cannot inherit from itself", conflict=False)
     if parents.get(new):
         raise LineageError("image_digest", f"{new} already inherits from {parents[new]}")
-    seen, at = set(), old
+    seen: set[str] = set()
+    at: str | None = old
     while at is not None and at not in seen:
         if at == new:
             raise LineageError("from", f"{old} descends from {new}; inheriting would make a cycle")

@@ -103,25 +103,34 @@ def shapes(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after
            ) -> tuple[list[dict], str | None]:
     """One page of the campaign's shapes by served time, and the next page's cursor (pages.keyset)."""
     rows, nxt = pages.keyset(s, select(*_LISTED).where(CampaignShape.campaign_id == campaign_id), limit, after)
+    best = _best_shown(s, [x.id for x in rows])
+    out = []
+    for x in rows:
+        out.append({"shape_id": x.id, "shape": x.shape, "calls": x.calls, "flops": x.flops,
+                    "steps": x.steps, "default_us_est": None if x.default_measured else x.default_us,
+                    "served": x.priority, "state": x.state, "attempts": x.attempts, "last_error": x.last_error,
+                    **_result_cells(best.get(x.id))})
+    return out, nxt
+
+
+def _best_shown(s: Session, shape_ids: list[int]) -> dict[int, Result]:
+    """Each shape's result the page shows: its fastest verified one, else its first."""
     best: dict[int, Result] = {}
-    for r in s.scalars(select(Result).where(Result.shape_id.in_([x.id for x in rows] or [-1]))
-                       .order_by(Result.id)):
+    for r in s.scalars(select(Result).where(Result.shape_id.in_(shape_ids or [-1])).order_by(Result.id)):
         if r.status == SUPERSEDED:  # a dead lease's late record: never the shape's result
             continue
         if r.shape_id not in best or (r.verified and (not best[r.shape_id].verified or
                                                       (r.us or 1e30) < (best[r.shape_id].us or 1e30))):
             best[r.shape_id] = r
-    out = []
-    for x in rows:
-        got = best.get(x.id)
-        out.append({"shape_id": x.id, "shape": x.shape, "calls": x.calls, "flops": x.flops,
-                    "steps": x.steps, "default_us_est": None if x.default_measured else x.default_us,
-                    "served": x.priority, "state": x.state, "attempts": x.attempts, "last_error": x.last_error,
-                    "kernel": got.kernel_name if got else None, "us": got.us if got else None,
-                    "default_us": got.default_us if got else None, "backend": got.backend if got else None,
-                    "gpu_s": got.elapsed_s if got else None, "confidence": got.confidence if got else None,
-                    "spread": got.spread if got else None, "timing": got.timing if got else None})
-    return out, nxt
+    return best
+
+
+def _result_cells(got: Result | None) -> dict[str, Any]:
+    """A shape's result as the page shows it (all None without one)."""
+    if got is None:
+        return dict.fromkeys(("kernel", "us", "default_us", "backend", "gpu_s", "confidence", "spread", "timing"))
+    return {"kernel": got.kernel_name, "us": got.us, "default_us": got.default_us, "backend": got.backend,
+            "gpu_s": got.elapsed_s, "confidence": got.confidence, "spread": got.spread, "timing": got.timing}
 
 
 def listed_version(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMIT, after: str | None = None

@@ -6,7 +6,7 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Image, ImageTable
-from app.db.dialect import Plain, Rows, Steps, ask
+from app.db.dialect import Plain, Rows, Sql, Steps, ask
 from app.domain.deploy import Shipped
 from app.domain.families import FAMILIES, AiterRelease, TableFamily, get_family, release_for
 from app.domain.headers import Schema, current_schema, parse_header_line, tuned_schema
@@ -67,7 +67,7 @@ def _header_steps(p: Rows, digest: str, family: str, kind: str) -> Steps[list[tu
     headers = caches_of(p).headers
     hit = headers.get(key)
     if hit is None:
-        hit = headers.put(key, [tuple(r) for r in (yield from ask("headers", {"digest": digest, "family": family,
+        hit = headers.put(key, [tuple(r) for r in (yield from ask(Sql.HEADERS, {"digest": digest, "family": family,
                                                                                "kind": kind}))])
     return hit  # type: ignore[no-any-return]
 
@@ -79,7 +79,7 @@ def kernel_catalog(p: Plain, digest: str, family: str) -> frozenset[str] | None:
     headers = caches_of(p).headers
     hit = headers.get(key)
     if hit is None:
-        found = p.rows("catalog", {"digest": digest})
+        found = p.rows(Sql.CATALOG, {"digest": digest})
         doc = p.doc(found[0][0]) if found else None
         hit = headers.put(key, {f: frozenset(names) for f, names in (doc or {}).items()})
     return hit.get(family)  # type: ignore[no-any-return]

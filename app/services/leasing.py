@@ -9,13 +9,15 @@ import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.schemas import HeartbeatOut, LeasedShape, LeaseIn, LeaseOut, ResultIn, ResultOut
 from app.config import Settings
-from app.db.dialect import Plain, Rows, Sent, Steps, ask, change
+from app.db.dialect import (CampaignLeaseRow, CampaignRow, LeaseRow, Plain, Rows, Sent, ShapeFactsRow, Sql, Steps,
+                            ask, change)
 from app.db.models import CampaignShape, Result, utcnow
 from app.db.session import Database
 from app.domain import lease_states as ls, served, upgrade
@@ -38,9 +40,12 @@ def set_shape(sh: CampaignShape, f: ls.ShapeFacts) -> None:
     sh.lease_id, sh.last_error = f.lease_id, f.last_error
 
 
-def _lease_facts(lease) -> ls.LeaseFacts:  # type: ignore[no-untyped-def]
+AnyLease = LeaseRow | CampaignLeaseRow  # a lease as the sweeper reads it, or with its campaign's facts
+
+
+def _lease_facts(lease: AnyLease) -> ls.LeaseFacts:
     """Of a lease row (Rows.as_leases)."""
-    return ls.LeaseFacts(ls.LeaseState(lease.state), lease.expires_at, lease.hard_deadline)
+    return ls.LeaseFacts(lease.state, lease.expires_at, lease.hard_deadline)
 
 
 # The lease, heartbeat, release, result and sweep paths run the dialect module's plain statements on the
@@ -51,15 +56,16 @@ def _lease_facts(lease) -> ls.LeaseFacts:  # type: ignore[no-untyped-def]
 # statements yielded, its answers sent back), so that on PostgreSQL the routes drive them on the event loop
 # (AsyncPlain) and elsewhere on a thread (Plain.drive), one logic for both.
 
-def _row_facts(r) -> ls.ShapeFacts:  # type: ignore[no-untyped-def]
-    return ls.ShapeFacts(ls.ShapeState(r.state), r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
+def _row_facts(r: ShapeFactsRow) -> ls.ShapeFacts:
+    return ls.ShapeFacts(r.state, r.attempts, r.attempts_base or 0, r.lease_id, r.last_error)
 
 
-def _shape_writes(p: Rows, changes: Sequence[tuple[object, ls.ShapeFacts]], now: datetime) -> list[tuple[str, dict]]:
+def _shape_writes(p: Rows, changes: Sequence[tuple[ShapeFactsRow, ls.ShapeFacts]], now: datetime
+                  ) -> list[tuple[Sql, dict[str, object]]]:
     """(shape row as read, its new facts) -> each shape's write, guarded by the state and the lease it was read in
     (a shape requeued and leased again meanwhile is not written)."""
     stamp = p.stamp(now)
-    return [("write_shape", {"id": r.id, "was": r.state, "was_lease": r.lease_id,  # type: ignore[attr-defined]
+    return [(Sql.WRITE_SHAPE, {"id": r.id, "was": r.state.value, "was_lease": r.lease_id,
                              "state": f.state.value, "attempts": f.attempts, "base": f.attempts_base,
                              "lease": f.lease_id, "error": f.last_error, "now": stamp}) for r, f in changes]
 
@@ -74,12 +80,12 @@ def _all_written(sent: list[Sent]) -> None:
         raise ShapeMoved("shape_id: a shape changed state meanwhile; retry", "shape_id")
 
 
-def _write_facts(p: Rows, changes: list[tuple[object, ls.ShapeFacts]], now: datetime) -> Steps[None]:
+def _write_facts(p: Rows, changes: list[tuple[ShapeFactsRow, ls.ShapeFacts]], now: datetime) -> Steps[None]:
     _all_written((yield tuple(_shape_writes(p, changes, now))))
 
 
-def _end_lease(p: Rows, lease, how: ls.LeaseState,  # type: ignore[no-untyped-def]
-               changes: Sequence[tuple[object, ls.ShapeFacts]] = (), now: datetime | None = None,
+def _end_lease(p: Rows, lease: AnyLease, how: ls.LeaseState,
+               changes: Sequence[tuple[ShapeFactsRow, ls.ShapeFacts]] = (), now: datetime | None = None,
                sweep: bool = False) -> Steps[str | None]:
     """An active lease row ends (released, expired, done), with its shapes' changes written in the same round
     trip; 409 if another request ended it meanwhile. The shapes are written before the lease row, the order a
@@ -89,7 +95,7 @@ def _end_lease(p: Rows, lease, how: ls.LeaseState,  # type: ignore[no-untyped-de
     no longer there to end (each write is guarded by the state it read); None when this one ended nothing."""
     state = ls.end_lease(_lease_facts(lease), how).state.value
     *written, ended = yield (*_shape_writes(p, changes, now or utcnow()),
-                             ("end_lease", {"lid": lease.id, "state": state}))
+                             (Sql.END_LEASE, {"lid": lease.id, "state": state}))
     if sweep:
         return state if ended.count else None
     if not ended.count:
@@ -102,33 +108,33 @@ def sweep_expired(p: Rows, settings: Settings, now: datetime | None = None) -> S
     """The one sweeper: leases past their expiry end, their held shapes each count a try; in id order, so
     concurrent sweepers take their row locks in one order. Returns how many leases this sweep ended."""
     now = now or utcnow()
-    dead = yield from p.lease_steps("dead_leases", {"now": p.stamp(now)})
+    dead = p.as_lease_rows((yield from ask(Sql.DEAD_LEASES, {"now": p.stamp(now)})))
     ended = 0
     for lease in dead:
         why = f"lease {lease.id} expired (worker {lease.worker_id} stopped heartbeating)"
-        held = yield from p.shape_steps("held", {"lid": lease.id})
+        held = yield from p.shape_steps(Sql.HELD, {"lid": lease.id})
         ended += (yield from _end_lease(p, lease, ls.LeaseState.EXPIRED, [
             (r, ls.expire(_row_facts(r), lease.id, why, settings.max_attempts)) for r in held], now,
             sweep=True)) is not None
     return ended
 
 
-def _seen(p: Rows, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[str, dict]:
+def _seen(p: Rows, body: LeaseIn, now: datetime, token_id: int | None) -> tuple[Sql, dict[str, object]]:
     """The worker's row touched (last seen, what it reports). token_id: the worker token acting (None: an
     admin or auth off, which may act as any worker); a worker token acts only as the worker ids it registered
     (an id another token registered is not overwritten)."""
     seen = {"wid": body.worker_id, "image_digest": body.image_digest, "gfx": body.gfx, "cu_num": body.cu_num,
             "host": body.host, "backends": p.to_doc(body.backends), "aiter_commit": body.aiter_commit,
             "now": p.stamp(now), "tok": token_id}
-    return ("touch_worker" if token_id is None else "touch_own_worker"), seen
+    return (Sql.TOUCH_WORKER if token_id is None else Sql.TOUCH_OWN_WORKER), seen
 
 
-def _add_worker(body: LeaseIn, touch: tuple[str, dict]) -> Steps[None]:
+def _add_worker(body: LeaseIn, touch: tuple[Sql, dict[str, object]]) -> Steps[None]:
     """A worker id the touch did not find: registered, unless another token's. Idempotent: when first leases of
     one new id race (replicas, a restarted agent), the later insert does nothing and that request touches the row
     the first one made, as any later lease would (the touch passes only where this token may act as the worker)."""
     name, seen = touch
-    if not ((yield from change("add_worker", seen)) or (yield from change(name, seen))):
+    if not ((yield from change(Sql.ADD_WORKER, seen)) or (yield from change(name, seen))):
         raise Forbidden(f"worker_id: worker {body.worker_id!r} belongs to another token", "worker_id")
 
 
@@ -152,7 +158,7 @@ def shape_cost(p: Rows, campaign_id: int, backend: str, default: float) -> Steps
     key, costs = (p.key, campaign_id, backend), caches_of(p).costs
     hit = costs.get(key)
     if hit is None:
-        hit = costs.put(key, [c for c, in (yield from ask("costs", {"cid": campaign_id, "backend": backend}))
+        hit = costs.put(key, [c for c, in (yield from ask(Sql.COSTS, {"cid": campaign_id, "backend": backend}))
                                if c is not None])
     return statistics.median(hit) if hit else default
 
@@ -162,11 +168,11 @@ def est_shape_cost(s: Session | Plain, campaign_id: int, backend: str, default: 
     return p.drive(shape_cost(p, campaign_id, backend, default))
 
 
-def _best_campaign(campaigns: list, body: LeaseIn):  # type: ignore[no-untyped-def,type-arg]
+def _best_campaign(campaigns: list[CampaignRow], body: LeaseIn) -> CampaignRow | None:
     """The identity's campaign whose top queued shape has the most served time ("campaigns": one ix_shapes_queue
     seek per campaign, an identity has a handful; never a scan of the queue)."""
     return max((r for r in campaigns if r.top is not None and (body.families is None or r.family in body.families)),
-               key=lambda r: r.top, default=None)
+               key=lambda r: r.top or 0.0, default=None)  # top: not None, as filtered
 
 
 def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None = None,
@@ -176,25 +182,25 @@ def lease_batch(p: Rows, body: LeaseIn, settings: Settings, token_id: int | None
     if _sweep_due(p, settings):
         yield from sweep_expired(p, settings, now)
     touch = _seen(p, body, now, token_id if bind_worker else None)
-    touched, campaigns = yield (touch, ("campaigns", {"digest": body.image_digest, "gfx": body.gfx,
+    touched, campaigns = yield (touch, (Sql.CAMPAIGNS, {"digest": body.image_digest, "gfx": body.gfx,
                                                       "cu": body.cu_num}))
     if not touched.count:
         yield from _add_worker(body, touch)
-    camp = _best_campaign(p.as_campaigns(campaigns.rows), body)
+    camp = _best_campaign(p.as_campaigns(campaigns.answer), body)
     if camp is None:
         return None
     backend = body.backends[0]
     cost = yield from shape_cost(p, camp.id, backend, settings.default_shape_cost_s)
     n = min(max(1, math.floor(body.budget_s / cost)) if cost > 0 else settings.max_lease_shapes,
             settings.max_lease_shapes, body.max_shapes or settings.max_lease_shapes)
-    rows = yield from p.shape_steps("pick", {"cid": camp.id, "n": n})
+    rows = yield from p.shape_steps(Sql.PICK, {"cid": camp.id, "n": n})
     if not rows:
         return None
     lf = ls.open_lease(now, body.budget_s, settings.lease_ttl_s, settings.lease_grace_s)
     lease_id = str(uuid.uuid4())
     leased = [(r, ls.lease(_row_facts(r), lease_id)) for r in rows]
     _added, *written = yield (
-        ("add_lease", {"id": lease_id, "wid": body.worker_id, "cid": camp.id, "backend": backend, "tok": token_id,
+        (Sql.ADD_LEASE, {"id": lease_id, "wid": body.worker_id, "cid": camp.id, "backend": backend, "tok": token_id,
                        "budget_s": body.budget_s, "now": p.stamp(now), "hard": p.stamp(lf.hard_deadline),
                        "exp": p.stamp(lf.expires_at), "state": lf.state.value}),
         *_shape_writes(p, leased, now))
@@ -225,10 +231,11 @@ class Caller:
 ANYONE = Caller()
 
 
-def _owned_lease(p: Rows, lease_id: str, caller: Caller, found: list | None = None):  # type: ignore[no-untyped-def,type-arg]
+def _owned_lease(p: Rows, lease_id: str, caller: Caller, found: list[CampaignLeaseRow] | None = None
+                 ) -> Steps[CampaignLeaseRow]:
     """The lease's row (with its campaign's facts; found: the row read already), if this caller may act on it."""
     if found is None:
-        found = yield from p.lease_steps("lease", {"lid": lease_id})
+        found = yield from p.lease_steps(Sql.LEASE, {"lid": lease_id})
     if not found:
         raise NotFound(f"lease_id: no lease {lease_id}", "lease_id")
     lease = found[0]
@@ -243,8 +250,8 @@ def _owned_lease(p: Rows, lease_id: str, caller: Caller, found: list | None = No
     return lease
 
 
-def _live_lease(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,  # type: ignore[no-untyped-def]
-                found: list | None = None):  # type: ignore[type-arg]
+def _live_lease(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,
+                found: list[CampaignLeaseRow] | None = None) -> Steps[CampaignLeaseRow]:
     lease = yield from _owned_lease(p, lease_id, caller, found)
     now = utcnow()
     if ls.is_expired(_lease_facts(lease), now):
@@ -259,8 +266,8 @@ def heartbeat(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYON
     lease = yield from _live_lease(p, lease_id, settings, caller)
     now = utcnow()
     lf = ls.heartbeat(_lease_facts(lease), now, settings.lease_ttl_s)
-    beat, _ = yield (("beat", {"lid": lease.id, "now": p.stamp(now), "exp": p.stamp(lf.expires_at)}),
-                     ("worker_seen", {"wid": lease.worker_id, "now": p.stamp(now)}))
+    beat, _ = yield ((Sql.BEAT, {"lid": lease.id, "now": p.stamp(now), "exp": p.stamp(lf.expires_at)}),
+                     (Sql.WORKER_SEEN, {"wid": lease.worker_id, "now": p.stamp(now)}))
     if not beat.count:  # the worker's row touched with it is rolled back with the 409
         raise Conflict(f"lease_id: lease {lease_id} ended meanwhile; lease again", "lease_id")
     return HeartbeatOut.model_construct(lease_id=lease.id, expires_at=lf.expires_at, hard_deadline=lf.hard_deadline)
@@ -270,15 +277,16 @@ def release(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,
             started: Collection[int] = ()) -> Steps[int]:
     """Untouched shapes go back to the queue uncounted; `started` ones count a try. The lease and the shapes it
     holds are read in one round trip, the lease ended and the shapes written in a second."""
-    found, held = yield (("lease", {"lid": lease_id}), ("held", {"lid": lease_id}))
-    lease = yield from _live_lease(p, lease_id, settings, caller, p.as_leases(found.rows))
-    back = p.as_shapes(held.rows)
+    found, held = yield ((Sql.LEASE, {"lid": lease_id}), (Sql.HELD, {"lid": lease_id}))
+    lease = yield from _live_lease(p, lease_id, settings, caller, p.as_leases(found.answer))
+    back = p.as_shapes(held.answer)
     yield from _end_lease(p, lease, ls.LeaseState.RELEASED,
                [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts)) for r in back])
     return len(back)
 
 
-def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> dict[str, str]:
+def _check_row(s: Session | Plain, lease: CampaignLeaseRow, shape: ShapeFactsRow, row: dict[str, Any]
+               ) -> dict[str, str]:
     """The winner row must be in the image's schema and key exactly the leased shape."""
     fam = get_family(lease.family)
     schema = image_tables.schema_for(s, lease.image_digest, lease.family)
@@ -307,7 +315,7 @@ def _check_row(s: Session | Plain, lease, shape: CampaignShape, row: dict) -> di
     return {c: cells[c] for c in schema.header}
 
 
-def _check_timing(lease, shape: CampaignShape, body: ResultIn) -> None:
+def _check_timing(lease: CampaignLeaseRow, shape: ShapeFactsRow, body: ResultIn) -> None:
     """A time below what the device can possibly do (peak matrix rate, operands at cache bandwidth) is not a
     measurement: refused, so it never becomes a winner nor lands in an overlay."""
     fam = get_family(lease.family)
@@ -332,7 +340,7 @@ def _check_timing(lease, shape: CampaignShape, body: ResultIn) -> None:
 CLOCK_SKEW = timedelta(minutes=5)  # a worker's clock may be this far off the service's
 
 
-def _check_times(lease, body: ResultIn, settings: Settings, now: datetime) -> None:  # type: ignore[no-untyped-def]
+def _check_times(lease: CampaignLeaseRow, body: ResultIn, settings: Settings, now: datetime) -> None:
     """A result's times fall inside its lease's life: it began at most a budget and the grace before the hard
     deadline (MAX_BUDGET_S: the lease's budget is not on its row) and nothing finishes after the deadline or now,
     give or take a clock's skew; elapsed_s is no longer than that life."""
@@ -348,7 +356,7 @@ def _check_times(lease, body: ResultIn, settings: Settings, now: datetime) -> No
         raise Invalid(f"elapsed_s: {body.elapsed_s} s is longer than any lease lives", "elapsed_s")
 
 
-def _one_kernel(lease, body: ResultIn, row: dict[str, str] | None) -> ResultIn:  # type: ignore[no-untyped-def]
+def _one_kernel(lease: CampaignLeaseRow, body: ResultIn, row: dict[str, str] | None) -> ResultIn:
     """A result names one kernel: the confirmation is decided on kernel_name and the overlay serves the row's
     kernel column(s), so the two must agree (a result without kernel_name takes its row's)."""
     if row is None:
@@ -362,7 +370,7 @@ def _one_kernel(lease, body: ResultIn, row: dict[str, str] | None) -> ResultIn: 
     return body
 
 
-def _check_kernel(p: Plain, lease, body: ResultIn, row: dict[str, str] | None) -> None:  # type: ignore[no-untyped-def]
+def _check_kernel(p: Plain, lease: CampaignLeaseRow, body: ResultIn, row: dict[str, str] | None) -> None:
     """The winner must be a kernel the image's tuner races, where the image reported its catalog for the family."""
     catalog = image_tables.kernel_catalog(p, lease.image_digest, lease.family)
     if catalog is None or body.status == "failed":
@@ -385,6 +393,7 @@ class Refused:
 SUPERSEDED = "superseded"  # the status of a late result kept as a record only
 
 
+# TODO(#36, s36c): body.status as wire.ResultStatus once it lands (compared as strings here until then)
 def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct: float) -> ls.ResultKind:
     if body.status == "failed":
         return ls.ResultKind.FAILED
@@ -398,7 +407,8 @@ def _kind(body: ResultIn, row: dict | None, err_max: float, min_improvement_pct:
     return ls.ResultKind.VERIFIED if timed and row is not None else ls.ResultKind.UNVERIFIED
 
 
-def _lease_for_result(p: Rows, lease, settings: Settings, caller: Caller):  # type: ignore[no-untyped-def]
+def _lease_for_result(p: Rows, lease: CampaignLeaseRow, settings: Settings, caller: Caller
+                      ) -> Steps[tuple[CampaignLeaseRow, bool]]:
     """The lease a result is posted to (its row as read), and whether it is late: a result finished before the
     lease expired (a database stall, a worker delivering its spool) is still taken while nobody else has the
     shape."""
@@ -407,7 +417,7 @@ def _lease_for_result(p: Rows, lease, settings: Settings, caller: Caller):  # ty
     if ls.is_expired(_lease_facts(lease), now):
         yield from sweep_expired(p, settings, now)
         lease = yield from _owned_lease(p, lease_id, caller)
-    if lease.state == ls.LeaseState.EXPIRED.value:
+    if lease.state is ls.LeaseState.EXPIRED:
         return lease, True
     return (yield from _live_lease(p, lease_id, settings, caller, [lease])), False
 
@@ -415,35 +425,50 @@ def _lease_for_result(p: Rows, lease, settings: Settings, caller: Caller):  # ty
 def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Settings, caller: Caller = ANYONE
                 ) -> ResultOut | Refused:
     p = Plain.of(s)
-    read = p.batch(("lease", {"lid": lease_id}), ("result_of", {"lid": lease_id, "sid": body.shape_id}),
-                   ("shape", {"sid": body.shape_id}))  # one round trip
-    lease = p.drive(_owned_lease(p, lease_id, caller, p.as_leases(read[0].rows)))
-    dup, found = read[1].rows, p.as_shapes(read[2].rows)
+    read = p.batch((Sql.LEASE, {"lid": lease_id}), (Sql.RESULT_OF, {"lid": lease_id, "sid": body.shape_id}),
+                   (Sql.SHAPE, {"sid": body.shape_id}))  # one round trip
+    lease = p.drive(_owned_lease(p, lease_id, caller, p.as_leases(read[0].answer)))
+    dup, found = p.as_posted(read[1].answer), p.as_shapes(read[2].answer)
     if dup:  # a retried POST: same answer, nothing stored twice
-        return ResultOut(result_id=dup[0][0], shape_state=found[0].state if found else "?",
-                         verified=bool(dup[0][1]), duplicate=True)
+        return ResultOut(result_id=dup[0].id, shape_state=found[0].state.value if found else "?",
+                         verified=bool(dup[0].verified), duplicate=True)
     lease, late = p.drive(_lease_for_result(p, lease, settings, caller))
     if late:  # the expiry (maybe this request's sweep) moved the shape: read it again
-        found = p.shape_rows("shape", {"sid": body.shape_id})
+        found = p.shape_rows(Sql.SHAPE, {"sid": body.shape_id})
     shape = found[0] if found else None
     if shape is None or shape.campaign_id != lease.campaign_id or (not late and not _row_facts(shape).held_by(lease.id)):
         raise Conflict(f"shape_id: shape {body.shape_id} is not in lease {lease_id}", "shape_id")
     now = utcnow()
-    if late and shape.state != ls.ShapeState.QUEUED.value:
+    if late and shape.state is not ls.ShapeState.QUEUED:
         return _superseded(p, shape, lease, body, now, f"shape {body.shape_id} is {shape.state} now")
     try:
-        row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
-        _check_timing(lease, shape, body)
-        _check_times(lease, body, settings, now)
-        body = _one_kernel(lease, body, row)
-        _check_kernel(p, lease, body, row)
+        row, body = _checked(p, lease, shape, body, settings, now)
     except Invalid as e:  # the try counts, so a shape whose results are always refused ends up parked
         if late:
-            return Refused(e, shape.state)
+            return Refused(e, shape.state.value)
         f = ls.result_refused(_row_facts(shape), lease.id, e.detail, settings.max_attempts)
         p.drive(_write_facts(p, [(shape, f)], now))
         p.drive(_finish_if_empty(p, lease))
         return Refused(e, f.state.value)
+    return _take(p, lease, shape, body, row, late, settings, now)
+
+
+def _checked(p: Plain, lease: CampaignLeaseRow, shape: ShapeFactsRow, body: ResultIn, settings: Settings,
+             now: datetime) -> tuple[dict[str, str] | None, ResultIn]:
+    """A result's checks (Invalid on the first that fails): its winner row as the image's schema keeps it (None
+    for no row) and the result naming its row's kernel."""
+    row = _check_row(p, lease, shape, body.row) if body.status == "ok" and body.row is not None else None
+    _check_timing(lease, shape, body)
+    _check_times(lease, body, settings, now)
+    body = _one_kernel(lease, body, row)
+    _check_kernel(p, lease, body, row)
+    return row, body
+
+
+def _take(p: Plain, lease: CampaignLeaseRow, shape: ShapeFactsRow, body: ResultIn, row: dict[str, str] | None,
+          late: bool, settings: Settings, now: datetime) -> ResultOut | Refused:
+    """A result that passed its checks: stored, and its shape's transition (and an inherited shape's confirmation)
+    written; a late one only if it tuned the shape."""
     err_max = get_family(lease.family).err_max
     kind = _kind(body, row, err_max, settings.min_improvement_pct)
     if late and kind not in ls.TUNED_BY:  # the expiry already counted this try
@@ -457,10 +482,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     result_id = _add_result(p, shape, lease, body, now, row, verified,
                             "default_best" if kind is ls.ResultKind.DEFAULT_BEST else body.status)
     caches_of(p).costs.pop((p.key, lease.campaign_id, body.backend))
-    if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
-        # the default path measured on this identity replaces the roofline estimate in the served time
-        p.run("measured_default", {"sid": shape.id, "us": body.default_us,
-                                   "priority": served.priority(shape.calls, shape.steps, body.default_us)})
+    _measured_default(p, shape, body)
     why = body.error or f"no verified winner (err_ratio {body.err_ratio} > {err_max} or bad us {body.us})"
     if late:
         f = ls.late_result(_row_facts(shape), kind)
@@ -470,7 +492,7 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
         if conf.full_race:  # the carried row lost: withdrawn (outcome set), the shape raced in full
             f = ls.reopen(f, f"the row carried from the parent image lost its confirmation race to "
                              f"{body.kernel_name or 'the default'}; racing in full")
-        p.run("set_outcome", {"sid": shape.id, "outcome": conf.outcome.value,
+        p.run(Sql.SET_OUTCOME, {"sid": shape.id, "outcome": conf.outcome.value,
                               "finalists": p.to_doc(None if conf.full_race else shape.finalists)})
     p.drive(_write_facts(p, [(shape, f)], now))
     if not late:
@@ -478,7 +500,14 @@ def post_result(s: Session | Plain, lease_id: str, body: ResultIn, settings: Set
     return ResultOut(result_id=result_id, shape_state=f.state.value, verified=verified)
 
 
-def _confirmation(shape, kind: ls.ResultKind, body: ResultIn) -> upgrade.Confirmation | None:  # type: ignore[no-untyped-def]
+def _measured_default(p: Plain, shape: ShapeFactsRow, body: ResultIn) -> None:
+    """The default path measured on this identity replaces the roofline estimate in the served time."""
+    if body.status != "failed" and body.default_us is not None and math.isfinite(body.default_us) and body.default_us > 0:
+        p.run(Sql.MEASURED_DEFAULT, {"sid": shape.id, "us": body.default_us,
+                                   "priority": served.priority(shape.calls, shape.steps, body.default_us)})
+
+
+def _confirmation(shape: ShapeFactsRow, kind: ls.ResultKind, body: ResultIn) -> upgrade.Confirmation | None:
     """What this result decides for a shape inherited from the image's parent and not decided yet."""
     if not shape.triage or shape.outcome:
         return None
@@ -499,9 +528,9 @@ def take_result(db: Database, lease_id: str, body: ResultIn, settings: Settings,
             return post_result(p, lease_id, body, settings, caller)
 
 
-def _add_result(p: Plain, shape, lease, body: ResultIn, now: datetime, row: dict | None, verified: bool,
-                status: str) -> int:  # type: ignore[no-untyped-def]
-    return p.rows("add_result", {
+def _add_result(p: Plain, shape: ShapeFactsRow, lease: CampaignLeaseRow, body: ResultIn, now: datetime,
+                row: dict[str, Any] | None, verified: bool, status: str) -> int:
+    return p.rows(Sql.ADD_RESULT, {
         "sid": shape.id, "lid": lease.id, "wid": lease.worker_id, "backend": body.backend,
         "digest": lease.image_digest, "aiter_commit": body.aiter_commit, "status": status, "us": body.us,
         "err_ratio": body.err_ratio, "verified": verified, "kernel_name": body.kernel_name,
@@ -512,16 +541,17 @@ def _add_result(p: Plain, shape, lease, body: ResultIn, now: datetime, row: dict
         "finished_at": p.stamp(body.finished_at or now), "now": p.stamp(now)})[0][0]
 
 
-def _superseded(p: Plain, shape, lease, body: ResultIn, now: datetime, why: str) -> Refused:  # type: ignore[no-untyped-def]
+def _superseded(p: Plain, shape: ShapeFactsRow, lease: CampaignLeaseRow, body: ResultIn, now: datetime,
+                why: str) -> Refused:
     """A late result the shape can no longer take (another lease has or tuned it, or it does not tune): kept as a
     record, never verified and no transition, so no finished measurement is lost; the worker still gets its 409."""
     rid = _add_result(p, shape, lease, body, now, body.row, False, SUPERSEDED)
     return Refused(Conflict(f"lease_id: lease {lease.id} expired and {why}; result {rid} kept as a record only",
-                            "lease_id"), shape.state, SUPERSEDED)
+                            "lease_id"), shape.state.value, SUPERSEDED)
 
 
-def _finish_if_empty(p: Rows, lease) -> Steps[None]:  # type: ignore[no-untyped-def]
-    if not (yield from ask("held", {"lid": lease.id})):
+def _finish_if_empty(p: Rows, lease: AnyLease) -> Steps[None]:
+    if not (yield from ask(Sql.HELD, {"lid": lease.id})):
         yield from _end_lease(p, lease, ls.LeaseState.DONE)
 
 

@@ -231,8 +231,9 @@ def deployable(s: Session, digest: str, family: str, merged: bool = False, exclu
         art = ov.artifacts()[form or "merged"]
         if art.refused:
             raise Conflict(f"{form or 'merged'}: {art.refused}", "form" if form else "merged")
-        assert art.overlay is not None
-        return ov.memo(("deployable", form or "merged"), lambda: replace(ov, table=art.overlay))
+        table = art.overlay
+        assert table is not None
+        return ov.memo(("deployable", form or "merged"), lambda: replace(ov, table=table))
     layer = ov.memo("layer", lambda: deploy.build(ov.release, ov.family, "layer", ov.shipped, ov.table, ov.live_gfx))
     if layer.refused is None:
         return ov

@@ -5,6 +5,8 @@ ships or can no longer run are raced again. One transaction: an inherit that fai
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -14,7 +16,7 @@ from app.db import dialect
 from app.db.models import Campaign, CampaignShape, Image, Lease, Result, utcnow
 from app.domain import deploy, served
 from app.domain import upgrade as up
-from app.domain.families import get_family
+from app.domain.families import TableFamily, get_family
 from app.domain import lease_states as ls
 from app.domain.lease_states import ShapeState
 from app.domain.tables import Table
@@ -76,33 +78,38 @@ def _triage(s: Session, camp: Campaign, shapes: list[CampaignShape], carried: di
                                   Table(tuple(schema.header), [{c: r.get(c, "") for c in schema.header} for r in rows]),
                                   camp.gfx)
     for sh, row, ship in zip(shapes, rows, shipped):
-        res = carried[sh.id]
-        # the kernel under the name the new image gives it (AITER renames kernels between releases without
-        # changing them: TableFamily.kernel_renames), so a renamed kernel is carried, not raced again
-        default_best = not res.verified and res.status == ls.ResultKind.DEFAULT_BEST.value
-        kernel = fam.catalog_name((_default_name(res) if default_best else res.kernel_name) or fam.kernel_of(row),
-                                  catalog, row)
-        cands = [dict(c, name=fam.catalog_name(str(c["name"]), catalog, row)) if c.get("name") else c
-                 for c in res.candidates or []]
-        verdict = up.triage(kernel, row, schema.header, ship is not None, catalog, default_best)
-        sh.triage, sh.outcome = verdict.value, None
-        if verdict in (up.Triage.CARRIED, up.Triage.DEFAULT_BEST):
-            sh.finalists = up.finalists(kernel, cands, catalog=catalog)
-        elif verdict is up.Triage.NOW_SHIPPED:
-            theirs = fam.kernel_of(ship or {})
-            if theirs and theirs in fam.kernel_forms(kernel, row):
-                kernel = theirs
-            settled = up.settled(verdict, kernel, theirs)
-            if settled is not None:  # the image ships our very row's kernel: covered by it, nothing to race
-                sh.outcome, sh.finalists = settled.value, None
-                set_shape(sh, ls.cover(shape_facts(sh), f"the image ships this key with {theirs}, the kernel "
-                                                         f"{res.image_digest[:19]} tuned: nothing to race"))
-                continue
-            # the shipped kernel is the incumbent to beat; ours and the parent's best race it
-            sh.finalists = ([theirs] if theirs else []) + [k for k in up.finalists(
-                kernel, cands, catalog=catalog) if k != theirs]
-        else:
-            sh.finalists = None
+        _triage_one(sh, carried[sh.id], row, ship, fam, catalog, schema.header)
+
+
+def _triage_one(sh: CampaignShape, res: Result, row: dict[str, str], ship: dict[str, str] | None, fam: TableFamily,
+                catalog: Collection[str] | None, header: Iterable[str]) -> None:
+    """One carried shape's verdict (_triage): its kernel as the new image names it, raced against what it ships."""
+    # the kernel under the name the new image gives it (AITER renames kernels between releases without
+    # changing them: TableFamily.kernel_renames), so a renamed kernel is carried, not raced again
+    default_best = not res.verified and res.status == ls.ResultKind.DEFAULT_BEST.value
+    kernel = fam.catalog_name((_default_name(res) if default_best else res.kernel_name) or fam.kernel_of(row),
+                              catalog, row)
+    cands = [dict(c, name=fam.catalog_name(str(c["name"]), catalog, row)) if c.get("name") else c
+             for c in res.candidates or []]
+    verdict = up.triage(kernel, row, header, ship is not None, catalog, default_best)
+    sh.triage, sh.outcome = verdict.value, None
+    if verdict in (up.Triage.CARRIED, up.Triage.DEFAULT_BEST):
+        sh.finalists = up.finalists(kernel, cands, catalog=catalog)
+    elif verdict is up.Triage.NOW_SHIPPED:
+        theirs = fam.kernel_of(ship or {})
+        if theirs and theirs in fam.kernel_forms(kernel, row):
+            kernel = theirs
+        settled = up.settled(verdict, kernel, theirs)
+        if settled is not None:  # the image ships our very row's kernel: covered by it, nothing to race
+            sh.outcome, sh.finalists = settled.value, None
+            set_shape(sh, ls.cover(shape_facts(sh), f"the image ships this key with {theirs}, the kernel "
+                                                     f"{res.image_digest[:19]} tuned: nothing to race"))
+            return
+        # the shipped kernel is the incumbent to beat; ours and the parent's best race it
+        sh.finalists = ([theirs] if theirs else []) + [k for k in up.finalists(
+            kernel, cands, catalog=catalog) if k != theirs]
+    else:
+        sh.finalists = None
 
 
 def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
@@ -127,58 +134,70 @@ def inherit(s: Session, new: str, old: str) -> dict[str, Any]:
                           .values(parent_digest=old).execution_options(synchronize_session="fetch"))
     if took.rowcount != 1:
         raise Conflict(f"image_digest: {new} already inherits from another image", "image_digest")
-    out = []
     now = utcnow()
-    for oc in s.scalars(select(Campaign).where(Campaign.image_digest == old).order_by(Campaign.id)).all():
-        nc = ensure_campaign(s, new, oc.gfx, oc.cu_num, oc.family)
-        s.flush()
-        if oc.step_hist:
-            nc.step_hist = served.merge(nc.step_hist, oc.step_hist)
-        olds = s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == oc.id)
-                         .order_by(CampaignShape.id)).all()
-        # insert-or-merge: a capture for the new image may insert the same keys at this very moment
-        inserted = dialect.insert_shapes_absent(s, [dict(
-            campaign_id=nc.id, shape_key=o.shape_key, shape=o.shape, calls=o.calls, flops=o.flops,
-            default_us=o.default_us, default_measured=o.default_measured, steps=o.steps, priority=o.priority,
-            state=ShapeState.QUEUED.value, attempts=0, attempts_base=0, updated_at=now) for o in olds])
-        # row locks in key order (as captures take theirs): a lease picks past them (SKIP LOCKED), one that
-        # picked first is waited for and then seen leased
-        have = {sh.shape_key: sh for sh in s.scalars(
-            select(CampaignShape).where(CampaignShape.campaign_id == nc.id)
-            .order_by(CampaignShape.shape_key).with_for_update()
-            .execution_options(populate_existing=True))}
-        best = _best_results(s, [sh.id for sh in olds])
-        best = {**_default_best(s, [sh.id for sh in olds if sh.id not in best]), **best}
-        carried: dict[int, Result] = {}
-        to_triage = []
-        for o in olds:
-            sh = have.get(o.shape_key)
-            if sh is None:
-                continue
-            try:
-                ls.carry(shape_facts(sh))
-            except ls.TransitionError:
-                continue  # the new image already works on it (or tuned it): its own race stands
-            if sh.triage:
-                continue
-            if o.shape_key not in inserted:
-                sh.calls = max(sh.calls, o.calls)
-            if o.id in best:
-                to_triage.append((sh, best[o.id]))
-        for sh, res in to_triage:
-            sh.carried_result_id = res.id
-            carried[sh.id] = res
-        _triage(s, nc, [sh for sh, _ in to_triage], carried)
-        if nc.step_hist:
-            s.flush()
-            reweigh(s, nc, get_family(nc.family))
-        verdicts = Counter(sh.triage for sh, _ in to_triage)
-        out.append({"campaign_id": nc.id, "from_campaign_id": oc.id, "family": nc.family, "gfx": nc.gfx,
-                    "cu_num": nc.cu_num, "shapes_added": len(inserted), "with_row": len(to_triage),
-                    **{v.value: verdicts.get(v.value, 0) for v in up.Triage}})
+    out = [_inherit_campaign(s, new, oc, now) for oc in s.scalars(
+        select(Campaign).where(Campaign.image_digest == old).order_by(Campaign.id)).all()]
     if not out:
         raise Invalid(f"from: image {old} has no campaigns to inherit", "from")
     return {"image_digest": new, "from": old, "campaigns": out}
+
+
+def _inherit_campaign(s: Session, new: str, oc: Campaign, now: datetime) -> dict[str, Any]:
+    """One of the parent's campaigns into new's (inherit): its shapes inserted or merged, its rows triaged."""
+    nc = ensure_campaign(s, new, oc.gfx, oc.cu_num, oc.family)
+    s.flush()
+    if oc.step_hist:
+        nc.step_hist = served.merge(nc.step_hist, oc.step_hist)
+    olds = s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == oc.id)
+                     .order_by(CampaignShape.id)).all()
+    # insert-or-merge: a capture for the new image may insert the same keys at this very moment
+    inserted = dialect.insert_shapes_absent(s, [dict(
+        campaign_id=nc.id, shape_key=o.shape_key, shape=o.shape, calls=o.calls, flops=o.flops,
+        default_us=o.default_us, default_measured=o.default_measured, steps=o.steps, priority=o.priority,
+        state=ShapeState.QUEUED.value, attempts=0, attempts_base=0, updated_at=now) for o in olds])
+    # row locks in key order (as captures take theirs): a lease picks past them (SKIP LOCKED), one that
+    # picked first is waited for and then seen leased
+    have = {sh.shape_key: sh for sh in s.scalars(
+        select(CampaignShape).where(CampaignShape.campaign_id == nc.id)
+        .order_by(CampaignShape.shape_key).with_for_update()
+        .execution_options(populate_existing=True))}
+    best = _best_results(s, [sh.id for sh in olds])
+    best = {**_default_best(s, [sh.id for sh in olds if sh.id not in best]), **best}
+    to_triage = _to_triage(olds, have, inserted, best)
+    carried: dict[int, Result] = {}
+    for sh, res in to_triage:
+        sh.carried_result_id = res.id
+        carried[sh.id] = res
+    _triage(s, nc, [sh for sh, _ in to_triage], carried)
+    if nc.step_hist:
+        s.flush()
+        reweigh(s, nc, get_family(nc.family))
+    verdicts = Counter(sh.triage for sh, _ in to_triage)
+    return {"campaign_id": nc.id, "from_campaign_id": oc.id, "family": nc.family, "gfx": nc.gfx,
+            "cu_num": nc.cu_num, "shapes_added": len(inserted), "with_row": len(to_triage),
+            **{v.value: verdicts.get(v.value, 0) for v in up.Triage}}
+
+
+def _to_triage(olds: Sequence[CampaignShape], have: dict[str, CampaignShape], inserted: Collection[str],
+               best: dict[int, Result]) -> list[tuple[CampaignShape, Result]]:
+    """The new image's shapes that take their parent shape's best result to triage; a shape the new image already
+    works on (or tuned, or triaged) keeps its own race. Calls merge as the larger count."""
+    to_triage = []
+    for o in olds:
+        sh = have.get(o.shape_key)
+        if sh is None:
+            continue
+        try:
+            ls.carry(shape_facts(sh))
+        except ls.TransitionError:
+            continue  # the new image already works on it (or tuned it): its own race stands
+        if sh.triage:
+            continue
+        if o.shape_key not in inserted:
+            sh.calls = max(sh.calls, o.calls)
+        if o.id in best:
+            to_triage.append((sh, best[o.id]))
+    return to_triage
 
 
 def retriage(s: Session, digest: str) -> int:
