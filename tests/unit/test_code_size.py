@@ -27,23 +27,6 @@ SKIP = ("app/migrations/",)
 
 # lead: empty at merge (each helper's branch splits its own)
 ALLOWED: dict[str, str] = {
-    "app/domain/engagement.py:check": "s36b: engagement.check as a chain of named rules (CC 42, 108 lines)",
-    "app/domain/engagement.py:_padded_weight_retry": "s36b: engagement rules (CC 23)",
-    "app/services/engagement.py:verdicts": "s36b: engagement as rules (CC 27)",
-    "app/services/engagement.py:post_deploy": "s36b: engagement as rules (CC 24)",
-    "app/services/engagement.py:runtime_identity": "s36b: engagement as rules (CC 23)",
-    "workers/verify.py:engagement": "s36b: engagement as rules (CC 23, 67 lines)",
-    "workers/engagement_probe.py:moe_op_probe": "s36b: engagement probes (112 lines)",
-    "workers/engagement_probe.py:moe_op_probe.call": "s36b: engagement probes (77 lines)",
-    "app/domain/families.py:MoeOpPath.row_use": "s36a: families split by AITER mechanism (CC 31)",
-    "app/domain/families.py:lookup_identity": "s36a: families split by AITER mechanism (CC 29)",
-    "app/capture/agent.py:Agent.collect": "s36c: the typed worker and capture agent (CC 24)",
-    "workers/agent.py:Agent.run_lease": "s36c: the typed worker (87 lines)",
-    "workers/backends/aiter_tuner.py:AiterBackend._two_phase": "s36c: _two_phase split into its phases (CC 41, "
-                                                               "72 lines)",
-    "workers/backends/aiter_replay.py:race_shape": "s34: timing trust (CC 22)",
-    "workers/backends/torch_race.py:TorchBackend._decide": "s34: timing trust (CC 29)",
-    "workers/backends/torch_race.py:TorchBackend.halving": "s34: timing trust (CC 25)",
     "app/services/ab.py:finish": "s32: serving A/B gate (CC 27)",
     "app/domain/ab_gate.py:engagement": "s32: serving A/B gate (CC 31)",
     "app/domain/ab_gate.py:default_points": "s32: serving A/B gate (CC 21)",
