@@ -38,7 +38,7 @@ def _norm(col: str, v: object) -> object:
     return runtime_value(col, str(v))
 
 
-def _row_ids(family: TableFamily, rows: Sequence[Mapping[str, str]]) -> dict[tuple, int]:
+def _row_ids(family: TableFamily, rows: Sequence[Mapping[str, str]]) -> dict[tuple[object, tuple[object, ...]], int]:
     """Each row by (M as tabled, its other shape cells), as runtime values: what a hit line names."""
     cols = [c for c in family.shape_columns if c != family.m_column]
     out = {}
