@@ -35,11 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.ab_driver import Driver, Fault  # noqa: E402
+from app.domain.ab_stats import PRIMARY  # noqa: E402
 from tests.conftest import DIGEST, start_server  # noqa: E402
-from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, POINTS, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
+from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
 from tests.integration.test_ab_api import seed_overlay  # noqa: E402
 
 ADMIN = "atk_test-admin-token"
+POINT_KEYS = ("concurrency", "input_len", "output_len", "requests")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -61,9 +63,22 @@ def drive(url: str, run_id: int, work: Path, extra: str) -> dict:
         d.stop()
 
 
+def band_figures(res: dict) -> dict:
+    """Per band: the verdict metric's effect, interval and MDE (B vs A), the control's effect, the rounds measured,
+    and the pass throughput's effect (output tok/s, reported beside it)."""
+    bands = [b for b in res.get("bands", []) if b["effect"]]
+    return {"effects": {b["band"]: b["effect"][PRIMARY]["effect"] for b in bands},
+            "intervals": {b["band"]: [b["effect"][PRIMARY]["lo"], b["effect"][PRIMARY]["hi"]] for b in bands},
+            "controls": {b["band"]: b["control"][PRIMARY]["effect"] for b in bands},
+            "mde": {b["band"]: b["effect"][PRIMARY]["mde"] for b in bands},
+            "rounds": {b["band"]: b["rounds"] for b in bands},
+            "output_tok_s": {b["band"]: b["effect"]["output_tok_s"]["effect"] for b in bands}}
+
+
 def run_once(c, url: str, version_id: int, seed: int, args, work: Path) -> dict:
     body = {"image_digest": DIGEST, "version_id": version_id, "baseline": "shipped", "points": args.points,
-            "repeats": args.repeats, "requests_per_pass": args.requests, "seed": seed}
+            "repeats": args.repeats, "requests_per_pass": args.requests, "seed": seed,
+            "confidence": args.confidence}
     run = c.post("/v1/ab/runs", json=body).json()
     t = time.monotonic()
     try:
@@ -83,12 +98,12 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=GATE["repeats"])
     p.add_argument("--requests", type=int, default=GATE["requests_per_pass"])
     p.add_argument("--standin-args", default=GATE["token_ms"], help="more flags for the stand-in server")
-    p.add_argument("--points", default=",".join(f"{x['concurrency']}:{x['input_len']}:{x['output_len']}"
-                                                 for x in POINTS),
-                   help="the bands, CONCURRENCY:INPUT_LEN:OUTPUT_LEN,... (concurrencies 2, 8, 16: the planted ones)")
+    p.add_argument("--confidence", type=float, default=GATE["confidence"])
+    p.add_argument("--points", default=",".join(":".join(str(x[k]) for k in POINT_KEYS if k in x) for x in GATE["points"]),
+                   help="the bands, CONCURRENCY:INPUT_LEN:OUTPUT_LEN[:REQUESTS_PER_PASS],... (concurrencies 2, 8, "
+                        "16: the planted ones)")
     args = p.parse_args()
-    args.points = [dict(zip(("concurrency", "input_len", "output_len"), map(int, x.split(":"))))
-                   for x in args.points.split(",")]
+    args.points = [dict(zip(POINT_KEYS, map(int, x.split(":")))) for x in args.points.split(",")]
     expected = {f"c{x['concurrency']}-i{x['input_len']}-o{x['output_len']}": v
                 for x, v in zip(args.points, BANDS.values())}
     if args.summarize:
@@ -108,13 +123,7 @@ def main() -> int:
             got = {b["band"]: b["verdict"] for b in res.get("bands", [])}
             row = {"gate": g, "verdict": first.get("verdict"), "reason": first.get("reason"), "bands": got,
                    "exact": got == expected, "control_flagged": res.get("control_flagged", []),
-                   "effects": {b["band"]: b["effect"]["output_tok_s"]["effect"] for b in res.get("bands", [])
-                               if b["effect"]},
-                   "controls": {b["band"]: b["control"]["output_tok_s"]["effect"] for b in res.get("bands", [])
-                                if b["control"]},
-                   "mde": {b["band"]: b["effect"]["output_tok_s"]["mde"] for b in res.get("bands", [])
-                           if b["effect"]},
-                   "seconds": round(first["seconds"], 1)}
+                   **band_figures(res), "seconds": round(first["seconds"], 1)}
             rb_id = first.get("rollback_version_id")
             if rb_id:
                 rb = c.get(f"/v1/ab/versions/{rb_id}").json()
@@ -122,6 +131,8 @@ def main() -> int:
                 second = run_once(c, srv.url, rb_id, 5000 + g, args, tmp / f"g{g}b")
                 res2 = second.get("result") or {}
                 row["rerun_bands"] = {b["band"]: b["verdict"] for b in res2.get("bands", [])}
+                row["rerun"] = band_figures(res2) | {"control_flagged": res2.get("control_flagged", [])}
+                row["rerun_promotable_reason"] = res2.get("promotable")
                 row["rerun_promotable"] = second.get("state") == "booked" and res2.get("promotable") is None
                 row["rerun_verdict"], row["rerun_reason"] = second.get("verdict"), second.get("reason")
                 row["rerun_seconds"] = round(second["seconds"], 1)
