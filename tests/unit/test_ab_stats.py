@@ -123,3 +123,56 @@ def test_run_verdicts_and_the_promotion_rule():
     void = S.analyse_band("v", {}, 6, 3, S.GateParams())
     assert "v is void" in S.promotable(S.run_verdict([gain, void]).as_dict())
     assert S.run_verdict([gain], ["B did not engage: rank 1"]).verdict == "void"
+
+
+def decode_records(arm, rep, tpot_s, ttft_s, n=16, tokens=TOKENS, rng=None, noise=0.0, pass_factor=1.0):
+    """n requests of `tokens` tokens: TTFT, then tokens - 1 gaps of tpot_s (x per-request noise x the pass's
+    shared factor)."""
+    out = []
+    for i in range(n):
+        tp = tpot_s * pass_factor * (math.exp(rng.gauss(0, noise)) if rng else 1.0)
+        out.append(RequestRecord(arm=arm, band="b", repeat=rep, started_s=0.001 * i, ttft_s=ttft_s,
+                                 itl_s=[tp] * (tokens - 1), latency_s=ttft_s + tp * (tokens - 1), input_tokens=16,
+                                 output_tokens=tokens))
+    return out
+
+
+def test_the_decode_rate_reads_a_decode_effect_whole_where_the_pass_throughput_dilutes_it():
+    """B decodes 8% faster, its TTFT (connection, prefill: no plant) the same: 1/TPOT reads +8.0%; the pass's
+    tokens over its span, which holds the TTFT, reads less."""
+    a = S.pass_stats(decode_records("A", 0, 0.040, 0.3))
+    b = S.pass_stats(decode_records("B", 0, 0.040 / 1.08, 0.3))
+    assert b.metrics["decode_tok_s"] / a.metrics["decode_tok_s"] == pytest.approx(1.08)
+    assert 1.0 < b.metrics["output_tok_s"] / a.metrics["output_tok_s"] < 1.07
+
+
+def test_block_intervals_is_the_two_way_anova_of_rounds_by_arms():
+    rows = [[0.0, 0.10, 0.01], [0.02, 0.11, 0.00], [0.01, 0.13, 0.03], [0.00, 0.09, -0.01]]
+    ib, ic = S.block_intervals(rows, 0.05, 0.8)
+    # residual SS by hand: row means, column means, grand mean; df (4-1)(3-1) = 6
+    rm = [sum(r) / 3 for r in rows]
+    cm = [sum(r[j] for r in rows) / 4 for j in range(3)]
+    g = sum(rm) / 4
+    ss = sum((rows[i][j] - rm[i] - cm[j] + g) ** 2 for i in range(4) for j in range(3))
+    se = math.sqrt(2 * ss / 6 / 4)
+    assert ib.effect == pytest.approx(math.expm1(cm[1] - cm[0])) and ic.effect == pytest.approx(math.expm1(cm[2] - cm[0]))
+    assert ib.hi == pytest.approx(math.expm1(cm[1] - cm[0] + S.t_ppf(0.975, 6) * se))
+    assert ib.mde == pytest.approx(math.expm1((S.t_ppf(0.975, 6) + S.t_ppf(0.8, 6)) * se))
+
+
+def test_requests_sharing_a_pass_are_not_counted_as_independent():
+    """Null runs whose passes each carry a shared factor (a node's moment: 2% sd) over 16 requests of 3% sd each:
+    the unit of replication is the pass, so the control and the verdicts flag at most about alpha = 5% of runs.
+    An interval from the requests' own spread (pseudo-replication) would flag most of them."""
+    rng = random.Random(9)
+    flagged = false_verdict = 0
+    for _ in range(200):
+        bands = []
+        for i in range(3):
+            passes = {(r, arm): decode_records(arm, r, 0.04, 0.01, rng=rng, noise=0.03,
+                                               pass_factor=math.exp(rng.gauss(0, 0.02)))
+                      for r in range(6) for arm in S.round_order(r)}
+            bands.append(S.analyse_band(f"b{i}", passes, 6, 3, S.GateParams()))
+        flagged += any(b.control_flags for b in bands)
+        false_verdict += any(b.verdict != "neutral" for b in bands)
+    assert flagged <= 0.075 * 200 and false_verdict <= 0.075 * 200
