@@ -221,7 +221,9 @@ class Driver:
     async def run(self) -> dict[str, Any]:
         """Drive the run to its end (booked) or to a fault (interrupted, raised as Fault)."""
         load = _load()
-        async with httpx.AsyncClient(timeout=60) as c:
+        # a fresh connection per call to the service: a pooled one can be closed by the service's keep-alive timeout
+        # (uvicorn: 5 s) while a longer pass runs, and the next post then fails with a ReadError (seen here)
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as c:
             run = await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/start")
             points = {OperatingPoint(**p).name: OperatingPoint(**p) for p in run["points"]}
             try:
