@@ -32,11 +32,11 @@ class Verdict(StrEnum):
     VOID = "void"
 
 
-# metric -> True when higher is better. The verdict is made on PRIMARY, the decode rate: 1 / the pass's mean time
-# per output token after the first ((latency - TTFT) / (tokens - 1) per request, vLLM's TPOT), so a kernel's effect
-# on decoding is read whole; the pass's output tok/s (tokens over the pass's span) dilutes it with TTFT, connection
-# set-up and the pass's ramp and drain, where fewer than `concurrency` sequences decode (measured: +5.3-5.8% read
-# for a planted +8%, benchmarks/RESULTS.md). Output tok/s, TTFT and ITL are reported with their intervals beside it.
+# metric -> True when higher is better. The verdict is made on PRIMARY, the decode rate at the band's concurrency
+# (1 / the mean time per output token while the band's `concurrency` requests decode together: _decode_rate), so a
+# kernel's effect on decoding at that batch is read whole; the pass's output tok/s (tokens over the pass's span)
+# dilutes it with TTFT, connection set-up and the pass's ramp and drain, where fewer sequences decode (measured:
+# +5.3-5.8% read for a planted +8%, benchmarks/RESULTS.md). Output tok/s, TTFT and ITL are reported beside it.
 METRICS: dict[str, bool] = {"decode_tok_s": True, "output_tok_s": True, "ttft_p50": False, "ttft_p99": False,
                             "itl_p50": False, "itl_p99": False}
 PRIMARY = "decode_tok_s"
@@ -131,20 +131,54 @@ def _throughput(ok: Sequence[RequestRecord]) -> float | None:
     return sum(r.output_tokens for r in ok) / (t1 - t0) if t1 > t0 else None
 
 
-def _decode_rate(ok: Sequence[RequestRecord]) -> float | None:
-    """1 / the mean time per output token after the first (vLLM's TPOT), over the requests with two tokens or more."""
-    tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
-            if r.output_tokens > 1 and r.ttft_s is not None and r.latency_s is not None and r.latency_s > r.ttft_s]
+def _full_periods(ok: Sequence[RequestRecord], concurrency: int) -> list[tuple[float, float]]:
+    """When `concurrency` requests were decoding at once (from a request's first token to its last)."""
+    ev = sorted([(r.started_s + (r.ttft_s or 0.0), 1) for r in ok] +
+                [(r.started_s + (r.latency_s or 0.0), -1) for r in ok])  # at a tie an end comes first
+    out, n, t0 = [], 0, None
+    for t, d in ev:
+        n += d
+        if n >= concurrency and t0 is None:
+            t0 = t
+        elif n < concurrency and t0 is not None:
+            out.append((t0, t))
+            t0 = None
+    return out
+
+
+def _decode_rate(ok: Sequence[RequestRecord], concurrency: int | None) -> float | None:
+    """Decode tokens/s per sequence at the band's operating point: 1 / the mean time per output token (vLLM's TPOT)
+    over the requests, each counted while `concurrency` requests were decoding together (steady state: a pass's
+    ramp-up, while its requests are still starting, and its drain, while they end, run a smaller batch than the
+    band's, and a server's speed depends on its batch: measured, a planted +8% at 16 running read +4.3% over whole
+    requests and +7.6% in the steady window, benchmarks/RESULTS.md). A request's token times are its first token and
+    the streamed chunks after it; where chunks carry several tokens (vLLM merges them) a chunk counts as the
+    request's mean tokens per chunk. concurrency None: over whole requests, first token to last."""
+    full = _full_periods(ok, concurrency) if concurrency else None
+    tpot = []
+    for r in ok:
+        if r.output_tokens < 2 or r.ttft_s is None or r.latency_s is None or r.latency_s <= r.ttft_s:
+            continue
+        if full is None:
+            tpot.append((r.latency_s - r.ttft_s) / (r.output_tokens - 1))
+            continue
+        stamps = [r.started_s + r.ttft_s]
+        for g in r.itl_s:
+            stamps.append(stamps[-1] + g)
+        inside = [t for t in stamps if any(a <= t <= b for a, b in full)]
+        if len(inside) >= 3:
+            per_chunk = (r.output_tokens - 1) / max(1, len(stamps) - 1)
+            tpot.append((inside[-1] - inside[0]) / ((len(inside) - 1) * per_chunk))
     return len(tpot) / sum(tpot) if tpot else None
 
 
-def pass_stats(records: Iterable[RequestRecord]) -> PassStats:
+def pass_stats(records: Iterable[RequestRecord], concurrency: int | None = None) -> PassStats:
     recs = list(records)
     ok = [r for r in recs if r.error is None and r.output_tokens > 0 and r.latency_s is not None]
     errs = [r for r in recs if r.error is not None]
     m: dict[str, float | None] = dict.fromkeys(METRICS)
     if ok:
-        m["output_tok_s"], m["decode_tok_s"] = _throughput(ok), _decode_rate(ok)
+        m["output_tok_s"], m["decode_tok_s"] = _throughput(ok), _decode_rate(ok, concurrency)
         ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
         itl = [x for r in ok for x in r.itl_s]
         m["ttft_p50"], m["ttft_p99"] = percentile(ttft, 0.5), percentile(ttft, 0.99)
@@ -235,8 +269,8 @@ class GateParams:
 BLOCK_ARMS = ("A", "B", "A_prime")  # the reference first: B's and A_prime's effects are against A
 
 
-def _pass_table(band: str, passes: dict[tuple[int, str], list[RequestRecord]], rounds: int, p: GateParams
-                ) -> tuple[dict[tuple[int, str], PassStats], dict[str, int], BandResult | None]:
+def _pass_table(band: str, passes: dict[tuple[int, str], list[RequestRecord]], rounds: int, p: GateParams,
+                concurrency: int | None) -> tuple[dict[tuple[int, str], PassStats], dict[str, int], BandResult | None]:
     """Every pass's statistics and each arm's completed requests, or the void result naming the first pass that
     is missing, has too few requests or too many errors."""
     stats: dict[tuple[int, str], PassStats] = {}
@@ -247,7 +281,7 @@ def _pass_table(band: str, passes: dict[tuple[int, str], list[RequestRecord]], r
             if recs is None:
                 return stats, completed, BandResult(band, Verdict.VOID, f"pass {r} of arm {arm} was not measured",
                                                     rounds)
-            st = stats[(r, arm)] = pass_stats(recs)
+            st = stats[(r, arm)] = pass_stats(recs, concurrency)
             completed[arm] += st.completed
             why = None
             if st.completed < p.min_requests:
@@ -262,10 +296,11 @@ def _pass_table(band: str, passes: dict[tuple[int, str], list[RequestRecord]], r
 
 
 def analyse_band(band: str, passes: dict[tuple[int, str], list[RequestRecord]], rounds: int, n_bands: int,
-                 p: GateParams) -> BandResult:
-    """passes: (repeat, arm) -> that pass's records, for repeats 0..rounds-1 and every arm."""
+                 p: GateParams, concurrency: int | None = None) -> BandResult:
+    """passes: (repeat, arm) -> that pass's records, for repeats 0..rounds-1 and every arm; concurrency: the
+    band's (its decode rate is measured while that many requests decode together)."""
     alpha = (1 - p.confidence) / max(1, n_bands)
-    stats, completed, void = _pass_table(band, passes, rounds, p)
+    stats, completed, void = _pass_table(band, passes, rounds, p, concurrency)
     if void is not None:
         return void
     if rounds < p.min_rounds:

@@ -404,7 +404,7 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
     by_band, windows = _measured(s, rid)
     points = [OperatingPoint(**p) for p in r.points]
-    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params)
+    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params, p.concurrency)
              for p in points]
     arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == rid))}
     v = get_version(s, r.version_id)

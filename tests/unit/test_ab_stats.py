@@ -176,3 +176,30 @@ def test_requests_sharing_a_pass_are_not_counted_as_independent():
         flagged += any(b.control_flags for b in bands)
         false_verdict += any(b.verdict != "neutral" for b in bands)
     assert flagged <= 0.075 * 200 and false_verdict <= 0.075 * 200
+
+
+def ramp_pass(arm, speedup, conc=4, tokens=20, base=0.05, stagger=0.1):
+    """One wave of `conc` requests started `stagger` s apart on a server whose step is `speedup` x faster only while
+    all `conc` decode (a plant at the band's batch size): each request's token times, as the load generator records
+    them."""
+    import heapq
+    heap = [(i * stagger, i, 0) for i in range(conc)]  # (time of token k, request, k)
+    stamps: dict[int, list[float]] = {i: [] for i in range(conc)}
+    while heap:
+        t, i, k = heapq.heappop(heap)
+        stamps[i].append(t)
+        running = sum(1 for j in range(conc) if j * stagger <= t and len(stamps[j]) < tokens)
+        if k + 1 < tokens:
+            heapq.heappush(heap, (t + base / (speedup if running + (k + 1 == tokens) >= conc else 1.0), i, k + 1))
+    return [RequestRecord(arm=arm, band="b", repeat=0, started_s=i * stagger, ttft_s=0.0,
+                          itl_s=[b - a for a, b in zip(s, s[1:])], latency_s=s[-1] - i * stagger, input_tokens=16,
+                          output_tokens=tokens) for i, s in stamps.items()]
+
+
+def test_the_decode_rate_is_read_while_the_band_s_concurrency_decodes():
+    """+8% only while all 4 requests decode: over whole requests the ramp and drain (fewer running) dilute it;
+    counted in the steady window, where the band's concurrency decodes, it reads +8%."""
+    a, b = ramp_pass("A", 1.0), ramp_pass("B", 1.08)
+    whole = S.pass_stats(b).metrics["decode_tok_s"] / S.pass_stats(a).metrics["decode_tok_s"]
+    steady = S.pass_stats(b, 4).metrics["decode_tok_s"] / S.pass_stats(a, 4).metrics["decode_tok_s"]
+    assert steady == pytest.approx(1.08, abs=0.004) and whole < 1.06
