@@ -393,6 +393,25 @@ def _result(res: ab_stats.RunResult, eng: ab_gate.Engagement, acc: str | None, a
     return result
 
 
+def assess(s: Session, r: AbRun) -> tuple[dict[str, Any], ab_stats.RunResult, list[OperatingPoint], OverlayVersion]:
+    """The run's verdicts from its stored passes and arms, nothing written: per band (B and the control against A
+    at the band's concurrency), engagement, accuracy, promotability."""
+    params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
+    by_band, windows = _measured(s, r.id)
+    points = [OperatingPoint(**p) for p in r.points]
+    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params, p.concurrency)
+             for p in points]
+    arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == r.id))}
+    v = get_version(s, r.version_id)
+    eng = _engagement(v, arms, windows, points)
+    void = [eng.reason] if eng.reason else []
+    acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
+    if acc:
+        void.append(acc)
+    res = ab_stats.run_verdict(bands, void)
+    return _result(res, eng, acc, arms, r.max_loss), res, points, v
+
+
 def finish(s: Session, rid: int) -> dict[str, Any]:
     """Book the run: every pass measured; verdicts per band, the control, engagement, accuracy; a regressing
     band proposes a rollback version. Nothing is booked while a pass is missing."""
@@ -401,20 +420,7 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     missing = [x for x in schedule(r) if x not in done]
     with _refused():
         to = st.book(st.RunState(r.state), len(missing))
-    params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
-    by_band, windows = _measured(s, rid)
-    points = [OperatingPoint(**p) for p in r.points]
-    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params, p.concurrency)
-             for p in points]
-    arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == rid))}
-    v = get_version(s, r.version_id)
-    eng = _engagement(v, arms, windows, points)
-    void = [eng.reason] if eng.reason else []
-    acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
-    if acc:
-        void.append(acc)
-    res = ab_stats.run_verdict(bands, void)
-    result = _result(res, eng, acc, arms, r.max_loss)
+    result, res, points, v = assess(s, r)
     _transition(r, to)
     r.result = result
     regressing = [p for p, b in zip(points, res.bands) if b.verdict is ab_stats.Verdict.REGRESSION]
