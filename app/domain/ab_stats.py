@@ -132,9 +132,15 @@ def _throughput(ok: Sequence[RequestRecord]) -> float | None:
 
 
 def _full_periods(ok: Sequence[RequestRecord], concurrency: int) -> list[tuple[float, float]]:
-    """When `concurrency` requests were decoding at once (from a request's first token to its last)."""
+    """When `concurrency` requests were decoding at once (from a request's first token to its last), or the most
+    that ever did where the pass never had that many decoding together (a client too slow to keep them in flight)."""
     ev = sorted([(r.started_s + (r.ttft_s or 0.0), 1) for r in ok] +
                 [(r.started_s + (r.latency_s or 0.0), -1) for r in ok])  # at a tie an end comes first
+    n, peak = 0, 0
+    for _, d in ev:
+        n += d
+        peak = max(peak, n)
+    concurrency = min(concurrency, peak)
     out, n, t0 = [], 0, None
     for t, d in ev:
         n += d
