@@ -74,8 +74,10 @@ _LIBC: Any = None
 def _child_setup(parent: int) -> Any:
     """What a launched server runs between fork and exec: its own process group (the driver kills the group, so a
     launch command's own children go too), and on Linux PR_SET_PDEATHSIG, so the kernel sends it SIGTERM when the
-    driver dies, even by SIGKILL, when no handler of ours can run. libc is loaded before the fork: nothing is
-    imported or allocated in the child."""
+    driver dies, even by SIGKILL, when no handler of ours can run (the kernel ties it to the thread that forked:
+    the driver starts servers from its event loop's thread, which lives as long as the run). A launch command that
+    forks its server (a shell that does not exec) leaves that grandchild to the group kill of stop(), which a
+    SIGKILL skips. libc is loaded before the fork: nothing is imported or allocated in the child."""
     global _LIBC
     if sys.platform.startswith("linux") and _LIBC is None:
         _LIBC = ctypes.CDLL(None, use_errno=True)
