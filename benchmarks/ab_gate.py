@@ -155,7 +155,7 @@ def main() -> int:
 def reanalyse(db: Path, expected: dict[str, str]) -> list[dict]:
     """Per gate, the rows `main` prints, from a shard's database: every booked run assessed again
     (app.services.ab.assess: what booking computes, nothing written). The rollback is the one the live booking
-    proposed, and a re-run exists where the live gate found a regression."""
+    proposed, and a re-run exists where the live gate found a regression; a gate cut short is left out."""
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
@@ -185,7 +185,8 @@ def reanalyse(db: Path, expected: dict[str, str]) -> list[dict]:
                 row["rerun_promotable_reason"] = res["promotable"]
                 row["rerun_promotable"] = res["promotable"] is None
                 row["rerun_seconds"] = secs
-    return [out[g] for g in sorted(out)]
+    # a gate is whole once its rollback (if the live booking proposed one) has been re-run and booked
+    return [out[g] for g in sorted(out) if "withdrawn_M" not in out[g] or "rerun" in out[g]]
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
