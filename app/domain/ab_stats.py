@@ -156,7 +156,7 @@ def _decode_rate(ok: Sequence[RequestRecord], concurrency: int | None) -> float 
     """Decode tokens/s per sequence at the band's operating point: 1 / the mean time per output token (vLLM's TPOT)
     over the requests, each counted while `concurrency` requests were decoding together (steady state: a pass's
     ramp-up, while its requests are still starting, and its drain, while they end, run a smaller batch than the
-    band's, and a server's speed depends on its batch: measured, a planted +8% at 16 running read +5.4% over whole
+    band's, and a server's speed depends on its batch: measured, a planted +8% at 16 running read +6.5% over whole
     requests and +7.6% in the steady window, benchmarks/RESULTS.md). A request's token times are its first token and
     the streamed chunks after it; where chunks carry several tokens (vLLM merges them) a chunk counts as the
     request's mean tokens per chunk. concurrency None: over whole requests, first token to last."""
