@@ -11,10 +11,13 @@ server that died) interrupts the run with its reason; the pass in flight is not 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import os
 import shlex
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +65,48 @@ class ArmServer:
         if self.proc is not None and self.proc.poll() is not None:
             return f"arm {self.arm}'s server exited with code {self.proc.returncode}"
         return None
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC: Any = None
+
+
+def _child_setup(parent: int) -> Any:
+    """What a launched server runs between fork and exec: its own process group (the driver kills the group, so a
+    launch command's own children go too), and on Linux PR_SET_PDEATHSIG, so the kernel sends it SIGTERM when the
+    driver dies, even by SIGKILL, when no handler of ours can run (the kernel ties it to the thread that forked:
+    the driver starts servers from its event loop's thread, which lives as long as the run). A launch command that
+    forks its server (a shell that does not exec) leaves that grandchild to the group kill of stop(), which a
+    SIGKILL skips. libc is loaded before the fork: nothing is imported or allocated in the child."""
+    global _LIBC
+    if sys.platform.startswith("linux") and _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    libc = _LIBC
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:  # the driver died before prctl took: nobody would send the signal
+                os._exit(1)
+
+    return setup
+
+
+def _kill_group(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL to it when the server has not exited in timeout_s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            if proc.poll() is None and sig == signal.SIGTERM:
+                proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
 
 
 def _load() -> Any:
@@ -133,10 +178,11 @@ class Driver:
             cmd = self.launch.format(port=port, log=log, arm=arm, ranks=self.ranks, model=self.model)
             out = open(d / "stdout.log", "ab")
             proc = subprocess.Popen(shlex.split(cmd), env={**os.environ, **env}, stdout=out,
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT, preexec_fn=_child_setup(os.getpid()))
             srv = ArmServer(arm, f"http://127.0.0.1:{port}", self._log_files(str(log)), proc, d, env)  # type: ignore[arg-type]
         else:
             raise Fault(f"arm {arm}: neither an endpoint nor a launch command")
+        self.servers[arm] = srv  # before its health: stop() ends a server that never became healthy too
         await self._health(srv)
         return srv
 
@@ -168,25 +214,23 @@ class Driver:
         return f"arm {srv.arm}: endpoint {srv.url} unhealthy"
 
     def stop(self) -> None:
+        """End the servers this driver launched, each with its process group (what the launch command started)."""
         for srv in self.servers.values():
-            if srv.proc is not None and srv.proc.poll() is None:
-                srv.proc.terminate()
-                try:
-                    srv.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    srv.proc.kill()
-                    srv.proc.wait()
+            if srv.proc is not None:
+                _kill_group(srv.proc)
 
     # ---- the run ----
     async def run(self) -> dict[str, Any]:
         """Drive the run to its end (booked) or to a fault (interrupted, raised as Fault)."""
         load = _load()
-        async with httpx.AsyncClient(timeout=60) as c:
+        # a fresh connection per call to the service: a pooled one can be closed by the service's keep-alive timeout
+        # (uvicorn: 5 s) while a longer pass runs, and the next post then fails with a ReadError (seen here)
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as c:
             run = await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/start")
             points = {OperatingPoint(**p).name: OperatingPoint(**p) for p in run["points"]}
             try:
                 for arm in ARMS:
-                    srv = self.servers[arm] = await self._up(c, arm, run["arms"][arm])
+                    srv = await self._up(c, arm, run["arms"][arm])
                     offs = srv.offsets()
                     await self._warm(load, srv, points, run)
                     tokens = await load.greedy_first_tokens(srv.url, self.model, list(ACCURACY_PROMPTS),
@@ -264,11 +308,14 @@ def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
 
 def drive(args: Any) -> int:
     import json
-    import sys
     d = Driver(args.service, args.token, args.run, model=args.model, workdir=Path(args.workdir),
                endpoints=parse_pairs(args.endpoint, "--endpoint"), logs=parse_pairs(args.log, "--log"),
                launch=args.launch, ranks=args.ranks, health_timeout_s=args.health_timeout,
                max_passes=args.max_passes)
+    def _terminated(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)  # unwinds through the finally below: the launched servers are ended
+
+    old = signal.signal(signal.SIGTERM, _terminated)
     try:
         out = asyncio.run(d.run())
     except Fault as e:
@@ -276,6 +323,7 @@ def drive(args: Any) -> int:
         return 3
     finally:
         d.stop()
+        signal.signal(signal.SIGTERM, old)
     print(json.dumps({k: out.get(k) for k in ("id", "state", "verdict", "reason", "passes_done", "passes_total",
                                               "rollback_version_id")}, indent=1))
     return 0

@@ -17,13 +17,16 @@ BAND_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class OperatingPoint(BaseModel):
-    """One band: a concurrency level at one input/output length."""
+    """One band: a concurrency level at one input/output length. `requests`: this band's requests per pass, where
+    it needs its own (a band at concurrency 2 decodes 1/8 of the tokens a band at 16 does in the same seconds, so
+    it needs more requests per pass for the same interval); unset, the run's requests_per_pass."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     concurrency: int = Field(ge=1, le=4096)
     input_len: int = Field(ge=1, le=1_000_000)
     output_len: int = Field(ge=1, le=1_000_000)
+    requests: int | None = Field(default=None, ge=1, le=100_000)
 
     @property
     def name(self) -> str:

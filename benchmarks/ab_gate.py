@@ -27,6 +27,7 @@ import math
 import platform
 import statistics
 import sys
+from collections import Counter
 import tempfile
 import time
 from pathlib import Path
@@ -35,11 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.ab_driver import Driver, Fault  # noqa: E402
+from app.domain.ab_stats import PRIMARY  # noqa: E402
 from tests.conftest import DIGEST, start_server  # noqa: E402
-from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, POINTS, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
+from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
 from tests.integration.test_ab_api import seed_overlay  # noqa: E402
 
 ADMIN = "atk_test-admin-token"
+POINT_KEYS = ("concurrency", "input_len", "output_len", "requests")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -61,9 +64,22 @@ def drive(url: str, run_id: int, work: Path, extra: str) -> dict:
         d.stop()
 
 
+def band_figures(res: dict) -> dict:
+    """Per band: the verdict metric's effect, interval and MDE (B vs A), the control's effect, the rounds measured,
+    and the pass throughput's effect (output tok/s, reported beside it)."""
+    bands = [b for b in res.get("bands", []) if b["effect"]]
+    return {"effects": {b["band"]: b["effect"][PRIMARY]["effect"] for b in bands},
+            "intervals": {b["band"]: [b["effect"][PRIMARY]["lo"], b["effect"][PRIMARY]["hi"]] for b in bands},
+            "controls": {b["band"]: b["control"][PRIMARY]["effect"] for b in bands},
+            "mde": {b["band"]: b["effect"][PRIMARY]["mde"] for b in bands},
+            "rounds": {b["band"]: b["rounds"] for b in bands},
+            "output_tok_s": {b["band"]: b["effect"]["output_tok_s"]["effect"] for b in bands}}
+
+
 def run_once(c, url: str, version_id: int, seed: int, args, work: Path) -> dict:
     body = {"image_digest": DIGEST, "version_id": version_id, "baseline": "shipped", "points": args.points,
-            "repeats": args.repeats, "requests_per_pass": args.requests, "seed": seed}
+            "repeats": args.repeats, "requests_per_pass": args.requests, "seed": seed,
+            "confidence": args.confidence}
     run = c.post("/v1/ab/runs", json=body).json()
     t = time.monotonic()
     try:
@@ -80,17 +96,24 @@ def main() -> int:
     p.add_argument("--gates", type=int, default=20)
     p.add_argument("--first-gate", type=int, default=0, help="number of the first gate (its seeds): shards")
     p.add_argument("--summarize", nargs="+", metavar="FILE", help="no runs: the summary of these per-gate lines")
+    p.add_argument("--reanalyse", nargs="+", metavar="DB", help="no runs: each gate's verdicts again, with this "
+                   "checkout's statistics, from the passes stored in these shards' service databases (svc.db)")
     p.add_argument("--repeats", type=int, default=GATE["repeats"])
     p.add_argument("--requests", type=int, default=GATE["requests_per_pass"])
     p.add_argument("--standin-args", default=GATE["token_ms"], help="more flags for the stand-in server")
-    p.add_argument("--points", default=",".join(f"{x['concurrency']}:{x['input_len']}:{x['output_len']}"
-                                                 for x in POINTS),
-                   help="the bands, CONCURRENCY:INPUT_LEN:OUTPUT_LEN,... (concurrencies 2, 8, 16: the planted ones)")
+    p.add_argument("--confidence", type=float, default=GATE["confidence"])
+    p.add_argument("--points", default=",".join(":".join(str(x[k]) for k in POINT_KEYS if k in x) for x in GATE["points"]),
+                   help="the bands, CONCURRENCY:INPUT_LEN:OUTPUT_LEN[:REQUESTS_PER_PASS],... (concurrencies 2, 8, "
+                        "16: the planted ones)")
     args = p.parse_args()
-    args.points = [dict(zip(("concurrency", "input_len", "output_len"), map(int, x.split(":"))))
-                   for x in args.points.split(",")]
+    args.points = [dict(zip(POINT_KEYS, map(int, x.split(":")))) for x in args.points.split(",")]
     expected = {f"c{x['concurrency']}-i{x['input_len']}-o{x['output_len']}": v
                 for x, v in zip(args.points, BANDS.values())}
+    if args.reanalyse:
+        rows = [row for db in args.reanalyse for row in reanalyse(Path(db), expected)]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        return summarize(rows, expected)
     if args.summarize:
         rows = [json.loads(line) for f in args.summarize for line in Path(f).read_text().splitlines()
                 if line.startswith('{"gate"')]
@@ -107,14 +130,8 @@ def main() -> int:
             res = first.get("result") or {}
             got = {b["band"]: b["verdict"] for b in res.get("bands", [])}
             row = {"gate": g, "verdict": first.get("verdict"), "reason": first.get("reason"), "bands": got,
-                   "exact": got == expected, "control_flagged": res.get("control_flagged", []),
-                   "effects": {b["band"]: b["effect"]["output_tok_s"]["effect"] for b in res.get("bands", [])
-                               if b["effect"]},
-                   "controls": {b["band"]: b["control"]["output_tok_s"]["effect"] for b in res.get("bands", [])
-                                if b["control"]},
-                   "mde": {b["band"]: b["effect"]["output_tok_s"]["mde"] for b in res.get("bands", [])
-                           if b["effect"]},
-                   "seconds": round(first["seconds"], 1)}
+                   "exact": got == expected and first.get("verdict") != "void", "control_flagged": res.get("control_flagged", []),
+                   **band_figures(res), "seconds": round(first["seconds"], 1)}
             rb_id = first.get("rollback_version_id")
             if rb_id:
                 rb = c.get(f"/v1/ab/versions/{rb_id}").json()
@@ -122,6 +139,8 @@ def main() -> int:
                 second = run_once(c, srv.url, rb_id, 5000 + g, args, tmp / f"g{g}b")
                 res2 = second.get("result") or {}
                 row["rerun_bands"] = {b["band"]: b["verdict"] for b in res2.get("bands", [])}
+                row["rerun"] = band_figures(res2) | {"control_flagged": res2.get("control_flagged", [])}
+                row["rerun_promotable_reason"] = res2.get("promotable")
                 row["rerun_promotable"] = second.get("state") == "booked" and res2.get("promotable") is None
                 row["rerun_verdict"], row["rerun_reason"] = second.get("verdict"), second.get("reason")
                 row["rerun_seconds"] = round(second["seconds"], 1)
@@ -133,32 +152,84 @@ def main() -> int:
     return summarize(rows, expected)
 
 
+def reanalyse(db: Path, expected: dict[str, str]) -> list[dict]:
+    """Per gate, the rows `main` prints, from a shard's database: every booked run assessed again
+    (app.services.ab.assess: what booking computes, nothing written). The rollback is the one the live booking
+    proposed, and a re-run exists where the live gate found a regression; a gate cut short is left out."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from app.db.models import AbRun, OverlayVersion
+    from app.services import ab
+
+    out: dict[int, dict] = {}
+    with Session(create_engine(f"sqlite:///{db}")) as s:
+        for r in s.scalars(select(AbRun).order_by(AbRun.id)):
+            if r.state != "booked":
+                continue
+            res = ab.assess(s, r)[0]
+            secs = round((r.updated_at - r.created_at).total_seconds(), 1)
+            got = {b["band"]: b["verdict"] for b in res["bands"]}
+            if r.seed < 5000:
+                row = out[r.seed - 1000] = {
+                    "gate": r.seed - 1000, "db": str(db), "run_id": r.id, "verdict": res["verdict"],
+                    "reason": res["reason"], "bands": got, "exact": got == expected and res["verdict"] != "void",
+                    "control_flagged": res["control_flagged"], **band_figures(res), "seconds": secs}
+                if r.rollback_version_id:
+                    rb = s.get(OverlayVersion, r.rollback_version_id)
+                    row["withdrawn_M"] = sorted(int(w["row"]["M"]) for w in (rb.withdrawn or []))
+            else:
+                row = out[r.seed - 5000]
+                row["rerun_bands"], row["rerun_verdict"], row["rerun_reason"] = got, res["verdict"], res["reason"]
+                row["rerun"] = band_figures(res) | {"control_flagged": res["control_flagged"]}
+                row["rerun_promotable_reason"] = res["promotable"]
+                row["rerun_promotable"] = res["promotable"] is None
+                row["rerun_seconds"] = secs
+    # a gate is whole once its rollback (if the live booking proposed one) has been re-run and booked
+    return [out[g] for g in sorted(out) if "withdrawn_M" not in out[g] or "rerun" in out[g]]
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "mean": statistics.mean(xs),
+            "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def _by_band(rows: list[dict], key: str, bands: list[str]) -> dict[str, dict[str, float]]:
+    return {b: _spread(xs) for b in bands for xs in [[r[key][b] for r in rows if b in r.get(key, {})]] if xs}
+
+
 def summarize(rows: list[dict], expected: dict[str, str]) -> int:
+    """The figures RESULTS.md reports: rates with Wilson 95% intervals, verdict counts per band, the effect and
+    MDE spread per band (B vs A, the control A' vs A, and the re-runs of the rollback)."""
     rows = sorted(rows, key=lambda r: r["gate"])
-    n = len(rows)
+    n, bands = len(rows), list(expected)
     exact = sum(r["exact"] for r in rows)
     flagged = sum(bool(r["control_flagged"]) for r in rows)
-    rollbacks = sum("withdrawn_M" in r for r in rows)
-    withdrew = sum(r.get("withdrawn_M") == sorted(map(int, WITHDRAWN_M)) for r in rows)
-    promoted = sum(bool(r.get("rerun_promotable")) for r in rows)
+    rb = [r for r in rows if "withdrawn_M" in r]
+    withdrew = sum(r["withdrawn_M"] == sorted(map(int, WITHDRAWN_M)) for r in rb)
+    promoted = sum(bool(r.get("rerun_promotable")) for r in rb)
+    sign = {"gain": 1, "regression": -1, "neutral": 0}
+    wrong = sum(1 for r in rows for b in bands if sign.get(r["bands"].get(b, ""), 0) * sign[expected[b]] < 0
+                or (expected[b] == "neutral" and r["bands"].get(b) in ("gain", "regression")))
+    reruns = [r["rerun"] for r in rb if "rerun" in r]
     summary = {
         "gates": n, "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
         "exact_bands": [exact, n, wilson(exact, n)], "control_flagged": [flagged, n, wilson(flagged, n)],
-        "rollback_withdrew_exactly_the_rows_serving_c2": [withdrew, rollbacks], "rollback_promotable_on_rerun": [promoted, rollbacks],
-        "effect_by_band": {b: {"mean": statistics.mean(xs), "median": statistics.median(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-                               "min": min(xs), "max": max(xs)}
-                           for b in expected for xs in [[r["effects"][b] for r in rows if b in r["effects"]]] if xs},
-        "control_by_band": {b: {"mean": statistics.mean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0}
-                            for b in expected for xs in [[r["controls"][b] for r in rows if b in r["controls"]]] if xs},
-        "mde_by_band": {b: statistics.mean(xs) for b in expected
-                        for xs in [[r["mde"][b] for r in rows if b in r["mde"]]] if xs},
-        "seconds_per_run": statistics.mean([r["seconds"] for r in rows] +
-                                           [r["rerun_seconds"] for r in rows if "rerun_seconds" in r]),
-    }
-    summary["command"] = " ".join(sys.argv)
+        "verdicts_by_band": {b: dict(Counter(r["bands"].get(b, "-") for r in rows)) for b in bands},
+        "wrong_way_band_verdicts": [wrong, n * len(bands)],
+        "rollback_withdrew_exactly_the_rows_serving_c2": [withdrew, len(rb)],
+        "rollback_promotable_on_rerun": [promoted, len(rb), wilson(promoted, len(rb))],
+        "rerun_not_promotable_because": [r.get("rerun_promotable_reason") for r in rb if not r.get("rerun_promotable")],
+        "rerun_verdicts_by_band": {b: dict(Counter(r.get("rerun_bands", {}).get(b, "-") for r in rb)) for b in bands},
+        "effect_by_band": _by_band(rows, "effects", bands), "control_by_band": _by_band(rows, "controls", bands),
+        "mde_by_band": _by_band(rows, "mde", bands), "output_tok_s_effect_by_band": _by_band(rows, "output_tok_s", bands),
+        "rerun_effect_by_band": _by_band(reruns, "effects", bands), "rerun_mde_by_band": _by_band(reruns, "mde", bands),
+        "seconds_per_run": statistics.mean([r["seconds"] for r in rows] + [r["rerun_seconds"] for r in rb
+                                                                           if "rerun_seconds" in r]),
+        "command": " ".join(sys.argv)}
     print(json.dumps(summary, indent=1))
-    return 0 if exact >= 0.95 * n and flagged <= 0.05 * n and withdrew == rollbacks and promoted >= 0.95 * rollbacks \
-        else 1
+    ok = exact >= 0.95 * n and flagged <= 0.05 * n and withdrew == len(rb) and promoted >= 0.95 * len(rb)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.ab_wire import OperatingPoint
 from app.domain.families import TableFamily
@@ -66,6 +67,57 @@ class Engagement:
     note: str | None = None
 
 
+def _hit_key(fam: TableFamily, ev: Any) -> tuple:
+    """The row a hit line names: (the M it was found at, the other shape cells), as runtime values."""
+    shape = dict(ev.shape)
+    for col, default in fam.shape_defaults:  # a cell the line printed as None (app/domain/shapes.py)
+        shape.setdefault(col, shape.get(default, default))
+    # the M the row was found at: the padded M the hit line prints, else the shape's (an exact lookup)
+    m = ev.padded_m if ev.padded_m is not None else (shape.get(fam.m_column) if fam.m_column else None)
+    return (_norm(fam.m_column, str(m)) if fam.m_column and m is not None else None,
+            tuple(_norm(c, shape.get(c, "")) for c in fam.shape_columns if c != fam.m_column))
+
+
+def _rank_engagement(rank: str, log: str, window: str,
+                     families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, str]]]],
+                     ids: Mapping[str, dict[tuple, int]]) -> RankEngagement:
+    """One rank's hit lines of the version's rows (in its whole log) and compile lines (in its windows)."""
+    re_ = RankEngagement(rank, jit=jit_lines(window))
+    hit_rows: set[tuple[str, int]] = set()
+    for ev in parse_log(log).events:
+        if ev.family not in families:
+            continue
+        if not ev.hit:
+            re_.misses += 1
+            continue
+        i = ids[ev.family].get(_hit_key(families[ev.family][0], ev))
+        if i is None:
+            re_.other_hits += 1
+        else:
+            re_.hits += 1
+            hit_rows.add((ev.family, i))
+    re_.rows_hit = sorted(i for _, i in hit_rows)
+    return re_
+
+
+def _not_engaged(ranks: Sequence[RankEngagement], expect: bool) -> list[str]:
+    why = []
+    if not ranks:
+        why.append("no server log from any rank")
+    for r in ranks:
+        if r.hits == 0 and expect:
+            why.append(f"rank {r.rank} logged no hit line for the version's rows (its files did not take: "
+                       "a rank on other tables)")
+        compiled = {k: v for k, v in r.jit.items() if v}
+        if compiled:
+            why.append(f"rank {r.rank} compiled in the measured window "
+                       f"({', '.join(f'{k}: {v} line(s)' for k, v in compiled.items())})")
+    if len(ranks) > 1 and len({tuple(r.rows_hit) for r in ranks}) > 1:
+        why.append("ranks hit different rows of the version: " +
+                   ", ".join(f"rank {r.rank}: {len(r.rows_hit)} row(s)" for r in ranks))
+    return why
+
+
 def engagement(families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, str]]]],
                logs: Mapping[str, str], windows: Mapping[str, str], sizes: Sequence[int] | None = None
                ) -> Engagement:
@@ -75,46 +127,10 @@ def engagement(families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, s
     the run's bands serve: a version none of whose rows serves one is not expected to log a hit (its rows are not
     exercised by this run, which then measures B as A; said in the reason-free note)."""
     ids = {name: _row_ids(fam, rows) for name, (fam, rows) in families.items()}
-    ranks = []
-    for rank in sorted(set(logs) | set(windows), key=lambda r: (len(r), r)):
-        re_ = RankEngagement(rank, jit=jit_lines(windows.get(rank, "")))
-        hit_rows: set[tuple[str, int]] = set()
-        for ev in parse_log(logs.get(rank, "")).events:
-            if ev.family not in families:
-                continue
-            fam = families[ev.family][0]
-            if not ev.hit:
-                re_.misses += 1
-                continue
-            shape = dict(ev.shape)
-            for col, default in fam.shape_defaults:  # a cell the line printed as None (app/domain/shapes.py)
-                shape.setdefault(col, shape.get(default, default))
-            # the M the row was found at: the padded M the hit line prints, else the shape's (an exact lookup)
-            m = ev.padded_m if ev.padded_m is not None else (shape.get(fam.m_column) if fam.m_column else None)
-            key = (_norm(fam.m_column, str(m)) if fam.m_column and m is not None else None,
-                   tuple(_norm(c, shape.get(c, "")) for c in fam.shape_columns if c != fam.m_column))
-            i = ids[ev.family].get(key)
-            if i is None:
-                re_.other_hits += 1
-            else:
-                re_.hits += 1
-                hit_rows.add((ev.family, i))
-        re_.rows_hit = sorted(i for _, i in hit_rows)
-        ranks.append(re_)
-    why = []
+    ranks = [_rank_engagement(rank, logs.get(rank, ""), windows.get(rank, ""), families, ids)
+             for rank in sorted(set(logs) | set(windows), key=lambda r: (len(r), r))]
     expect = sizes is None or any(rows_serving(fam, rows, sizes) for fam, rows in families.values())
-    if not ranks:
-        why.append("no server log from any rank")
-    for r in ranks:
-        if r.hits == 0 and expect:
-            why.append(f"rank {r.rank} logged no hit line for the version's rows (its files did not take: "
-                       "a rank on other tables)")
-        compiled = {k: v for k, v in r.jit.items() if v}
-        if compiled:
-            why.append(f"rank {r.rank} compiled in the measured window ({', '.join(f'{k}: {v} line(s)' for k, v in compiled.items())})")
-    if len(ranks) > 1 and len({tuple(r.rows_hit) for r in ranks}) > 1:
-        why.append("ranks hit different rows of the version: " +
-                   ", ".join(f"rank {r.rank}: {len(r.rows_hit)} row(s)" for r in ranks))
+    why = _not_engaged(ranks, expect)
     return Engagement(not why, "B did not engage: " + "; ".join(why) if why else None, ranks,
                       None if expect else "no row of the version serves the run's batch sizes: no hit expected")
 
@@ -172,28 +188,29 @@ DEFAULT_INPUT_LEN = 512
 DEFAULT_OUTPUT_LEN = 128
 
 
+def _bucket_at(finite: Sequence[tuple[float, float]], total: float, q: float, top: float) -> float:
+    """The upper bound of the bucket holding the q-quantile of steps (top: past every finite bucket)."""
+    acc = 0.0
+    for b, v in finite:
+        acc += v
+        if acc >= q * total:
+            return b
+    return top
+
+
 def default_points(step_hist: Mapping[str, float] | None, input_len: int = DEFAULT_INPUT_LEN,
                    output_len: int = DEFAULT_OUTPUT_LEN, bands: int = 3) -> list[OperatingPoint]:
     """Concurrency bands from the image's served load: vLLM's tokens-per-step histogram (steps per bucket, summed
     over captures; a decode step's tokens are its running sequences) read at the 10th, 50th and 90th percentile of
     steps, each at its bucket's upper bound (the +Inf bucket: twice the largest finite bound)."""
-    finite = sorted((float(k), v) for k, v in (step_hist or {}).items() if k != "+Inf" and v > 0)
-    total = sum(v for v in (step_hist or {}).values() if v > 0)
+    hist = step_hist or {}
+    total = sum(v for v in hist.values() if v > 0)
     if not total:
         return [OperatingPoint(concurrency=c, input_len=input_len, output_len=output_len)
                 for c in DEFAULT_CONCURRENCY]
-    bounds = sorted(float(k) for k in (step_hist or {}) if k != "+Inf")
+    finite = sorted((float(k), v) for k, v in hist.items() if k != "+Inf" and v > 0)
+    bounds = sorted(float(k) for k in hist if k != "+Inf")
     top = 2 * bounds[-1] if bounds else 64.0
     qs = [0.1, 0.5, 0.9] if bands == 3 else [(i + 0.5) / bands for i in range(bands)]
-    out: list[int] = []
-    for q in qs:
-        acc, pick = 0.0, top
-        for b, v in finite:
-            acc += v
-            if acc >= q * total:
-                pick = b
-                break
-        c = max(1, min(4096, int(pick)))
-        if c not in out:
-            out.append(c)
-    return [OperatingPoint(concurrency=c, input_len=input_len, output_len=output_len) for c in sorted(out)]
+    cs = {max(1, min(4096, int(_bucket_at(finite, total, q, top)))) for q in qs}
+    return [OperatingPoint(concurrency=c, input_len=input_len, output_len=output_len) for c in sorted(cs)]

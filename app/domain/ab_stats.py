@@ -2,10 +2,11 @@
 
 A run measures each band in rounds; a round runs every arm once, in an order that reverses from one round to the
 next (A B A' then A' B A: ABBA blocks), so a linear drift of the node adds +d to one round's B/A ratio and -d to
-the next one's, and cancels in their mean. Per band and metric, each round gives one paired log-ratio (B against
-the A of the same round, and the control A' against that A); the effect is the geometric mean ratio with a
-Student-t interval over rounds. The drift left in single rounds widens the interval (conservative), it does not
-bias it. With k bands in a run every interval is made at confidence 1 - alpha/k (Bonferroni), so the run's chance
+the next one's, and cancels in their mean. Per band and metric, each pass gives one number (the unit of
+replication: requests inside a pass share its moment on the node, so they are not independent replicates); the
+effect of B (and of the control A') is the geometric mean of its per-round ratio to the A of the same round, with a
+Student-t interval whose variance comes from the round x arm table's residual (rounds as blocks:
+`block_intervals`). The drift left in single rounds widens the interval (conservative), it does not bias it. With k bands in a run every interval is made at confidence 1 - alpha/k (Bonferroni), so the run's chance
 of a false verdict, and of a false control alarm, stays at alpha whatever the number of bands.
 
 Stdlib only (the service has no numpy/scipy): the t quantile comes from the regularized incomplete beta function
@@ -31,11 +32,14 @@ class Verdict(StrEnum):
     VOID = "void"
 
 
-# metric -> True when higher is better. The verdict is made on the first (throughput); the latency percentiles are
-# reported with their intervals beside it.
-METRICS: dict[str, bool] = {"output_tok_s": True, "ttft_p50": False, "ttft_p99": False, "itl_p50": False,
-                            "itl_p99": False}
-PRIMARY = "output_tok_s"
+# metric -> True when higher is better. The verdict is made on PRIMARY, the decode rate at the band's concurrency
+# (1 / the mean time per output token while the band's `concurrency` requests decode together: _decode_rate), so a
+# kernel's effect on decoding at that batch is read whole; the pass's output tok/s (tokens over the pass's span)
+# dilutes it with TTFT, connection set-up and the pass's ramp and drain, where fewer sequences decode (measured:
+# +5.3-5.8% read for a planted +8%, benchmarks/RESULTS.md). Output tok/s, TTFT and ITL are reported beside it.
+METRICS: dict[str, bool] = {"decode_tok_s": True, "output_tok_s": True, "ttft_p50": False, "ttft_p99": False,
+                            "itl_p50": False, "itl_p99": False}
+PRIMARY = "decode_tok_s"
 
 
 def round_order(repeat: int) -> tuple[str, ...]:
@@ -120,15 +124,67 @@ class PassStats:
     metrics: dict[str, float | None]
 
 
-def pass_stats(records: Iterable[RequestRecord]) -> PassStats:
+def _throughput(ok: Sequence[RequestRecord]) -> float | None:
+    """Output tokens over the pass's span (first request's start to last token)."""
+    t0 = min(r.started_s for r in ok)
+    t1 = max(r.started_s + (r.latency_s or 0.0) for r in ok)
+    return sum(r.output_tokens for r in ok) / (t1 - t0) if t1 > t0 else None
+
+
+def _full_periods(ok: Sequence[RequestRecord], concurrency: int) -> list[tuple[float, float]]:
+    """When `concurrency` requests were decoding at once (from a request's first token to its last), or the most
+    that ever did where the pass never had that many decoding together (a client too slow to keep them in flight)."""
+    ev = sorted([(r.started_s + (r.ttft_s or 0.0), 1) for r in ok] +
+                [(r.started_s + (r.latency_s or 0.0), -1) for r in ok])  # at a tie an end comes first
+    n, peak = 0, 0
+    for _, d in ev:
+        n += d
+        peak = max(peak, n)
+    concurrency = min(concurrency, peak)
+    out, n, t0 = [], 0, None
+    for t, d in ev:
+        n += d
+        if n >= concurrency and t0 is None:
+            t0 = t
+        elif n < concurrency and t0 is not None:
+            out.append((t0, t))
+            t0 = None
+    return out
+
+
+def _decode_rate(ok: Sequence[RequestRecord], concurrency: int | None) -> float | None:
+    """Decode tokens/s per sequence at the band's operating point: 1 / the mean time per output token (vLLM's TPOT)
+    over the requests, each counted while `concurrency` requests were decoding together (steady state: a pass's
+    ramp-up, while its requests are still starting, and its drain, while they end, run a smaller batch than the
+    band's, and a server's speed depends on its batch: measured, a planted +8% at 16 running read +6.5% over whole
+    requests and +7.6% in the steady window, benchmarks/RESULTS.md). A request's token times are its first token and
+    the streamed chunks after it; where chunks carry several tokens (vLLM merges them) a chunk counts as the
+    request's mean tokens per chunk. concurrency None: over whole requests, first token to last."""
+    full = _full_periods(ok, concurrency) if concurrency else None
+    tpot = []
+    for r in ok:
+        if r.output_tokens < 2 or r.ttft_s is None or r.latency_s is None or r.latency_s <= r.ttft_s:
+            continue
+        if full is None:
+            tpot.append((r.latency_s - r.ttft_s) / (r.output_tokens - 1))
+            continue
+        stamps = [r.started_s + r.ttft_s]
+        for g in r.itl_s:
+            stamps.append(stamps[-1] + g)
+        inside = [t for t in stamps if any(a <= t <= b for a, b in full)]
+        if len(inside) >= 3:
+            per_chunk = (r.output_tokens - 1) / max(1, len(stamps) - 1)
+            tpot.append((inside[-1] - inside[0]) / ((len(inside) - 1) * per_chunk))
+    return len(tpot) / sum(tpot) if tpot else None
+
+
+def pass_stats(records: Iterable[RequestRecord], concurrency: int | None = None) -> PassStats:
     recs = list(records)
     ok = [r for r in recs if r.error is None and r.output_tokens > 0 and r.latency_s is not None]
     errs = [r for r in recs if r.error is not None]
     m: dict[str, float | None] = dict.fromkeys(METRICS)
     if ok:
-        t0 = min(r.started_s for r in ok)
-        t1 = max(r.started_s + (r.latency_s or 0.0) for r in ok)
-        m["output_tok_s"] = sum(r.output_tokens for r in ok) / (t1 - t0) if t1 > t0 else None
+        m["output_tok_s"], m["decode_tok_s"] = _throughput(ok), _decode_rate(ok, concurrency)
         ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
         itl = [x for r in ok for x in r.itl_s]
         m["ttft_p50"], m["ttft_p99"] = percentile(ttft, 0.5), percentile(ttft, 0.99)
@@ -153,15 +209,41 @@ class Interval:
 
 
 def interval(log_ratios: Sequence[float], alpha: float, power: float) -> Interval:
+    """A one-sample t interval over per-round log-ratios (df = n - 1)."""
     n = len(log_ratios)
     if n < 2:
         return Interval(n)
     mean = sum(log_ratios) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in log_ratios) / (n - 1))
-    se = sd / math.sqrt(n)
-    tq = t_ppf(1 - alpha / 2, n - 1)
-    mde = (tq + t_ppf(power, n - 1)) * se
+    return _interval(n, mean, sd / math.sqrt(n), n - 1, alpha, power)
+
+
+def _interval(n: int, mean: float, se: float, df: float, alpha: float, power: float) -> Interval:
+    tq = t_ppf(1 - alpha / 2, df)
+    mde = (tq + t_ppf(power, df)) * se
     return Interval(n, math.expm1(mean), math.expm1(mean - tq * se), math.expm1(mean + tq * se), math.expm1(mde))
+
+
+def block_intervals(rows: Sequence[Sequence[float]], alpha: float, power: float) -> list[Interval]:
+    """Rounds as blocks (a randomized complete block design): rows[k] = the log metric of every arm in round k,
+    the first arm the reference. Each other arm's effect is its mean log-ratio to the reference over rounds; its
+    standard error comes from the residual of the two-way (round x arm) table, sigma^2 = SS_res / ((K-1)(J-1)),
+    SE = sqrt(2 sigma^2 / K), with (K-1)(J-1) degrees of freedom. The unit of replication stays the pass (one
+    number per arm and round: no pseudo-replication by requests); the control arm's passes estimate the same
+    pass-to-pass variance as B's, so three arms give twice the degrees of freedom of B's K-1 per-round ratios. A
+    round's shared drift is its block effect and drops out; what drift is left inside rounds goes to the residual
+    (wider, not biased)."""
+    k = len(rows)
+    j = len(rows[0]) if rows else 0
+    if k < 2 or j < 2:
+        return [Interval(k) for _ in range(max(0, j - 1))]
+    grand = sum(map(sum, rows)) / (k * j)
+    row_m = [sum(r) / j for r in rows]
+    col_m = [sum(r[c] for r in rows) / k for c in range(j)]
+    ss = sum((rows[i][c] - row_m[i] - col_m[c] + grand) ** 2 for i in range(k) for c in range(j))
+    df = (k - 1) * (j - 1)
+    se = math.sqrt(2 * ss / df / k)
+    return [_interval(k, col_m[c] - col_m[0], se, df, alpha, power) for c in range(1, j)]
 
 
 @dataclass
@@ -190,50 +272,52 @@ class GateParams:
     min_rounds: int = 2
 
 
-def _signed_log_ratio(b: float | None, a: float | None) -> float | None:
-    if b is None or a is None or b <= 0 or a <= 0:
-        return None
-    return math.log(b / a)
+BLOCK_ARMS = ("A", "B", "A_prime")  # the reference first: B's and A_prime's effects are against A
 
 
-def analyse_band(band: str, passes: dict[tuple[int, str], list[RequestRecord]], rounds: int, n_bands: int,
-                 p: GateParams) -> BandResult:
-    """passes: (repeat, arm) -> that pass's records, for repeats 0..rounds-1 and every arm."""
-    alpha = (1 - p.confidence) / max(1, n_bands)
+def _pass_table(band: str, passes: dict[tuple[int, str], list[RequestRecord]], rounds: int, p: GateParams,
+                concurrency: int | None) -> tuple[dict[tuple[int, str], PassStats], dict[str, int], BandResult | None]:
+    """Every pass's statistics and each arm's completed requests, or the void result naming the first pass that
+    is missing, has too few requests or too many errors."""
     stats: dict[tuple[int, str], PassStats] = {}
     completed: dict[str, int] = {"A": 0, "A_prime": 0, "B": 0}
     for r in range(rounds):
         for arm in ("A", "A_prime", "B"):
             recs = passes.get((r, arm))
             if recs is None:
-                return BandResult(band, Verdict.VOID, f"pass {r} of arm {arm} was not measured", rounds)
-            st = stats[(r, arm)] = pass_stats(recs)
+                return stats, completed, BandResult(band, Verdict.VOID, f"pass {r} of arm {arm} was not measured",
+                                                    rounds)
+            st = stats[(r, arm)] = pass_stats(recs, concurrency)
             completed[arm] += st.completed
+            why = None
             if st.completed < p.min_requests:
-                return BandResult(band, Verdict.VOID, f"too few requests: arm {arm} pass {r} completed "
-                                  f"{st.completed} of {st.requests} (at least {p.min_requests} needed)"
-                                  + (f"; first error: {st.first_error}" if st.first_error else ""), rounds,
-                                  requests=completed)
-            if st.errors > p.max_error_frac * st.requests:
-                return BandResult(band, Verdict.VOID, f"arm {arm} pass {r}: {st.errors} of {st.requests} requests "
-                                  f"failed (more than {p.max_error_frac:.0%}); first error: {st.first_error}",
-                                  rounds, requests=completed)
+                why = (f"too few requests: arm {arm} pass {r} completed {st.completed} of {st.requests} (at least "
+                       f"{p.min_requests} needed)" + (f"; first error: {st.first_error}" if st.first_error else ""))
+            elif st.errors > p.max_error_frac * st.requests:
+                why = (f"arm {arm} pass {r}: {st.errors} of {st.requests} requests failed (more than "
+                       f"{p.max_error_frac:.0%}); first error: {st.first_error}")
+            if why:
+                return stats, completed, BandResult(band, Verdict.VOID, why, rounds, requests=completed)
+    return stats, completed, None
+
+
+def analyse_band(band: str, passes: dict[tuple[int, str], list[RequestRecord]], rounds: int, n_bands: int,
+                 p: GateParams, concurrency: int | None = None) -> BandResult:
+    """passes: (repeat, arm) -> that pass's records, for repeats 0..rounds-1 and every arm; concurrency: the
+    band's (its decode rate is measured while that many requests decode together)."""
+    alpha = (1 - p.confidence) / max(1, n_bands)
+    stats, completed, void = _pass_table(band, passes, rounds, p, concurrency)
+    if void is not None:
+        return void
     if rounds < p.min_rounds:
         return BandResult(band, Verdict.VOID, f"{rounds} round(s); at least {p.min_rounds} are needed for an "
                           "interval", rounds, requests=completed)
     effect, control = {}, {}
-    for metric, higher_better in METRICS.items():
-        lb, lc = [], []
-        for r in range(rounds):
-            a = stats[(r, "A")].metrics[metric]
-            x = _signed_log_ratio(stats[(r, "B")].metrics[metric], a)
-            y = _signed_log_ratio(stats[(r, "A_prime")].metrics[metric], a)
-            if x is not None:
-                lb.append(x)
-            if y is not None:
-                lc.append(y)
-        effect[metric] = asdict(interval(lb, alpha, p.power))
-        control[metric] = asdict(interval(lc, alpha, p.power))
+    for metric in METRICS:
+        table = [[stats[(r, a)].metrics[metric] for a in BLOCK_ARMS] for r in range(rounds)]
+        rows = [[math.log(x) for x in xs] for xs in table if all(x is not None and x > 0 for x in xs)]  # type: ignore[arg-type, operator]
+        ib, ic = block_intervals(rows, alpha, p.power) if rows else (Interval(0), Interval(0))
+        effect[metric], control[metric] = asdict(ib), asdict(ic)
     eff, ctl = interval_of(effect[PRIMARY]), interval_of(control[PRIMARY])
     res = BandResult(band, Verdict.NEUTRAL, None, rounds, effect, control, ctl.excludes_zero(), completed)
     if eff.lo is None or eff.hi is None:

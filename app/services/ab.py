@@ -194,7 +194,7 @@ def create_run(s: Session, body: Any) -> dict[str, Any]:
     if len(set(names)) != len(names):
         raise Invalid("points: a band is given twice", "points")
     r = AbRun(image_digest=v.image_digest, version_id=v.id, baseline_version_id=base_id,
-              state=st.RunState.CREATED.value, points=[p.model_dump() for p in points], points_source=source,
+              state=st.RunState.CREATED.value, points=[p.model_dump(exclude_none=True) for p in points], points_source=source,
               repeats=body.repeats, requests_per_pass=body.requests_per_pass, confidence=body.confidence,
               power=body.power, min_requests=body.min_requests, seed=body.seed, max_loss=body.max_loss,
               created_at=_now(),
@@ -226,9 +226,9 @@ def _passes_done(s: Session, rid: int) -> list[tuple[str, int, str]]:
 
 
 def n_requests(per_pass: int, point: OperatingPoint) -> int:
-    """Requests in one pass of a band: the run's, and at least the band's concurrency, so the band is measured at
-    its concurrency (fewer requests than that would never put `concurrency` in flight)."""
-    return max(per_pass, point.concurrency)
+    """Requests in one pass of a band: the band's own, else the run's, and at least the band's concurrency, so the
+    band is measured at its concurrency (fewer requests than that would never put `concurrency` in flight)."""
+    return max(point.requests or per_pass, point.concurrency)
 
 
 def schedule(r: AbRun) -> list[tuple[str, int, str]]:
@@ -356,6 +356,62 @@ def _rows_of(f: dict) -> list[dict[str, str]]:
     return read_table(f["own"]).rows if f["own"].strip() else []
 
 
+def _measured(s: Session, rid: int) -> tuple[dict[str, dict[tuple[int, str], list[RequestRecord]]], dict[str, str]]:
+    """The run's records by band and (round, arm), and arm B's measured windows' log per rank."""
+    by_band: dict[str, dict[tuple[int, str], list[RequestRecord]]] = {}
+    windows: dict[str, str] = {}
+    for p in s.scalars(select(AbPass).where(AbPass.run_id == rid).order_by(AbPass.id)):
+        by_band.setdefault(p.band, {})[(p.repeat, p.arm)] = [RequestRecord(**x) for x in p.records]
+        if p.arm == "B":
+            for rank, text in p.logs.items():
+                windows[rank] = windows.get(rank, "") + text
+    return by_band, windows
+
+
+def _engagement(v: OverlayVersion, arms: dict[str, AbArm], windows: dict[str, str], points: list[OperatingPoint]
+                ) -> ab_gate.Engagement:
+    """Did B engage: its start/warm-up log and windows against the version's rows and the bands' batch sizes."""
+    fams = {f["family"]: (get_family(f["family"]), _rows_of(f)) for f in v.files}
+    b_logs = dict(arms["B"].logs) if "B" in arms else {}
+    for rank, text in windows.items():
+        b_logs[rank] = b_logs.get(rank, "") + text
+    sizes = sorted({b for p in points for b in ab_gate.batch_sizes(p, points)})
+    return ab_gate.engagement(fams, b_logs, windows, sizes)
+
+
+def _result(res: ab_stats.RunResult, eng: ab_gate.Engagement, acc: str | None, arms: dict[str, AbArm],
+            max_loss: float) -> dict[str, Any]:
+    result = res.as_dict() | {
+        "engagement": {"ok": eng.ok, "reason": eng.reason, "note": eng.note,
+                       "ranks": [{"rank": x.rank, "hits": x.hits, "rows_hit": x.rows_hit, "other_hits": x.other_hits,
+                                  "misses": x.misses, "jit": x.jit} for x in eng.ranks]},
+        "accuracy": {"ok": acc is None, "reason": acc,
+                     "prompts": len((arms["A"].first_tokens or []) if "A" in arms else [])},
+        "promotable": None}
+    result["max_loss"] = max_loss
+    result["promotable"] = ab_stats.promotable(result, max_loss)
+    return result
+
+
+def assess(s: Session, r: AbRun) -> tuple[dict[str, Any], ab_stats.RunResult, list[OperatingPoint], OverlayVersion]:
+    """The run's verdicts from its stored passes and arms, nothing written: per band (B and the control against A
+    at the band's concurrency), engagement, accuracy, promotability."""
+    params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
+    by_band, windows = _measured(s, r.id)
+    points = [OperatingPoint(**p) for p in r.points]
+    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params, p.concurrency)
+             for p in points]
+    arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == r.id))}
+    v = get_version(s, r.version_id)
+    eng = _engagement(v, arms, windows, points)
+    void = [eng.reason] if eng.reason else []
+    acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
+    if acc:
+        void.append(acc)
+    res = ab_stats.run_verdict(bands, void)
+    return _result(res, eng, acc, arms, r.max_loss), res, points, v
+
+
 def finish(s: Session, rid: int) -> dict[str, Any]:
     """Book the run: every pass measured; verdicts per band, the control, engagement, accuracy; a regressing
     band proposes a rollback version. Nothing is booked while a pass is missing."""
@@ -364,39 +420,7 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     missing = [x for x in schedule(r) if x not in done]
     with _refused():
         to = st.book(st.RunState(r.state), len(missing))
-    params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
-    by_band: dict[str, dict[tuple[int, str], list[RequestRecord]]] = {}
-    windows: dict[str, str] = {}
-    for p in s.scalars(select(AbPass).where(AbPass.run_id == rid).order_by(AbPass.id)):
-        by_band.setdefault(p.band, {})[(p.repeat, p.arm)] = [RequestRecord(**x) for x in p.records]
-        if p.arm == "B":
-            for rank, text in p.logs.items():
-                windows[rank] = windows.get(rank, "") + text
-    points = [OperatingPoint(**p) for p in r.points]
-    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params)
-             for p in points]
-    arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == rid))}
-    v = get_version(s, r.version_id)
-    fams = {f["family"]: (get_family(f["family"]), _rows_of(f)) for f in v.files}
-    b_logs = dict(arms["B"].logs) if "B" in arms else {}
-    for rank, text in windows.items():
-        b_logs[rank] = b_logs.get(rank, "") + text
-    sizes = sorted({b for p in points for b in ab_gate.batch_sizes(p, points)})
-    eng = ab_gate.engagement(fams, b_logs, windows, sizes)
-    void = [eng.reason] if eng.reason else []
-    acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
-    if acc:
-        void.append(acc)
-    res = ab_stats.run_verdict(bands, void)
-    result = res.as_dict() | {
-        "engagement": {"ok": eng.ok, "reason": eng.reason, "note": eng.note,
-                       "ranks": [{"rank": x.rank, "hits": x.hits, "rows_hit": x.rows_hit, "other_hits": x.other_hits,
-                                  "misses": x.misses, "jit": x.jit} for x in eng.ranks]},
-        "accuracy": {"ok": acc is None, "reason": acc,
-                     "prompts": len((arms["A"].first_tokens or []) if "A" in arms else [])},
-        "promotable": None}
-    result["max_loss"] = r.max_loss
-    result["promotable"] = ab_stats.promotable(result, r.max_loss)
+    result, res, points, v = assess(s, r)
     _transition(r, to)
     r.result = result
     regressing = [p for p, b in zip(points, res.bands) if b.verdict is ab_stats.Verdict.REGRESSION]

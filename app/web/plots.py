@@ -62,9 +62,12 @@ def coverage_svg(points: list[tuple[float, float]], processor: str = "GPU", widt
 VERDICT_COLOURS = {"gain": "#2f855a", "neutral": "#718096", "regression": "#c53030", "void": "#b7791f"}
 
 
-def ab_svg(bands: list[dict], metric: str = "output_tok_s", width: int = 560, row_h: int = 44) -> str:
+def ab_svg(bands: list[dict], metric: str | None = None, width: int = 560, row_h: int = 44) -> str:
     """Per band: B's effect against A on the metric with its interval (a bar), the identical-arm control's
-    (a thin grey bar below it), +-MDE ticks, coloured by the band's verdict."""
+    (a thin grey bar below it), +-MDE ticks, coloured by the band's verdict. metric: the verdict's (the decode
+    rate; a run booked before it was measured: output tok/s)."""
+    if metric is None:
+        metric = "decode_tok_s" if any("decode_tok_s" in b.get("effect", {}) for b in bands) else "output_tok_s"
     left, right, top = 150, 24, 24
     height = top + row_h * max(1, len(bands)) + 36
     vals = [0.0]

@@ -104,3 +104,12 @@ def test_default_points_from_the_captured_tokens_per_step_histogram():
                                                                                     output_len=64)
     assert [p.concurrency for p in G.default_points({"16": 10, "+Inf": 90})] == [16, 32]  # +Inf: 2x the top bound
     assert [p.concurrency for p in G.default_points(None)] == list(G.DEFAULT_CONCURRENCY)
+
+
+def test_a_band_may_ask_for_its_own_requests_per_pass():
+    from app.ab_wire import OperatingPoint
+    from app.services.ab import n_requests
+    assert n_requests(8, OperatingPoint(concurrency=2, input_len=16, output_len=12, requests=20)) == 20
+    assert n_requests(8, OperatingPoint(concurrency=2, input_len=16, output_len=12)) == 8
+    assert n_requests(8, OperatingPoint(concurrency=16, input_len=16, output_len=12, requests=4)) == 16
+    assert OperatingPoint(concurrency=2, input_len=16, output_len=12, requests=20).name == "c2-i16-o12"

@@ -123,3 +123,83 @@ def test_run_verdicts_and_the_promotion_rule():
     void = S.analyse_band("v", {}, 6, 3, S.GateParams())
     assert "v is void" in S.promotable(S.run_verdict([gain, void]).as_dict())
     assert S.run_verdict([gain], ["B did not engage: rank 1"]).verdict == "void"
+
+
+def decode_records(arm, rep, tpot_s, ttft_s, n=16, tokens=TOKENS, rng=None, noise=0.0, pass_factor=1.0):
+    """n requests of `tokens` tokens: TTFT, then tokens - 1 gaps of tpot_s (x per-request noise x the pass's
+    shared factor)."""
+    out = []
+    for i in range(n):
+        tp = tpot_s * pass_factor * (math.exp(rng.gauss(0, noise)) if rng else 1.0)
+        out.append(RequestRecord(arm=arm, band="b", repeat=rep, started_s=0.001 * i, ttft_s=ttft_s,
+                                 itl_s=[tp] * (tokens - 1), latency_s=ttft_s + tp * (tokens - 1), input_tokens=16,
+                                 output_tokens=tokens))
+    return out
+
+
+def test_the_decode_rate_reads_a_decode_effect_whole_where_the_pass_throughput_dilutes_it():
+    """B decodes 8% faster, its TTFT (connection, prefill: no plant) the same: 1/TPOT reads +8.0%; the pass's
+    tokens over its span, which holds the TTFT, reads less."""
+    a = S.pass_stats(decode_records("A", 0, 0.040, 0.3))
+    b = S.pass_stats(decode_records("B", 0, 0.040 / 1.08, 0.3))
+    assert b.metrics["decode_tok_s"] / a.metrics["decode_tok_s"] == pytest.approx(1.08)
+    assert 1.0 < b.metrics["output_tok_s"] / a.metrics["output_tok_s"] < 1.07
+
+
+def test_block_intervals_is_the_two_way_anova_of_rounds_by_arms():
+    rows = [[0.0, 0.10, 0.01], [0.02, 0.11, 0.00], [0.01, 0.13, 0.03], [0.00, 0.09, -0.01]]
+    ib, ic = S.block_intervals(rows, 0.05, 0.8)
+    # residual SS by hand: row means, column means, grand mean; df (4-1)(3-1) = 6
+    rm = [sum(r) / 3 for r in rows]
+    cm = [sum(r[j] for r in rows) / 4 for j in range(3)]
+    g = sum(rm) / 4
+    ss = sum((rows[i][j] - rm[i] - cm[j] + g) ** 2 for i in range(4) for j in range(3))
+    se = math.sqrt(2 * ss / 6 / 4)
+    assert ib.effect == pytest.approx(math.expm1(cm[1] - cm[0])) and ic.effect == pytest.approx(math.expm1(cm[2] - cm[0]))
+    assert ib.hi == pytest.approx(math.expm1(cm[1] - cm[0] + S.t_ppf(0.975, 6) * se))
+    assert ib.mde == pytest.approx(math.expm1((S.t_ppf(0.975, 6) + S.t_ppf(0.8, 6)) * se))
+
+
+def test_requests_sharing_a_pass_are_not_counted_as_independent():
+    """Null runs whose passes each carry a shared factor (a node's moment: 2% sd) over 16 requests of 3% sd each:
+    the unit of replication is the pass, so the control and the verdicts flag at most about alpha = 5% of runs.
+    An interval from the requests' own spread (pseudo-replication) would flag most of them."""
+    rng = random.Random(9)
+    flagged = false_verdict = 0
+    for _ in range(200):
+        bands = []
+        for i in range(3):
+            passes = {(r, arm): decode_records(arm, r, 0.04, 0.01, rng=rng, noise=0.03,
+                                               pass_factor=math.exp(rng.gauss(0, 0.02)))
+                      for r in range(6) for arm in S.round_order(r)}
+            bands.append(S.analyse_band(f"b{i}", passes, 6, 3, S.GateParams()))
+        flagged += any(b.control_flags for b in bands)
+        false_verdict += any(b.verdict != "neutral" for b in bands)
+    assert flagged <= 0.075 * 200 and false_verdict <= 0.075 * 200
+
+
+def ramp_pass(arm, speedup, conc=4, tokens=20, base=0.05, stagger=0.1):
+    """One wave of `conc` requests started `stagger` s apart on a server whose step is `speedup` x faster only while
+    all `conc` decode (a plant at the band's batch size): each request's token times, as the load generator records
+    them."""
+    import heapq
+    heap = [(i * stagger, i, 0) for i in range(conc)]  # (time of token k, request, k)
+    stamps: dict[int, list[float]] = {i: [] for i in range(conc)}
+    while heap:
+        t, i, k = heapq.heappop(heap)
+        stamps[i].append(t)
+        running = sum(1 for j in range(conc) if j * stagger <= t and len(stamps[j]) < tokens)
+        if k + 1 < tokens:
+            heapq.heappush(heap, (t + base / (speedup if running + (k + 1 == tokens) >= conc else 1.0), i, k + 1))
+    return [RequestRecord(arm=arm, band="b", repeat=0, started_s=i * stagger, ttft_s=0.0,
+                          itl_s=[b - a for a, b in zip(s, s[1:])], latency_s=s[-1] - i * stagger, input_tokens=16,
+                          output_tokens=tokens) for i, s in stamps.items()]
+
+
+def test_the_decode_rate_is_read_while_the_band_s_concurrency_decodes():
+    """+8% only while all 4 requests decode: over whole requests the ramp and drain (fewer running) dilute it;
+    counted in the steady window, where the band's concurrency decodes, it reads +8%."""
+    a, b = ramp_pass("A", 1.0), ramp_pass("B", 1.08)
+    whole = S.pass_stats(b).metrics["decode_tok_s"] / S.pass_stats(a).metrics["decode_tok_s"]
+    steady = S.pass_stats(b, 4).metrics["decode_tok_s"] / S.pass_stats(a, 4).metrics["decode_tok_s"]
+    assert steady == pytest.approx(1.08, abs=0.004) and whole < 1.06
