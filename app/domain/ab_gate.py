@@ -67,7 +67,7 @@ class Engagement:
     note: str | None = None
 
 
-def _hit_key(fam: TableFamily, ev: Any) -> tuple:
+def _hit_key(fam: TableFamily, ev: Any) -> tuple[object, tuple[object, ...]]:
     """The row a hit line names: (the M it was found at, the other shape cells), as runtime values."""
     shape = dict(ev.shape)
     for col, default in fam.shape_defaults:  # a cell the line printed as None (app/domain/shapes.py)
@@ -80,7 +80,7 @@ def _hit_key(fam: TableFamily, ev: Any) -> tuple:
 
 def _rank_engagement(rank: str, log: str, window: str,
                      families: Mapping[str, tuple[TableFamily, Sequence[Mapping[str, str]]]],
-                     ids: Mapping[str, dict[tuple, int]]) -> RankEngagement:
+                     ids: Mapping[str, dict[tuple[object, tuple[object, ...]], int]]) -> RankEngagement:
     """One rank's hit lines of the version's rows (in its whole log) and compile lines (in its windows)."""
     re_ = RankEngagement(rank, jit=jit_lines(window))
     hit_rows: set[tuple[str, int]] = set()

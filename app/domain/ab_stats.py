@@ -315,7 +315,7 @@ def analyse_band(band: str, passes: dict[tuple[int, str], list[RequestRecord]], 
     effect, control = {}, {}
     for metric in METRICS:
         table = [[stats[(r, a)].metrics[metric] for a in BLOCK_ARMS] for r in range(rounds)]
-        rows = [[math.log(x) for x in xs] for xs in table if all(x is not None and x > 0 for x in xs)]  # type: ignore[arg-type, operator]
+        rows = [[math.log(x) for x in xs] for xs in table if all(x is not None and x > 0 for x in xs)]  # type: ignore[arg-type]
         ib, ic = block_intervals(rows, alpha, p.power) if rows else (Interval(0), Interval(0))
         effect[metric], control[metric] = asdict(ib), asdict(ic)
     eff, ctl = interval_of(effect[PRIMARY]), interval_of(control[PRIMARY])
