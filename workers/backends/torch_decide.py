@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from app.domain.student_t import t_sf
 from workers.backends.torch_candidates import Candidate
 from workers.backends.torch_checks import ERR_MAX
 
@@ -20,40 +21,6 @@ def sign_confidence(wins: int, n: int) -> float:
     if n <= 0:
         return 0.0
     return 1.0 - sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
-    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1 + num * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1) < 1e-12:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b)."""
-    if x <= 0 or x >= 1:
-        return 0.0 if x <= 0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _betacf(a, b, x) / a
-    return 1 - front * _betacf(b, a, 1 - x) / b
-
-
-def t_sf(t: float, df: int) -> float:
-    """P(T > t) for Student's t with df degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1 - tail
 
 
 def t_confidence(logs: list[float]) -> float:
