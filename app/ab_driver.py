@@ -3,7 +3,8 @@
 Per arm it points at a given endpoint, or starts a server with the user's launch command carrying that arm's
 AITER_CONFIG_* files (downloaded from the service for the arm's version), waits for its health, warms it, asks it
 the fixed greedy prompts, and then measures the run's passes in the service's order (band by band, rounds in ABBA
-order: A B A' then A' B A), posting each pass whole with the server log lines of its window from every rank.
+order: A B A' then A' B A), posting each pass whole with the server log lines of its window from every rank. When every planned pass is in,
+the service books the run or extends its undecided bands (sequential rounds), and the driver measures those too.
 A re-drive continues with the passes the service does not have. A fault (an endpoint that does not answer, a
 server that died) interrupts the run with its reason; the pass in flight is not posted.
 """
@@ -25,13 +26,14 @@ from typing import Any
 
 import httpx
 
-from app.ab_wire import ARMS, Arm, ArmIn, OperatingPoint, PassIn, RequestRecord
+from app.ab_wire import ARMS, Arm, ArmIn, NodeProbe, OperatingPoint, PassIn, RequestRecord
 
 # Fixed prompts of the accuracy check: greedy, the first tokens of B (and A') must equal A's
 ACCURACY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 5, 8, 13,",
                     "Translate to German: good morning")
 ACCURACY_TOKENS = 8
 SERVER_GONE_FRAC = 0.5  # a pass with more failed requests than this asks whether the server is still there
+PROBE_SLEEP_S = 0.02  # the node probe's sleep (LagProbe)
 
 
 class Fault(Exception):
@@ -107,6 +109,34 @@ def _kill_group(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             continue
     proc.wait()
+
+
+class LagProbe:
+    """How late the driver's event loop wakes from PROBE_SLEEP_S sleeps while a pass runs (app/ab_wire.py
+    NodeProbe): a node that stalls wakes everything late, the arms' servers with it."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(PROBE_SLEEP_S)
+            self.lags.append(max(0.0, time.monotonic() - t - PROBE_SLEEP_S))
+
+    def __enter__(self) -> LagProbe:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def result(self) -> NodeProbe:
+        n = len(self.lags)
+        return NodeProbe(samples=n, lag_max_s=max(self.lags, default=0.0),
+                         lag_mean_s=sum(self.lags) / n if n else 0.0)
 
 
 def _load() -> Any:
@@ -238,17 +268,20 @@ class Driver:
                     await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/arms", json=ArmIn(
                         arm=arm, logs=srv.read_since(offs), first_tokens=tokens).model_dump())
                 done = 0
-                for todo in run["todo"]:
-                    if self.max_passes is not None and done >= self.max_passes:
-                        return await self._svc(c, "GET", f"/v1/ab/runs/{self.run_id}")
-                    await self._pass(c, load, points[todo["band"]], todo["band"], todo["repeat"], todo["arm"],
-                                     run["seed"], todo["n_requests"])
-                    done += 1
+                while True:  # finish books the run, or extends its undecided bands (sequential rounds): new todo
+                    for todo in run["todo"]:
+                        if self.max_passes is not None and done >= self.max_passes:
+                            return await self._svc(c, "GET", f"/v1/ab/runs/{self.run_id}")
+                        await self._pass(c, load, points[todo["band"]], todo["band"], todo["repeat"], todo["arm"],
+                                         run["seed"], todo["n_requests"])
+                        done += 1
+                    run = await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/finish")
+                    if not run.get("extended"):
+                        return run  # type: ignore[no-any-return]
             except (Fault, httpx.ConnectError) as e:
                 reason = str(e) if isinstance(e, Fault) else f"unreachable: {e}"
                 await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/interrupt", json={"reason": reason[:2000]})
                 raise Fault(reason) from None
-            return await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/finish")
 
     async def _warm(self, load: Any, srv: ArmServer, points: dict[str, OperatingPoint], run: dict) -> None:
         """A few requests at each band's concurrency before anything is measured (kernels loaded, graphs
@@ -271,9 +304,10 @@ class Driver:
             raise Fault(why)
         offs = srv.offsets()
         try:
-            recs: list[RequestRecord] = await load.drive_band(
-                srv.url, self.model, point, arm=arm, repeat=repeat, n_requests=n,
-                seed=pass_seed(run_seed, band, repeat), started_at=self.t0, timeout_s=self.request_timeout_s)
+            with LagProbe() as probe:
+                recs: list[RequestRecord] = await load.drive_band(
+                    srv.url, self.model, point, arm=arm, repeat=repeat, n_requests=n,
+                    seed=pass_seed(run_seed, band, repeat), started_at=self.t0, timeout_s=self.request_timeout_s)
         except httpx.ConnectError as e:
             raise Fault(f"arm {arm}: endpoint {srv.url} unreachable during band {band} round {repeat} ({e})") \
                 from None
@@ -283,7 +317,8 @@ class Driver:
                         "the pass is not posted")
         recs = [r.model_copy(update={"band": band}) for r in recs]
         await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/passes", json=PassIn(
-            band=band, repeat=repeat, arm=arm, records=recs, logs=srv.read_since(offs)).model_dump())
+            band=band, repeat=repeat, arm=arm, records=recs, logs=srv.read_since(offs),
+            probe=probe.result()).model_dump())
 
 
 def _free_port() -> int:

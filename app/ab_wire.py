@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The arms of every run: A is the baseline (shipped tables only, or the promoted overlay), A_prime the identical-arm
 # control (A's files exactly: an effect between A and A_prime is noise, and voids the run), B the version under test.
@@ -84,7 +84,11 @@ class VersionIn(BaseModel):
 class RunIn(BaseModel):
     """POST /v1/ab/runs. points: the bands (default: from the image's captured served load, else 1/16/64 at
     input_len/output_len). repeats: rounds per band, even (ABBA: A B A' then A' B A, so linear drift cancels).
-    requests_per_pass: per pass, at least the band's concurrency (the service raises it to that)."""
+    requests_per_pass: per pass, at least the band's concurrency (the service raises it to that).
+    max_repeats: sequential rounds: a band still undecided after `repeats` rounds (its interval holds 0 and its
+    MDE is above target_mde, or it cannot rule out a loss above max_loss) is measured 4 rounds more at a time up to
+    this many (default: repeats, a fixed design); every look's interval is at the run's confidence split over
+    bands and looks (app/domain/ab_stats.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -102,13 +106,33 @@ class RunIn(BaseModel):
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     # promotion needs every band's interval to rule out a throughput loss above this (0.05: 5%)
     max_loss: float = Field(default=0.05, gt=0, lt=1)
+    max_repeats: int | None = Field(default=None, ge=2, le=200)
+    target_mde: float = Field(default=0.03, gt=0, lt=1)
 
-    @field_validator("repeats")
+    @field_validator("repeats", "max_repeats")
     @classmethod
-    def _even(cls, v: int) -> int:
-        if v % 2:
-            raise ValueError("repeats must be even: rounds come in ABBA pairs so a linear drift cancels")
+    def _even(cls, v: int | None) -> int | None:
+        if v is not None and v % 2:
+            raise ValueError("rounds must be even: they come in ABBA pairs so a linear drift cancels")
         return v
+
+    @model_validator(mode="after")
+    def _max_at_least_repeats(self) -> RunIn:
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats: {self.max_repeats} is below repeats ({self.repeats})")
+        return self
+
+
+class NodeProbe(BaseModel):
+    """What the driver's host did during a pass, apart from the servers: how late its event loop woke from short
+    sleeps (a stalled or oversubscribed node wakes everything late, the arms' servers too). Recorded with the pass
+    so a disturbed pass can be told from an arm's own slowness afterwards; the verdict does not read it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    samples: int = Field(ge=0)
+    lag_max_s: float = Field(ge=0, allow_inf_nan=False)
+    lag_mean_s: float = Field(ge=0, allow_inf_nan=False)
 
 
 class PassIn(BaseModel):
@@ -121,6 +145,7 @@ class PassIn(BaseModel):
     arm: Arm
     records: list[RequestRecord] = Field(max_length=MAX_RECORDS)
     logs: dict[str, str] = Field(default_factory=dict, max_length=512)  # rank -> the window's server log
+    probe: NodeProbe | None = None
 
     @field_validator("logs")
     @classmethod

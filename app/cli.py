@@ -247,7 +247,8 @@ def ab_cmd(args: argparse.Namespace) -> int:
     elif args.action == "create":
         body = {"image_digest": args.image_digest, "version_id": args.version, "baseline": args.baseline,
                 "repeats": args.repeats, "requests_per_pass": args.requests, "confidence": args.confidence,
-                "seed": args.seed, "min_requests": args.min_requests, "max_loss": args.max_loss}
+                "seed": args.seed, "min_requests": args.min_requests, "max_loss": args.max_loss,
+                "max_repeats": args.max_repeats, "target_mde": args.target_mde}
         if args.point:
             pts = []
             for p in args.point:
@@ -344,6 +345,10 @@ def _ab_parser(sub: Any) -> None:
     cr.add_argument("--seed", type=int, default=0)
     cr.add_argument("--max-loss", type=float, default=0.05, help="promotion needs every band's interval to rule "
                                                                   "out a throughput loss above this (0.05: 5%%)")
+    cr.add_argument("--max-repeats", type=int, default=None, help="sequential rounds: a band still undecided "
+                    "after --repeats rounds is measured 4 rounds more at a time up to this many (default: --repeats)")
+    cr.add_argument("--target-mde", type=float, default=0.03, help="an undecided band stops once its minimum "
+                    "detectable effect is at most this (0.03: 3%%)")
     dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
     dr.add_argument("run", type=int)
     dr.add_argument("--model", required=True)

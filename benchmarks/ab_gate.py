@@ -12,7 +12,7 @@ Each gate: a run of the version against the shipped tables; its regressing band 
 run of that version. Prints one JSON line per gate and a summary (rates with Wilson 95% intervals, the effect
 estimates' spread), which goes to benchmarks/RESULTS.md.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/ab_gate.py [--gates 20] [--repeats 8] [--requests 8] [--standin-args '--token-ms 40']
+    PYTHONPATH=. .venv/bin/python benchmarks/ab_gate.py [--gates 20] [--repeats 8] [--max-repeats 16] [--target-mde 0.025]
 
 Gates can run as parallel shards where CPUs are free (--first-gate N --gates K each, own service and seeds);
 --summarize FILE... then reads their per-gate JSON lines and prints the one summary.
@@ -79,7 +79,7 @@ def band_figures(res: dict) -> dict:
 def run_once(c, url: str, version_id: int, seed: int, args, work: Path) -> dict:
     body = {"image_digest": DIGEST, "version_id": version_id, "baseline": "shipped", "points": args.points,
             "repeats": args.repeats, "requests_per_pass": args.requests, "seed": seed,
-            "confidence": args.confidence}
+            "confidence": args.confidence, "max_repeats": args.max_repeats, "target_mde": args.target_mde}
     run = c.post("/v1/ab/runs", json=body).json()
     t = time.monotonic()
     try:
@@ -102,6 +102,9 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=GATE["requests_per_pass"])
     p.add_argument("--standin-args", default=GATE["token_ms"], help="more flags for the stand-in server")
     p.add_argument("--confidence", type=float, default=GATE["confidence"])
+    p.add_argument("--max-repeats", type=int, default=GATE["max_repeats"], help="sequential rounds: the cap")
+    p.add_argument("--target-mde", type=float, default=GATE["target_mde"], help="sequential rounds: an undecided "
+                   "band stops once its MDE is at most this")
     p.add_argument("--points", default=",".join(":".join(str(x[k]) for k in POINT_KEYS if k in x) for x in GATE["points"]),
                    help="the bands, CONCURRENCY:INPUT_LEN:OUTPUT_LEN[:REQUESTS_PER_PASS],... (concurrencies 2, 8, "
                         "16: the planted ones)")
@@ -223,6 +226,7 @@ def summarize(rows: list[dict], expected: dict[str, str]) -> int:
         "rerun_verdicts_by_band": {b: dict(Counter(r.get("rerun_bands", {}).get(b, "-") for r in rb)) for b in bands},
         "effect_by_band": _by_band(rows, "effects", bands), "control_by_band": _by_band(rows, "controls", bands),
         "mde_by_band": _by_band(rows, "mde", bands), "output_tok_s_effect_by_band": _by_band(rows, "output_tok_s", bands),
+        "rounds_by_band": _by_band(rows, "rounds", bands), "rerun_rounds_by_band": _by_band(reruns, "rounds", bands),
         "rerun_effect_by_band": _by_band(reruns, "effects", bands), "rerun_mde_by_band": _by_band(reruns, "mde", bands),
         "seconds_per_run": statistics.mean([r["seconds"] for r in rows] + [r["rerun_seconds"] for r in rb
                                                                            if "rerun_seconds" in r]),

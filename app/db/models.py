@@ -307,6 +307,12 @@ class AbRun(Base):
     min_requests: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(Integer)
     max_loss: Mapped[float] = mapped_column(Float)  # promotion: every band's interval rules out a bigger loss
+    # sequential rounds (app/domain/ab_stats.py `undecided`): an undecided band is measured on up to max_repeats
+    # rounds (None: repeats, a fixed design), until its MDE is at most target_mde; band_rounds: each band's rounds
+    # planned so far (None: repeats for every band)
+    max_repeats: Mapped[int | None] = mapped_column(Integer)
+    target_mde: Mapped[float | None] = mapped_column(Float)
+    band_rounds: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     fault: Mapped[str | None] = mapped_column(Text)  # why the drive stopped (state interrupted)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # verdicts, per band, control, engagement, accuracy
     rollback_version_id: Mapped[int | None] = mapped_column(Integer)  # proposed when a band regresses
@@ -327,6 +333,7 @@ class AbPass(Base):
     arm: Mapped[str] = mapped_column(String(16))
     records: Mapped[list[Any]] = mapped_column(JSON)  # [RequestRecord]
     logs: Mapped[dict[str, Any]] = mapped_column(JSON)  # rank -> the window's log text
+    probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # app/ab_wire.py NodeProbe: the host during the pass
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

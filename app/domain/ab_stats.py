@@ -6,8 +6,14 @@ the next one's, and cancels in their mean. Per band and metric, each pass gives 
 replication: requests inside a pass share its moment on the node, so they are not independent replicates); the
 effect of B (and of the control A') is the geometric mean of its per-round ratio to the A of the same round, with a
 Student-t interval whose variance comes from the round x arm table's residual (rounds as blocks:
-`block_intervals`). The drift left in single rounds widens the interval (conservative), it does not bias it. With k bands in a run every interval is made at confidence 1 - alpha/k (Bonferroni), so the run's chance
-of a false verdict, and of a false control alarm, stays at alpha whatever the number of bands.
+`block_intervals`). The drift left in single rounds widens the interval (conservative), it does not bias it.
+
+Sequential rounds (`looks`, `undecided`): a band measured in the run's `repeats` rounds whose interval holds 0 and
+is still too wide (its MDE above the run's target, or it cannot rule out a loss above max_loss) gets EXTEND_ROUNDS
+more rounds (two ABBA pairs), again and again up to `max_repeats`; a band that is decided stops. Each band is looked
+at up to L = 1 + ceil((max_repeats - repeats) / EXTEND_ROUNDS) times, and with k bands every interval, at every
+look, is made at confidence 1 - alpha/(k L) (Bonferroni over bands and looks), so the run's chance of a false
+verdict, and of a false control alarm, stays at alpha whatever the number of bands and however the looks fall.
 
 Stdlib only (the service has no numpy/scipy): the t quantile comes from the regularized incomplete beta function
 (continued fraction, Numerical Recipes 6.4) inverted by bisection.
@@ -208,13 +214,33 @@ class BandResult:
         return d
 
 
+EXTEND_ROUNDS = 4  # rounds an undecided band gets at a time: two ABBA pairs, so drift still cancels
+
+
+def looks(repeats: int, max_repeats: int | None) -> int:
+    """How many times a band may be looked at: after `repeats` rounds, then after each extension."""
+    return 1 + max(0, -(-((max_repeats or repeats) - repeats) // EXTEND_ROUNDS))
+
+
+def undecided(b: BandResult, target_mde: float, max_loss: float) -> bool:
+    """The stopping rule: a band is measured on while its primary interval holds 0 and it is still too wide to
+    vouch for anything: its MDE above target_mde (it could miss an effect that size), or its lower end below
+    -max_loss (it cannot rule out a loss promotion must exclude). A gain, a regression, a void band (too few
+    requests) and a neutral band that is precise enough all stop."""
+    if b.verdict is not Verdict.NEUTRAL or not b.effect:
+        return False
+    e = interval_of(b.effect[PRIMARY])
+    return (e.mde is not None and e.mde > target_mde) or (e.lo is not None and e.lo < -max_loss)
+
+
 @dataclass(frozen=True)
 class GateParams:
-    confidence: float = 0.95  # the run's: every verdict and the control at once (Bonferroni over bands)
+    confidence: float = 0.95  # the run's: every verdict and the control at once (Bonferroni over bands and looks)
     power: float = 0.8  # for the minimum detectable effect
     min_requests: int = 4  # completed requests an arm needs in every pass of a band
     max_error_frac: float = 0.1  # more failed requests than this in a pass voids the band
     min_rounds: int = 2
+    looks: int = 1  # the most looks a band may get (sequential rounds: `looks`)
 
 
 BLOCK_ARMS = ("A", "B", "A_prime")  # the reference first: B's and A_prime's effects are against A
@@ -250,7 +276,7 @@ def analyse_band(band: str, passes: dict[tuple[int, str], list[RequestRecord]], 
                  p: GateParams, concurrency: int | None = None) -> BandResult:
     """passes: (repeat, arm) -> that pass's records, for repeats 0..rounds-1 and every arm; concurrency: the
     band's (its decode rate is measured while that many requests decode together)."""
-    alpha = (1 - p.confidence) / max(1, n_bands)
+    alpha = (1 - p.confidence) / max(1, n_bands) / max(1, p.looks)
     stats, completed, void = _pass_table(band, passes, rounds, p, concurrency)
     if void is not None:
         return void

@@ -197,6 +197,7 @@ def create_run(s: Session, body: Any) -> dict[str, Any]:
               state=st.RunState.CREATED.value, points=[p.model_dump(exclude_none=True) for p in points], points_source=source,
               repeats=body.repeats, requests_per_pass=body.requests_per_pass, confidence=body.confidence,
               power=body.power, min_requests=body.min_requests, seed=body.seed, max_loss=body.max_loss,
+              max_repeats=body.max_repeats, target_mde=body.target_mde,
               created_at=_now(),
               updated_at=_now())
     s.add(r)
@@ -231,14 +232,26 @@ def n_requests(per_pass: int, point: OperatingPoint) -> int:
     return max(point.requests or per_pass, point.concurrency)
 
 
+def rounds(r: AbRun) -> dict[str, int]:
+    """Each band's rounds planned so far: the run's repeats, more for a band the stopping rule extended."""
+    planned = r.band_rounds or {}
+    return {OperatingPoint(**p).name: int(planned.get(OperatingPoint(**p).name, r.repeats)) for p in r.points}
+
+
 def schedule(r: AbRun) -> list[tuple[str, int, str]]:
-    """Every pass of the run in the order the driver measures them: band by band, rounds in ABBA order."""
+    """Every pass of the run in the order the driver measures them: band by band, rounds in ABBA order (a band's
+    extension rounds come after every band's first rounds: the order passes are planned in)."""
     out = []
-    for p in r.points:
-        name = OperatingPoint(**p).name
-        for rep in range(r.repeats):
-            out += [(name, rep, arm) for arm in ab_stats.round_order(rep)]
+    for name, k in rounds(r).items():
+        out += [(name, rep, arm) for rep in range(min(k, r.repeats)) for arm in ab_stats.round_order(rep)]
+    for name, k in rounds(r).items():
+        out += [(name, rep, arm) for rep in range(r.repeats, k) for arm in ab_stats.round_order(rep)]
     return out
+
+
+def _params(r: AbRun) -> ab_stats.GateParams:
+    return ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests,
+                               looks=ab_stats.looks(r.repeats, r.max_repeats))
 
 
 def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
@@ -252,6 +265,7 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "fault": r.fault, "points": r.points, "points_source": r.points_source, "repeats": r.repeats,
             "requests_per_pass": r.requests_per_pass, "confidence": r.confidence, "power": r.power,
             "min_requests": r.min_requests, "seed": r.seed, "max_loss": r.max_loss,
+            "max_repeats": r.max_repeats or r.repeats, "target_mde": r.target_mde, "rounds": rounds(r),
             "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
             "passes_total": len(sched), "passes_done": len(done),
             "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched
@@ -312,8 +326,9 @@ def post_pass(s: Session, rid: int, body: Any) -> tuple[dict[str, Any], bool]:
     bands = {OperatingPoint(**p).name for p in r.points}
     if body.band not in bands:
         raise Invalid(f"band: {body.band!r} is not a band of run {rid} ({', '.join(sorted(bands))})", "band")
-    if body.repeat >= r.repeats:
-        raise Invalid(f"repeat: run {rid} has rounds 0..{r.repeats - 1}", "repeat")
+    planned = rounds(r)[body.band]
+    if body.repeat >= planned:
+        raise Invalid(f"repeat: band {body.band} of run {rid} has rounds 0..{planned - 1} planned", "repeat")
     for i, rec in enumerate(body.records):
         if (rec.arm, rec.band, rec.repeat) != (body.arm, body.band, body.repeat):
             raise Invalid(f"records[{i}]: arm/band/repeat differ from the pass's", f"records[{i}]")
@@ -325,7 +340,7 @@ def post_pass(s: Session, rid: int, body: Any) -> tuple[dict[str, Any], bool]:
             return {"stored": False, "pass_id": old.id}, False
         raise Conflict(f"pass {body.band}/{body.repeat}/{body.arm} is already stored with other records", "repeat")
     p = AbPass(run_id=rid, band=body.band, repeat=body.repeat, arm=body.arm, records=records, logs=body.logs,
-               created_at=_now())
+               probe=body.probe.model_dump() if body.probe else None, created_at=_now())
     s.add(p)
     r.updated_at = _now()
     s.flush()
@@ -396,11 +411,11 @@ def _result(res: ab_stats.RunResult, eng: ab_gate.Engagement, acc: str | None, a
 def assess(s: Session, r: AbRun) -> tuple[dict[str, Any], ab_stats.RunResult, list[OperatingPoint], OverlayVersion]:
     """The run's verdicts from its stored passes and arms, nothing written: per band (B and the control against A
     at the band's concurrency), engagement, accuracy, promotability."""
-    params = ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests)
+    params, planned = _params(r), rounds(r)
     by_band, windows = _measured(s, r.id)
     points = [OperatingPoint(**p) for p in r.points]
-    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), r.repeats, len(points), params, p.concurrency)
-             for p in points]
+    bands = [ab_stats.analyse_band(p.name, by_band.get(p.name, {}), planned[p.name], len(points), params,
+                                   p.concurrency) for p in points]
     arms = {a.arm: a for a in s.scalars(select(AbArm).where(AbArm.run_id == r.id))}
     v = get_version(s, r.version_id)
     eng = _engagement(v, arms, windows, points)
@@ -412,8 +427,21 @@ def assess(s: Session, r: AbRun) -> tuple[dict[str, Any], ab_stats.RunResult, li
     return _result(res, eng, acc, arms, r.max_loss), res, points, v
 
 
+def _extend(r: AbRun, res: ab_stats.RunResult) -> dict[str, int]:
+    """The stopping rule's answer once every planned pass is in: the bands to measure on (undecided, below
+    max_repeats) and their new planned rounds; none when the run is void anyway (control, engagement, accuracy:
+    more rounds would not book it)."""
+    if res.verdict is ab_stats.Verdict.VOID:
+        return {}
+    planned, cap = rounds(r), r.max_repeats or r.repeats
+    target = r.target_mde if r.target_mde is not None else float("inf")
+    return {b.band: min(cap, planned[b.band] + ab_stats.EXTEND_ROUNDS) for b in res.bands
+            if planned[b.band] < cap and ab_stats.undecided(b, target, r.max_loss)}
+
+
 def finish(s: Session, rid: int) -> dict[str, Any]:
-    """Book the run: every pass measured; verdicts per band, the control, engagement, accuracy; a regressing
+    """Once every planned pass is measured: extend the undecided bands (sequential rounds: the run goes on driving,
+    its todo the new rounds), or book the run: verdicts per band, the control, engagement, accuracy; a regressing
     band proposes a rollback version. Nothing is booked while a pass is missing."""
     r = get_run(s, rid, lock=True)
     done = set(_passes_done(s, rid))
@@ -421,6 +449,11 @@ def finish(s: Session, rid: int) -> dict[str, Any]:
     with _refused():
         to = st.book(st.RunState(r.state), len(missing))
     result, res, points, v = assess(s, r)
+    if more := _extend(r, res):
+        r.band_rounds = rounds(r) | more
+        r.updated_at = _now()
+        s.flush()
+        return run_dict(s, r) | {"extended": more}
     _transition(r, to)
     r.result = result
     regressing = [p for p, b in zip(points, res.bands) if b.verdict is ab_stats.Verdict.REGRESSION]

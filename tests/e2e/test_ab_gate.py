@@ -39,13 +39,17 @@ WITHDRAWN_M = ["1", "2", "16"]
 # and this VM's ~10 ms stalls land on a request's first and last token, so its passes hold 12 requests of 32
 # tokens (a 0.56 s decode span); c8 16 requests and c16 16 of 24 tokens (c16: one wave, all decoding together,
 # as the +8% plant needs 16 running).
+POINTS_NAME = [f"c{p['concurrency']}-i{p['input_len']}-o{p['output_len']}" for p in POINTS]
 GATE_POINTS = [{"concurrency": 2, "input_len": 16, "output_len": 32, "requests": 12},
                {"concurrency": 8, "input_len": 16, "output_len": 24, "requests": 16},
                {"concurrency": 16, "input_len": 16, "output_len": 24, "requests": 16}]
 BANDS = dict(zip((f"c{p['concurrency']}-i{p['input_len']}-o{p['output_len']}" for p in GATE_POINTS),
                  ("regression", "neutral", "gain")))
+# Sequential rounds: a band still undecided after 8 rounds (its interval holds 0 and its MDE is above 2.5%, or it
+# cannot rule out a 5% loss) is measured 4 rounds more at a time, up to 16 (3 looks; every interval at 0.99 split
+# over 3 bands and 3 looks).
 GATE = {"token_ms": "--token-ms 12 --batch-ms 3", "repeats": 8, "requests_per_pass": 8, "confidence": 0.99,
-        "points": GATE_POINTS}
+        "points": GATE_POINTS, "max_repeats": 16, "target_mde": 0.025}
 
 
 def launch(extra: str = "", b_extra: str | None = None, b_prefix: str = "") -> str:
@@ -98,7 +102,8 @@ def gate(live_server):
 def test_the_gate_finds_the_planted_bands_rolls_back_and_promotes(gate, tmp_path):
     """Statistical: right at the rate benchmarks/ab_gate.py reports; run it on a quiet machine."""
     srv, c, v = gate
-    gate_run = {k: GATE[k] for k in ("repeats", "requests_per_pass", "confidence", "points")}
+    gate_run = {k: GATE[k] for k in ("repeats", "requests_per_pass", "confidence", "points", "max_repeats",
+                                     "target_mde")}
     run = new_run(c, v["id"], **gate_run)
     out = drive(srv, run["id"], tmp_path / "d1", launch(GATE["token_ms"]))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -116,6 +121,18 @@ def test_the_gate_finds_the_planted_bands_rolls_back_and_promotes(gate, tmp_path
     assert set(bands(got2).values()) == {"neutral"} and got2["result"]["promotable"] is None
     assert ab(srv, "promote", str(run2["id"])).returncode == 0
     assert c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").headers["x-aiter-version"] == str(rb["id"])
+
+
+def test_the_driver_measures_the_rounds_an_undecided_band_is_extended_by(gate, tmp_path):
+    """No effect at c8 and a target MDE no run reaches: the band is undecided at every look, so the service
+    extends it 2 -> 6 -> 8 rounds (the cap) and the driver measures each extension before the run books."""
+    srv, c, v = gate
+    run = new_run(c, v["id"], points=POINTS[1:2], repeats=2, max_repeats=8, target_mde=1e-6)
+    out = drive(srv, run["id"], tmp_path / "d", launch())
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    assert got["state"] == "booked" and got["passes_done"] == 8 * 3 and got["rounds"] == {POINTS_NAME[1]: 8}
+    assert [b["rounds"] for b in got["result"]["bands"]] == [8]
 
 
 def test_an_unreachable_endpoint_interrupts_the_run_which_resumes(gate, tmp_path):

@@ -186,3 +186,36 @@ def test_an_interrupted_run_reads_void_with_its_fault_and_resumes(live_server):
     assert again["state"] == "driving" and again["fault"] is None and len(again["todo"]) == 4
     drive_synthetic(c, again, {}, random.Random(2))
     assert c.post(f"/v1/ab/runs/{run['id']}/finish").json()["state"] == "booked"
+
+
+def test_sequential_rounds_measure_on_only_the_undecided_bands_then_book(live_server):
+    """repeats 4, up to 12: after 4 rounds the +8% band is decided (a gain) and stops; the noisy neutral band is
+    undecided (its MDE above the 2% target) and gets 4 rounds more, then 4 more; the run books once no band is
+    undecided or each is at the cap, each band's verdict from its own rounds."""
+    c = live_server.client()
+    seed_overlay(c)
+    v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
+    body = {"image_digest": DIGEST, "version_id": v["id"], "baseline": "shipped", "points": [POINTS[1], POINTS[2]],
+            "repeats": 4, "requests_per_pass": 8, "max_repeats": 12, "target_mde": 0.02}
+    for bad, field in ((dict(body, max_repeats=2), "max_repeats"), (dict(body, max_repeats=9), "max_repeats")):
+        r = c.post("/v1/ab/runs", json=bad)
+        assert r.status_code == 422 and field in r.text
+    run = c.post(f"/v1/ab/runs/{c.post('/v1/ab/runs', json=body).json()['id']}/start").json()
+    assert run["passes_total"] == 2 * 4 * 3 and run["rounds"] == {"c8-i16-o32": 4, "c32-i16-o32": 4}
+    drive_synthetic(c, run, {"c32-i16-o32": 0.08}, random.Random(21), noise=0.02)
+    more = c.post(f"/v1/ab/runs/{run['id']}/finish").json()
+    assert more["state"] == "driving" and more["result"] is None and more["extended"] == {"c8-i16-o32": 8}
+    assert {(t["band"], t["repeat"]) for t in more["todo"]} == {("c8-i16-o32", k) for k in range(4, 8)}
+    assert [t["arm"] for t in more["todo"][:6]] == ["A", "B", "A_prime", "A_prime", "B", "A"]  # ABBA goes on
+    late = {"band": "c32-i16-o32", "repeat": 4, "arm": "A", "records": []}
+    r = c.post(f"/v1/ab/runs/{run['id']}/passes", json=late)  # the decided band has no round 4
+    assert r.status_code == 422 and r.json()["field"] == "repeat"
+    t = 1000
+    while more["state"] == "driving":
+        drive_synthetic(c, more, {"c32-i16-o32": 0.08}, random.Random(t), noise=0.02)
+        more, t = c.post(f"/v1/ab/runs/{run['id']}/finish").json(), t + 1
+    res = more["result"]
+    got = {b["band"]: (b["verdict"], b["rounds"]) for b in res["bands"]}
+    assert more["state"] == "booked" and got == {"c8-i16-o32": ("neutral", 12), "c32-i16-o32": ("gain", 4)}
+    assert more["rounds"] == {"c8-i16-o32": 12, "c32-i16-o32": 4} and more["passes_done"] == (12 + 4) * 3
+    assert "up to 12" in c.get(f"/ab/{run['id']}").text
