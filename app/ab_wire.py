@@ -125,14 +125,15 @@ class RunIn(BaseModel):
 
 class NodeProbe(BaseModel):
     """What the driver's host did during a pass, apart from the servers: how late its event loop woke from short
-    sleeps (a stalled or oversubscribed node wakes everything late, the arms' servers too). Recorded with the pass
-    so a disturbed pass can be told from an arm's own slowness afterwards; the verdict does not read it."""
+    sleeps (a stalled or oversubscribed node wakes everything late, the arms' servers too). The driver measures a
+    pass again when its probe says the node stalled (app/ab_driver.py STALL_S); the verdict does not read it."""
 
     model_config = ConfigDict(extra="forbid")
 
     samples: int = Field(ge=0)
     lag_max_s: float = Field(ge=0, allow_inf_nan=False)
     lag_mean_s: float = Field(ge=0, allow_inf_nan=False)
+    stalled_passes: int = Field(default=0, ge=0)  # earlier tries of this pass the node stalled in, not posted
 
 
 class PassIn(BaseModel):

@@ -360,6 +360,9 @@ def _ab_parser(sub: Any) -> None:
     dr.add_argument("--workdir", default=".ab-drive")
     dr.add_argument("--health-timeout", type=float, default=120.0)
     dr.add_argument("--max-passes", type=int, default=None, help="stop after this many passes (resume later)")
+    dr.add_argument("--stall-s", type=float, default=None, help="measure a pass again when the driver's event "
+                    "loop woke this many seconds late during it (a stalled node; default 0.1, app/ab_driver.py "
+                    "STALL_S); 0: never")
     for name in ("show", "finish", "promote"):
         x = asub.add_parser(name)
         x.add_argument("run", type=int)
