@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.ab_driver import Driver, Fault  # noqa: E402
+from app.ab_driver import STALL_S, Driver, Fault  # noqa: E402
 from app.domain.ab_stats import PRIMARY  # noqa: E402
 from tests.conftest import DIGEST, start_server  # noqa: E402
 from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
@@ -55,9 +55,9 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
-def drive(url: str, run_id: int, work: Path, extra: str) -> dict:
+def drive(url: str, run_id: int, work: Path, extra: str, stall_s: float | None) -> dict:
     d = Driver(url, ADMIN, run_id, model=MODEL, workdir=work, launch=launch(extra), ranks=RANKS,
-               health_timeout_s=60)
+               health_timeout_s=60, stall_s=stall_s)
     try:
         return asyncio.run(d.run())
     finally:
@@ -83,7 +83,7 @@ def run_once(c, url: str, version_id: int, seed: int, args, work: Path) -> dict:
     run = c.post("/v1/ab/runs", json=body).json()
     t = time.monotonic()
     try:
-        out = drive(url, run["id"], work, args.standin_args)
+        out = drive(url, run["id"], work, args.standin_args, args.stall_s or None)
     except Fault as e:
         out = c.get(f"/v1/ab/runs/{run['id']}").json()
         out["fault"] = str(e)
@@ -102,6 +102,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=GATE["requests_per_pass"])
     p.add_argument("--standin-args", default=GATE["token_ms"], help="more flags for the stand-in server")
     p.add_argument("--confidence", type=float, default=GATE["confidence"])
+    p.add_argument("--stall-s", type=float, default=STALL_S, help="the driver measures a pass again when its "
+                   "event loop woke this late during it (0: never)")
     p.add_argument("--max-repeats", type=int, default=GATE["max_repeats"], help="sequential rounds: the cap")
     p.add_argument("--target-mde", type=float, default=GATE["target_mde"], help="sequential rounds: an undecided "
                    "band stops once its MDE is at most this")
@@ -147,12 +149,28 @@ def main() -> int:
                 row["rerun_promotable"] = second.get("state") == "booked" and res2.get("promotable") is None
                 row["rerun_verdict"], row["rerun_reason"] = second.get("verdict"), second.get("reason")
                 row["rerun_seconds"] = round(second["seconds"], 1)
+            row["probe"] = probe_figures(tmp / "svc.db", [first["id"]] + ([second["id"]] if rb_id else []))
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
         srv.proc.terminate()
         srv.proc.wait()
     return summarize(rows, expected)
+
+
+def probe_figures(db: Path, run_ids: list[int]) -> dict:
+    """The driver's node probe over these runs' posted passes: how many, how many were measured again because the
+    node stalled (and the tries discarded), how many were posted stalled (every try was), the largest lag."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        probes = [json.loads(x) for (x,) in con.execute(
+            f"SELECT probe FROM ab_passes WHERE run_id IN ({','.join('?' * len(run_ids))}) AND probe IS NOT NULL",
+            run_ids)]
+    return {"passes": len(probes), "remeasured": sum(p.get("stalled_passes", 0) > 0 for p in probes),
+            "tries_discarded": sum(p.get("stalled_passes", 0) for p in probes),
+            "posted_over_stall_s": sum(p["lag_max_s"] > STALL_S for p in probes),
+            "lag_max_s": max((p["lag_max_s"] for p in probes), default=None)}
 
 
 def reanalyse(db: Path, expected: dict[str, str]) -> list[dict]:
@@ -227,6 +245,8 @@ def summarize(rows: list[dict], expected: dict[str, str]) -> int:
         "effect_by_band": _by_band(rows, "effects", bands), "control_by_band": _by_band(rows, "controls", bands),
         "mde_by_band": _by_band(rows, "mde", bands), "output_tok_s_effect_by_band": _by_band(rows, "output_tok_s", bands),
         "rounds_by_band": _by_band(rows, "rounds", bands), "rerun_rounds_by_band": _by_band(reruns, "rounds", bands),
+        "probe": {k: sum(r.get("probe", {}).get(k) or 0 for r in rows) for k in ("passes", "remeasured",
+                                                                                 "tries_discarded", "posted_over_stall_s")},
         "rerun_effect_by_band": _by_band(reruns, "effects", bands), "rerun_mde_by_band": _by_band(reruns, "mde", bands),
         "seconds_per_run": statistics.mean([r["seconds"] for r in rows] + [r["rerun_seconds"] for r in rb
                                                                            if "rerun_seconds" in r]),
