@@ -34,6 +34,11 @@ class CaptureIn(Identity):
     # be empty (a metrics-only update).
     step_buckets: dict[Annotated[str, Field(max_length=32)], Annotated[int, Field(ge=0, le=2**62)]] | None = Field(
         None, max_length=64)
+    # finished requests per prompt / generation length bucket since the sender's last capture (upper bounds, not
+    # cumulative): vLLM's vllm:request_prompt_tokens and vllm:request_generation_tokens. The serving A/B's default
+    # input and output lengths come from them (app/domain/ab_gate.py default_points).
+    length_buckets: dict[Literal["prompt", "generation"], dict[Annotated[str, Field(max_length=32)], Annotated[
+        int, Field(ge=0, le=2**62)]]] | None = Field(None, max_length=2)
 
 
 class CaptureOut(BaseModel):

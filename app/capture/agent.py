@@ -32,6 +32,7 @@ from app.domain.log_lines import LogEvent, described, parse_log
 
 log = logging.getLogger("aiter-tuner.capture")
 MAX_SHAPES_PER_CAPTURE = 1000
+Lengths = dict[str, dict[str, int]]  # "prompt" / "generation" -> finished requests per length bucket (a delta)
 RETRY = {401, 403, 404, 408, 409, 429}  # fixable outside the capture (token, service, load): try again later
 _RNG = random.Random()  # retry jitter; seeded from the OS, so two sidecars draw differently
 
@@ -101,20 +102,25 @@ class Agent:
             return self.reader.read(wait_eof=drain)
         return self.reader.read()
 
-    def _steps(self) -> tuple[dict[str, int], dict[str, float] | None]:
+    def _steps(self) -> tuple[dict[str, int], dict[str, float] | None, Lengths, dict[str, dict[str, float]]]:
+        """Step counts per bucket since the spool's reading and the reading; the same for the request lengths
+        (finished requests per prompt/generation length bucket, where the server exports them)."""
         if not self.args.metrics_url:
-            return {}, None
+            return {}, None, {}, {}
         try:
             r = httpx.get(self.args.metrics_url, timeout=10)
             r.raise_for_status()
             cur = metrics.cumulative(r.text)
+            lengths = {k: c for k, name in metrics.LENGTHS.items() if (c := metrics.cumulative(r.text, name))}
         except (httpx.HTTPError, ValueError) as e:
             log.warning("metrics: %s unreadable (%s); step counts wait for the next reading", self.args.metrics_url, e)
-            return {}, None
+            return {}, None, {}, {}
         if not cur:
             log.warning("metrics: no %s histogram at %s", metrics.HISTOGRAM, self.args.metrics_url)
-            return {}, None
-        return metrics.delta(cur, self.spool.state["metrics"]), cur
+            return {}, None, {}, {}
+        seen = self.spool.state.get("lengths") or {}
+        grown = {k: d for k, c in lengths.items() if (d := metrics.delta(c, seen.get(k)))}
+        return metrics.delta(cur, self.spool.state["metrics"]), cur, grown, lengths
 
     def collect(self, drain: bool = False, with_metrics: bool = True) -> int:
         """Read new lines and metrics; commit the captures they make and the new position in one spool write.
@@ -125,14 +131,14 @@ class Agent:
             log.info("log: %s", note)
         self.reader.notes.clear()
         events = parse_log("\n".join(lines)).events
-        steps, cur = self._steps() if with_metrics else ({}, None)
+        steps, cur, lengths, lengths_cur = self._steps() if with_metrics else ({}, None, {}, {})
         made = 0
         for name in sorted({e.family for e in events} | (set(self.spool.state["families"]) if steps else set())):
-            made += self._spool_family(name, events, steps)
-        self._commit(len(lines), made, steps, cur)
+            made += self._spool_family(name, events, steps, lengths)
+        self._commit(len(lines), made, steps, cur, lengths_cur)
         return len(lines)
 
-    def _spool_family(self, name: str, events: list[LogEvent], steps: dict[str, int]) -> int:
+    def _spool_family(self, name: str, events: list[LogEvent], steps: dict[str, int], lengths: Lengths) -> int:
         """One family's captures from these events (the step delta rides on its first part), added to the spool's
         pending ones (not saved yet); how many."""
         st = self.spool.state
@@ -149,17 +155,21 @@ class Agent:
                              family=name, aiter_version=self.version, host=self.args.host, env=self.env,
                              shapes=shapes[i:i + MAX_SHAPES_PER_CAPTURE],
                              capture_uid=self.spool.next_uid(name, part),
-                             step_buckets=(steps or None) if part == 0 else None)
+                             step_buckets=(steps or None) if part == 0 else None,
+                             length_buckets=(lengths or None) if part == 0 and steps else None)
             st["pending"].append(body.model_dump(mode="json", exclude_none=True))
             made += 1
         if name not in st["families"]:
             st["families"].append(name)
         return made
 
-    def _commit(self, n_lines: int, made: int, steps: dict[str, int], cur: dict[str, float] | None) -> None:
+    def _commit(self, n_lines: int, made: int, steps: dict[str, int], cur: dict[str, float] | None,
+                lengths_cur: dict[str, dict[str, float]]) -> None:
         """The new captures, metrics reading and log position in one spool write (none for an idle cycle)."""
         st = self.spool.state
-        before = (st["metrics"], st["log"])
+        before = (st["metrics"], st.get("lengths"), st["log"])
+        if cur is not None and made and steps:  # the lengths ride with the steps (a request ends after its steps)
+            st["lengths"] = lengths_cur or st.get("lengths")
         if cur is not None and (made or not steps):
             st["metrics"] = cur  # a change with no family to carry it yet waits in the next reading's delta
         if isinstance(self.reader, FileFollower):
@@ -168,7 +178,7 @@ class Agent:
         self.lines_read, self.made = self.lines_read + n_lines, self.made + made
         if made:
             st["seq"] += 1
-        if made or (st["metrics"], st["log"]) != before:  # an idle cycle writes nothing
+        if made or (st["metrics"], st.get("lengths"), st["log"]) != before:  # an idle cycle writes nothing
             self.spool.save()
         if made:
             log.info("spooled %d capture(s) from %d line(s)%s", made, n_lines,

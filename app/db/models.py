@@ -85,6 +85,9 @@ class Campaign(Base):
     # steps per tokens-per-step bucket ({"1": n, "8": n, ..., "+Inf": n}) summed over the captures that sent
     # them; when present, shapes are weighted by served steps instead of calls (app/domain/served.py)
     step_hist: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # finished requests per length bucket, {"prompt": {"128": n, ...}, "generation": {...}}, summed the same way:
+    # the serving A/B's default input and output lengths (app/domain/ab_gate.py default_lengths)
+    length_hist: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     shapes: Mapped[list[CampaignShape]] = relationship(back_populates="campaign", lazy="raise")
 
@@ -299,7 +302,7 @@ class AbRun(Base):
     baseline_version_id: Mapped[int | None] = mapped_column(ForeignKey("overlay_versions.id"))  # None: shipped
     state: Mapped[str] = mapped_column(String(16), default="created")  # app/domain/ab_states.py RunState
     points: Mapped[list[Any]] = mapped_column(JSON)  # [OperatingPoint]
-    points_source: Mapped[str] = mapped_column(String(32))  # captured | default | given
+    points_source: Mapped[str] = mapped_column(String(32))  # captured (steps and lengths) | captured steps | captured lengths | default | given
     repeats: Mapped[int] = mapped_column(Integer)  # rounds per band (each round: every arm once)
     requests_per_pass: Mapped[int] = mapped_column(Integer)
     confidence: Mapped[float] = mapped_column(Float)

@@ -181,8 +181,8 @@ def rows_serving(family: TableFamily, rows: Sequence[Mapping[str, str]], sizes: 
     return out
 
 
-# Defaults when the image has no captured served load, and the lengths (the capture agent reads vLLM's
-# tokens-per-step histogram, not prompt/generation lengths: app/capture/metrics.py)
+# Defaults when the image has no captured served load (the capture agent reads vLLM's tokens-per-step histogram
+# and its prompt/generation length histograms: app/capture/metrics.py)
 DEFAULT_CONCURRENCY = (1, 16, 64)
 DEFAULT_INPUT_LEN = 512
 DEFAULT_OUTPUT_LEN = 128
@@ -196,6 +196,31 @@ def _bucket_at(finite: Sequence[tuple[float, float]], total: float, q: float, to
         if acc >= q * total:
             return b
     return top
+
+
+def _quantile(hist: Mapping[str, float], q: float) -> float | None:
+    """Prometheus's histogram_quantile: the q-quantile of counts per bucket (upper bounds, not cumulative),
+    linear inside its bucket; in the +Inf bucket, the largest finite bound."""
+    buckets = sorted((float(k), v) for k, v in hist.items() if v > 0)
+    total = sum(v for _, v in buckets)
+    if not total:
+        return None
+    acc, lo = 0.0, 0.0
+    for b, v in buckets:
+        if acc + v >= q * total:
+            return lo if b == float("inf") else lo + (b - lo) * (q * total - acc) / v
+        acc, lo = acc + v, b
+    return lo
+
+
+def default_lengths(length_hist: Mapping[str, Mapping[str, float]] | None) -> tuple[int | None, int | None]:
+    """The served median prompt and generation lengths (vLLM's vllm:request_prompt_tokens and
+    vllm:request_generation_tokens, summed over captures), or None where nothing was captured."""
+    out = []
+    for kind in ("prompt", "generation"):
+        v = _quantile((length_hist or {}).get(kind) or {}, 0.5)
+        out.append(max(1, round(v)) if v is not None else None)
+    return out[0], out[1]
 
 
 def default_points(step_hist: Mapping[str, float] | None, input_len: int = DEFAULT_INPUT_LEN,

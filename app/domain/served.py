@@ -56,6 +56,15 @@ def merge(hist: Mapping[str, float] | None, delta: Mapping[str, float]) -> dict[
     return out
 
 
+def merge_lengths(hist: Mapping[str, Mapping[str, float]] | None, delta: Mapping[str, Mapping[str, float]]
+                  ) -> dict[str, dict[str, float]]:
+    """Request length histograms ("prompt", "generation": requests per length bucket) added up, as merge."""
+    out = {k: dict(v) for k, v in (hist or {}).items()}
+    for kind, d in delta.items():
+        out[kind] = merge(out.get(kind), d)
+    return out
+
+
 def canon(le: str) -> str:
     v = bound(str(le))
     return "+Inf" if math.isinf(v) else (str(int(v)) if v.is_integer() else repr(v))

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.ab_wire import ARMS, OperatingPoint, RequestRecord
 from app.db.models import AbArm, AbPass, AbRun, Campaign, Image, OverlayVersion
-from app.domain import ab_gate, ab_stats
+from app.domain import ab_gate, ab_stats, served
 from app.domain import ab_states as st
 from app.domain.families import get_family
 from app.domain.lease_states import TransitionError
@@ -159,12 +159,13 @@ def serving(s: Session, digest: str, family: str, version: str | None) -> tuple[
 
 # ---- runs -------------------------------------------------------------------------------------------------------
 
-def _captured_hist(s: Session, digest: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for h in s.scalars(select(Campaign.step_hist).where(Campaign.image_digest == digest)):
-        for k, v in (h or {}).items():
-            out[k] = out.get(k, 0.0) + float(v)
-    return out
+def _captured_hist(s: Session, digest: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The image's served load over its campaigns: steps per tokens-per-step bucket, requests per length bucket."""
+    steps: dict[str, float] = {}
+    lengths: dict[str, dict[str, float]] = {}
+    for h, lh in s.execute(select(Campaign.step_hist, Campaign.length_hist).where(Campaign.image_digest == digest)):
+        steps, lengths = served.merge(steps, h or {}), served.merge_lengths(lengths, lh or {})
+    return steps, lengths
 
 
 def create_run(s: Session, body: Any) -> dict[str, Any]:
@@ -186,10 +187,12 @@ def create_run(s: Session, body: Any) -> dict[str, Any]:
     if body.points:
         points, source = list(body.points), "given"
     else:
-        hist = _captured_hist(s, v.image_digest)
-        points = ab_gate.default_points(hist, body.input_len or ab_gate.DEFAULT_INPUT_LEN,
-                                        body.output_len or ab_gate.DEFAULT_OUTPUT_LEN)
-        source = "captured" if hist else "default"
+        hist, lengths = _captured_hist(s, v.image_digest)
+        served_in, served_out = ab_gate.default_lengths(lengths)
+        points = ab_gate.default_points(hist, body.input_len or served_in or ab_gate.DEFAULT_INPUT_LEN,
+                                        body.output_len or served_out or ab_gate.DEFAULT_OUTPUT_LEN)
+        source = {(True, True): "captured", (True, False): "captured steps", (False, True): "captured lengths",
+                  (False, False): "default"}[(bool(hist), served_in is not None or served_out is not None)]
     names = [p.name for p in points]
     if len(set(names)) != len(names):
         raise Invalid("points: a band is given twice", "points")

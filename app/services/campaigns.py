@@ -8,6 +8,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Campaign, CampaignShape, Capture, Image, Lease, Result, Worker, utcnow
+from app.domain.ab_gate import default_lengths
 from app.domain.lease_states import ShapeState
 from app.domain.served import rule as priority_rule
 from app.services import pages
@@ -83,7 +84,11 @@ def summaries(s: Session, default_cost: float, campaign_id: int | None = None,
                     "build_s": builds.seconds(s, camp.image_digest, camp.family)[0],  # compile lane, apart
                     "gpu_s_left_est": (c["queued"] + c["leased"]) * cost, "est_shape_cost_s": cost,
                     "priority_rule": priority_rule(camp.step_hist),
-                    "steps_seen": sum((camp.step_hist or {}).values())})
+                    "steps_seen": sum((camp.step_hist or {}).values()),
+                    # the served request lengths (their medians: the serving A/B's default input/output lengths)
+                    "requests_seen": sum(((camp.length_hist or {}).get("generation") or {}).values()),
+                    "served_lengths": dict(zip(("prompt_median", "generation_median"),
+                                               default_lengths(camp.length_hist)))})
     return out
 
 

@@ -50,6 +50,15 @@ def _step_delta(body: CaptureIn) -> dict[str, float] | None:
         raise Invalid(f"step_buckets: {e}", "step_buckets") from None
 
 
+def _length_delta(body: CaptureIn) -> dict[str, dict[str, float]] | None:
+    if not body.length_buckets:
+        return None
+    try:
+        return served.merge_lengths(None, {str(k): v for k, v in body.length_buckets.items()})
+    except served.HistogramError as e:
+        raise Invalid(f"length_buckets: {e}", "length_buckets") from None
+
+
 def _already(s: Session, digest: str, uid: str | None, fam: TableFamily) -> CaptureOut | None:
     """This image's capture with this uid, if counted already (another image's uid is another capture)."""
     prior = s.scalars(select(Capture).where(Capture.image_digest == digest, Capture.capture_uid == uid)).first() \
@@ -78,7 +87,7 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
            max_campaign_shapes: int | None = None, may_see: Callable[[str], bool] = lambda d: True) -> CaptureOut:
     """may_see: the digests the caller's token may learn (a note naming another image is left out otherwise)."""
     fam, fmt, parsed = parse(body, max_shapes)  # raises before anything is written
-    delta = _step_delta(body)
+    delta, lengths = _step_delta(body), _length_delta(body)
     done = _already(s, body.image_digest, body.capture_uid, fam)
     if done is not None:
         return done
@@ -112,6 +121,8 @@ def ingest(s: Session, body: CaptureIn, max_shapes: int = capture_parsing.MAX_SH
                           f"{max_campaign_shapes}; tune or prune it first", "shapes")
     if delta:
         camp.step_hist = served.merge(camp.step_hist, delta)
+    if lengths:
+        camp.length_hist = served.merge_lengths(camp.length_hist, lengths)
     if camp.step_hist and (delta or rows):
         reweigh(s, camp, fam)
     notes = list(parsed.notes)

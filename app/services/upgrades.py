@@ -148,6 +148,8 @@ def _inherit_campaign(s: Session, new: str, oc: Campaign, now: datetime) -> dict
     s.flush()
     if oc.step_hist:
         nc.step_hist = served.merge(nc.step_hist, oc.step_hist)
+    if oc.length_hist:
+        nc.length_hist = served.merge_lengths(nc.length_hist, oc.length_hist)
     olds = s.scalars(select(CampaignShape).where(CampaignShape.campaign_id == oc.id)
                      .order_by(CampaignShape.id)).all()
     # insert-or-merge: a capture for the new image may insert the same keys at this very moment

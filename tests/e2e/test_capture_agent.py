@@ -29,10 +29,26 @@ def bf16_miss(M, N, K):
             f"found tuned config in {F}, will use default config! using torch solution:0\n")
 
 
-def vllm_metrics(steps: dict[str, int]) -> str:
-    """vLLM's /metrics as it renders the tokens-per-step histogram: cumulative buckets per engine and model."""
+def vllm_lengths(name: str, counts: dict[str, int]) -> list[str]:
+    """A request length histogram as vLLM renders it (its 1-2-5 buckets, cumulative, one engine)."""
+    out, total = [f"# TYPE {name} histogram"], 0
+    for b in ("1", "2", "5", "10", "20", "50", "100", "200", "500", "1000", "2000", "+Inf"):
+        total += counts.get(b, 0)
+        le = b if b == "+Inf" else f"{float(b)}"
+        out.append(f'{name}_bucket{{engine="0",le="{le}",model_name="meta-llama/Llama-3.1-70B"}} {float(total)}')
+    return out
+
+
+def vllm_metrics(steps: dict[str, int], prompt: dict[str, int] | None = None,
+                 generation: dict[str, int] | None = None) -> str:
+    """vLLM's /metrics as it renders the tokens-per-step histogram: cumulative buckets per engine and model (and
+    the request length histograms, where given)."""
     out = ["# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.",
            "# TYPE vllm:iteration_tokens_total histogram"]
+    if prompt is not None:
+        out += vllm_lengths("vllm:request_prompt_tokens", prompt)
+    if generation is not None:
+        out += vllm_lengths("vllm:request_generation_tokens", generation)
     bounds = ["1", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096", "8192", "+Inf"]
     for engine in ("0", "1"):
         total = 0
@@ -220,6 +236,28 @@ def test_metrics_weight_the_queue_by_served_steps(live_server, agent_env, tmp_pa
         summary = c.get(f"/v1/campaigns/{camp['campaign_id']}").json()
     assert summary["steps_seen"] == 2 * sum(hist.values())
     assert {s["shape"]["M"]: s["calls"] for s in summary["shape_list"]} == {"1": 2, "4096": 1}
+
+
+def test_served_request_lengths_reach_the_campaign_once(live_server, agent_env, tmp_path, metrics_page):
+    """vLLM's prompt and generation length histograms ride with the step counts: their medians become the
+    campaign's served lengths (the serving A/B's default input/output lengths), each request counted once."""
+    log, spool = tmp_path / "server.log", tmp_path / "spool"
+    log.write_text(bf16_miss(1, 1280, 8192))
+    prompt, gen = {"100": 10, "200": 30, "500": 10}, {"50": 20, "100": 30}
+    metrics_page.text = vllm_metrics({"1": 90, "8": 10}, prompt, gen)
+    for _ in range(2):  # the second reading has nothing new: nothing counted twice
+        agent(agent_env, live_server.url, log, spool, "--metrics-url", metrics_page.url, "--once", check=0)
+    with live_server.client() as c:
+        (camp,) = c.get("/v1/campaigns").json()
+    # medians, linear inside the bucket as Prometheus's histogram_quantile: prompt, the 25th of 50 is the 15th of
+    # 30 in (100, 200] -> 150; generation, the 5th of 30 in (50, 100] -> 58
+    assert camp["served_lengths"] == {"prompt_median": 150, "generation_median": 58} and camp["requests_seen"] == 50
+    metrics_page.text = vllm_metrics({"1": 180, "8": 20}, {k: 2 * v for k, v in prompt.items()},
+                                     {k: 2 * v for k, v in gen.items()})
+    agent(agent_env, live_server.url, log, spool, "--metrics-url", metrics_page.url, "--once", check=0)
+    with live_server.client() as c:
+        (camp,) = c.get("/v1/campaigns").json()
+    assert camp["requests_seen"] == 100 and camp["steps_seen"] == 200
 
 
 def test_stdin(live_server, agent_env, tmp_path):

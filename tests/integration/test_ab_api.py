@@ -219,3 +219,25 @@ def test_sequential_rounds_measure_on_only_the_undecided_bands_then_book(live_se
     assert more["state"] == "booked" and got == {"c8-i16-o32": ("neutral", 12), "c32-i16-o32": ("gain", 4)}
     assert more["rounds"] == {"c8-i16-o32": 12, "c32-i16-o32": 4} and more["passes_done"] == (12 + 4) * 3
     assert "up to 12" in c.get(f"/ab/{run['id']}").text
+
+
+def test_a_run_s_default_bands_come_from_the_captured_served_load(live_server):
+    """No points given: the concurrencies from the tokens-per-step histogram, the input and output lengths the
+    served medians of vLLM's prompt and generation length histograms, as the capture agent sent them."""
+    c = live_server.client()
+    seed_overlay(c)
+    v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
+    body = {"image_digest": DIGEST, "version_id": v["id"], "baseline": "shipped", "repeats": 2}
+    run = c.post("/v1/ab/runs", json=body).json()
+    assert run["points_source"] == "default" and {p["input_len"] for p in run["points"]} == {512}
+    bad = capture(c, [], step_buckets={"1": 1}, length_buckets={"prompt": {"ten": 1}})
+    assert bad.status_code == 422 and "length_buckets" in bad.text
+    r = capture(c, [], step_buckets={"1": 100, "16": 500, "64": 300},
+                length_buckets={"prompt": {"100": 10, "200": 30, "500": 10}, "generation": {"50": 20, "100": 30}})
+    assert r.status_code == 201, r.text
+    run = c.post("/v1/ab/runs", json=body).json()
+    assert run["points_source"] == "captured"
+    assert [(p["concurrency"], p["input_len"], p["output_len"]) for p in run["points"]] == [
+        (1, 150, 58), (16, 150, 58), (64, 150, 58)]
+    run = c.post("/v1/ab/runs", json=dict(body, output_len=32)).json()  # a given length overrides the served one
+    assert {(p["input_len"], p["output_len"]) for p in run["points"]} == {(150, 32)}

@@ -14,6 +14,7 @@ from tests.integration.test_leasing_api import lease, ok_row, plausible_us
 NEW = OTHER_DIGEST
 THIRD = "sha256:" + "ef" * 32
 HIST = {"1": 100.0, "8": 40.0, "+Inf": 0.0}
+LENGTHS = {"prompt": {"100": 4}, "generation": {"20": 4}}
 
 
 def overlay_rows(client, digest, family="bf16_gemm"):
@@ -47,7 +48,7 @@ def inherit(client, new=NEW, old=DIGEST):
 def parent(client):
     """Image DIGEST: 4 shapes captured with a step histogram, all tuned."""
     assert capture(client, [{"M": m, "N": 64, "K": 64, "count": 10 * m} for m in (1, 2, 4, 8)],
-                   step_buckets=HIST).status_code == 201
+                   step_buckets=HIST, length_buckets=LENGTHS).status_code == 201
     tune(client)
     return client.get("/v1/campaigns").json()[0]
 
@@ -60,6 +61,7 @@ def test_an_inherited_image_has_its_parents_campaigns_and_serves_its_rows_before
     detail = client.get(f"/v1/campaigns/{camp['campaign_id']}").json()
     assert (detail["image_digest"], detail["gfx"], detail["cu_num"], detail["queued"]) == (NEW, "gfx942", 304, 4)
     assert detail["priority_rule"] == parent["priority_rule"] and "step" in detail["priority_rule"]
+    assert detail["served_lengths"] == parent["served_lengths"] == {"prompt_median": 50, "generation_median": 10}
     assert sorted(s["calls"] for s in detail["shape_list"]) == [10, 20, 40, 80]
     assert detail["upgrade"]["carried"] == detail["upgrade"]["provisional"] == 4
     # the provisional overlay: the parent's rows, downloadable before the new image's first capture

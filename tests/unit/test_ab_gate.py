@@ -106,6 +106,14 @@ def test_default_points_from_the_captured_tokens_per_step_histogram():
     assert [p.concurrency for p in G.default_points(None)] == list(G.DEFAULT_CONCURRENCY)
 
 
+def test_default_lengths_are_the_served_medians_as_histogram_quantile_reads_them():
+    """Prometheus's histogram_quantile: linear inside the bucket holding the median; +Inf: the top finite bound."""
+    hist = {"prompt": {"100": 10, "200": 30, "500": 10}, "generation": {"50": 20, "100": 30}}
+    assert G.default_lengths(hist) == (150, 58)
+    assert G.default_lengths({"prompt": {"1000": 1, "+Inf": 9}}) == (1000, None)
+    assert G.default_lengths({"prompt": {"2": 0}}) == (None, None) and G.default_lengths(None) == (None, None)
+
+
 def test_a_band_may_ask_for_its_own_requests_per_pass():
     from app.ab_wire import OperatingPoint
     from app.services.ab import n_requests
