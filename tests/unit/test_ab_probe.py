@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from app.ab_driver import PROBE_SLEEP_S, STALL_RETRIES, STALL_S, ArmServer, Driver, LagProbe
 from app.ab_wire import OperatingPoint, RequestRecord
 
@@ -80,3 +82,12 @@ def test_a_node_that_stalls_every_try_still_gets_its_pass_posted_with_the_probe_
 def test_without_a_stall_limit_the_first_try_is_posted(tmp_path):
     one = post_one_pass(tmp_path, FakeLoad(stalls=1), stall_s=None)
     assert one["records"][0]["output_tokens"] == 1 and one["probe"]["stalled_passes"] == 0
+
+
+def test_on_a_node_whose_ordinary_lag_is_high_only_the_unusual_pass_counts_as_stalled(tmp_path):
+    d = Driver("http://127.0.0.1:9", None, 1, model="m", workdir=tmp_path)
+    assert d.stall_limit() == STALL_S
+    d.lags = [0.15, 0.2, 0.18, 0.16, 0.17]  # a busy host: every pass wakes 0.15-0.2 s late
+    assert d.stall_limit() == pytest.approx(5 * 0.17)
+    d.lags = [0.001] * 5  # a quiet one: the floor
+    assert d.stall_limit() == STALL_S
