@@ -3,8 +3,9 @@
 Per arm it points at a given endpoint, or starts a server with the user's launch command carrying that arm's
 AITER_CONFIG_* files (downloaded from the service for the arm's version), waits for its health, warms it, asks it
 the fixed greedy prompts, and then measures the run's passes in the service's order (band by band, rounds in ABBA
-order: A B A' then A' B A), posting each pass whole with the server log lines of its window from every rank. When every planned pass is in,
-the service books the run or extends its undecided bands (sequential rounds), and the driver measures those too.
+order: A B A' then A' B A), posting each pass whole with the server log lines of its window from every rank.
+When every planned pass is in, the service books the run or extends its undecided bands (sequential rounds), and
+the driver measures those too.
 A re-drive continues with the passes the service does not have. A fault (an endpoint that does not answer, a
 server that died) interrupts the run with its reason; the pass in flight is not posted.
 """
@@ -332,19 +333,20 @@ class Driver:
                     from None
             # a pass the node stalled in is measured again: the probe, not the pass's speed, decides (so an arm's
             # own slowness is never measured away; one that stalls the node every time is posted at the last try)
-            if self.stall_s is None or probe.result().lag_max_s <= self.stall_limit():
+            node = probe.result()
+            if self.stall_s is None or node.lag_max_s <= self.stall_limit():
                 break
-            print(f"band {band} round {repeat} arm {arm}: the node stalled "
-                  f"{probe.result().lag_max_s:.3f} s during the pass; measured again", file=sys.stderr)
+            print(f"band {band} round {repeat} arm {arm}: the node stalled {node.lag_max_s:.3f} s during the pass; "
+                  "measured again", file=sys.stderr)
         failed = sum(r.error is not None for r in recs)
         if failed > SERVER_GONE_FRAC * max(1, len(recs)) and (why := await self._alive(srv)):
             raise Fault(f"{why} during band {band} round {repeat} ({failed} of {len(recs)} requests failed); "
                         "the pass is not posted")
         recs = [r.model_copy(update={"band": band}) for r in recs]
-        self.lags.append(probe.result().lag_max_s)
+        self.lags.append(node.lag_max_s)
         await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/passes", json=PassIn(
             band=band, repeat=repeat, arm=arm, records=recs, logs=srv.read_since(offs),
-            probe=probe.result().model_copy(update={"stalled_passes": stalled})).model_dump())
+            probe=node.model_copy(update={"stalled_passes": stalled})).model_dump())
 
 
 def _free_port() -> int:

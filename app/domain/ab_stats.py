@@ -219,7 +219,7 @@ EXTEND_ROUNDS = 4  # rounds an undecided band gets at a time: two ABBA pairs, so
 
 def looks(repeats: int, max_repeats: int | None) -> int:
     """How many times a band may be looked at: after `repeats` rounds, then after each extension."""
-    return 1 + max(0, -(-((max_repeats or repeats) - repeats) // EXTEND_ROUNDS))
+    return 1 + math.ceil(max(0, (max_repeats or repeats) - repeats) / EXTEND_ROUNDS)
 
 
 def undecided(b: BandResult, target_mde: float, max_loss: float) -> bool:

@@ -238,7 +238,8 @@ def n_requests(per_pass: int, point: OperatingPoint) -> int:
 def rounds(r: AbRun) -> dict[str, int]:
     """Each band's rounds planned so far: the run's repeats, more for a band the stopping rule extended."""
     planned = r.band_rounds or {}
-    return {OperatingPoint(**p).name: int(planned.get(OperatingPoint(**p).name, r.repeats)) for p in r.points}
+    names = [OperatingPoint(**p).name for p in r.points]
+    return {name: int(planned.get(name, r.repeats)) for name in names}
 
 
 def schedule(r: AbRun) -> list[tuple[str, int, str]]:
