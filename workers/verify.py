@@ -38,7 +38,9 @@ from workers.engagement_probe import ProbeBroken, make_probe, needs_file, outcom
 def verify(client: ServiceClient, digest: str, family: str, root: Path, worker_id: str, timeout_s: float,
            python: str = sys.executable, aiter_commit: str | None = None) -> dict:
     fam = get_family(family)
-    r = client.http.get(f"/v1/overlays/{digest}/{fam.name}.csv", params={"exclude_shipped": "true"})
+    # the overlay as built now (version=latest), the one this check proves before it is A/B'd or deployed
+    r = client.http.get(f"/v1/overlays/{digest}/{fam.name}.csv", params={"exclude_shipped": "true",
+                                                                         "version": "latest"})
     r.raise_for_status()
     overlay = read_table(r.text, "overlay")
     schemas = {x["family"]: x for x in client.http.get(f"/v1/images/{digest}/schemas").json()}
@@ -95,11 +97,13 @@ def engagement(client: ServiceClient, campaign_id: int, worker_id: str, form: st
     http = client.http
     camp = http.get(f"/v1/campaigns/{campaign_id}").raise_for_status().json()
     digest, family = camp["image_digest"], camp["family"]
-    plan = http.get(f"/v1/overlays/{digest}/{family}/deploy").raise_for_status().json()
+    # the overlay as built now (version=latest): the file the service's engagement report predicts for
+    plan = http.get(f"/v1/overlays/{digest}/{family}/deploy", params={"version": "latest"}).raise_for_status().json()
     form = form or (plan["offered"] or ["layer"])[0]
     release, rows = _report(client, campaign_id, form)
     fam = release_named(release).family(family)
-    text = http.get(f"/v1/overlays/{digest}/{family}.csv", params={"form": form}).raise_for_status().text
+    text = http.get(f"/v1/overlays/{digest}/{family}.csv",
+                    params={"form": form, "version": "latest"}).raise_for_status().text
     with tempfile.TemporaryDirectory(prefix="aiter-engagement-") as tmp:
         value, dropped = _deployed_here(plan, form, text, Path(tmp))
         try:

@@ -226,7 +226,17 @@ def deployable(s: Session, digest: str, family: str, merged: bool = False, exclu
     """An overlay AITER can load: as a layer it must not make AITER's merge raise (a repeated key makes it
     rewrite the shipped CSVs in place); the merged file must load (unique keys, kernels named). form: exactly
     the file the deploy plan deploys for that form."""
-    ov = build(s, digest, family)
+    return deployable_of(build(s, digest, family), merged, exclude_shipped, form)
+
+
+def without_rows(ov: Overlay) -> Overlay:
+    """The overlay with no row of ours: what each form deploys is then what the image ships alone."""
+    return replace(ov, table=replace(ov.table, rows=[]), provisional=0, raced=())
+
+
+def deployable_of(ov: Overlay, merged: bool = False, exclude_shipped: bool = False, form: str | None = None
+                  ) -> Overlay:
+    """deployable() of an overlay built already."""
     if form is not None or merged:
         art = ov.artifacts()[form or "merged"]
         if art.refused:

@@ -179,7 +179,8 @@ def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: st
             "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
             # what to do with the file is the deploy plan's verdict, never a line of the page's own
             "step": deploy.first_step(overlays.deploy_plan(s, summary["image_digest"], fam.name)),
-            "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv",
+            # the overlay as built now (the plain download serves the promoted version: issue 49)
+            "csv_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}.csv?version=latest",
             "deploy_url": f"/v1/overlays/{summary['image_digest']}/{fam.name}/deploy"}, start_count
 
 

@@ -93,7 +93,7 @@ def test_campaign_survives_a_killed_worker_and_every_shape_engages(live_server):
         "nothing the killed worker finished is lost or redone"
     assert any(x["attempts"] == 2 for x in done["shape_list"]), "the killed worker's unfinished shapes re-leased"
 
-    csv_text = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text
+    csv_text = c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"}).text
     assert len(csv_text.strip().splitlines()) == 1 + len(SHAPES)
     eng = c.get(f"/v1/campaigns/{cid}/engagement").json()
     assert eng["hits"] == len(SHAPES) and eng["misses"] == 0 and eng["served_time_covered"] == 1.0

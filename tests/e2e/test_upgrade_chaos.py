@@ -121,7 +121,7 @@ def test_an_upgrade_inherited_mid_campaign_under_kills_loses_and_doubles_nothing
         (inherited,) = r.json()["campaigns"]
         tuned_at_inherit = inherited["with_row"]
         assert 0 < tuned_at_inherit < N_SHAPES, "inherited mid-campaign"
-        ov = admin.get(f"/v1/overlays/{OTHER_DIGEST}/bf16_gemm.csv")  # before any capture or worker for B
+        ov = admin.get(f"/v1/overlays/{OTHER_DIGEST}/bf16_gemm.csv", params={"version": "latest"})  # before any capture or worker for B
         provisional = list(csv.DictReader(io.StringIO(ov.text)))
         assert ov.status_code == 200 and len(provisional) == inherited["carried"] > 0
         for i in range(2):

@@ -77,7 +77,7 @@ def test_an_installed_wheel_serves_makes_tokens_and_runs_a_worker(tmp_path):
         assert summary["gfx"] == "cpu" and summary["posted"] == 1 and summary["refused"] == 0, summary
         camp = httpx.get(f"{url}/v1/campaigns/1").json()
         assert camp["tuned"] == 1, camp
-        csv = httpx.get(f"{url}/v1/overlays/{EXAMPLE_DIGEST}/bf16_gemm.csv")
+        csv = httpx.get(f"{url}/v1/overlays/{EXAMPLE_DIGEST}/bf16_gemm.csv", params={"version": "latest"})
         assert csv.status_code == 200 and csv.text.startswith("gfx,cu_num,M,N,K"), csv.text[:300]
     finally:
         installed.stop(server)

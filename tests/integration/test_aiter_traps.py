@@ -35,10 +35,10 @@ def test_an_fmoe_row_differing_from_a_shipped_one_only_in_act_type_is_shadowed_i
              kernelName2="moe_ck2stages_gemm2_mine2", err1="0.0%",
              err2="0.0%", block_m="32", ksplit="0", us1="1", us2="1", run_1stage="0", _tag="")
     # AITER's merge keys on act_type, so the layer loads; its lookup ignores act_type: the shipped twin wins
-    assert client.get(f"/v1/overlays/{DIGEST}/fmoe.csv").status_code == 200
+    assert client.get(f"/v1/overlays/{DIGEST}/fmoe.csv", params={"version": "latest"}).status_code == 200
     layer = client.get(f"/v1/campaigns/{cid['campaign_id']}/engagement", params={"form": "layer"}).json()
     assert layer["hits"] == 1 and layer["report"][0]["kernel"] == s0["kernelName1"]
-    merged = client.get(f"/v1/overlays/{DIGEST}/fmoe.csv", params={"merged": True}).text
+    merged = client.get(f"/v1/overlays/{DIGEST}/fmoe.csv", params={"version": "latest", "merged": True}).text
     rows = list(csv.DictReader(io.StringIO(merged)))
     mine = next(i for i, x in enumerate(rows) if x["kernelName1"] == "_ZN5aiter_mine1E")
     twin = next(i for i, x in enumerate(rows) if all(x[c] == s0[c] for c in FMOE.shape_columns))
@@ -107,7 +107,7 @@ def test_an_a8w8_row_tuned_on_a_foreign_fp8_weight_is_keyed_as_the_op_looks_it_u
     shape = {"M": 128, "N": 1280, "K": 8192, "q_dtype_w": "torch.float8_e4m3fn"}
     cid = capture(client, [shape], family="a8w8_gemm", gfx="gfx942", cu_num=304).json()["campaign_id"]
     tune_all(client, "gfx942", 304, kernelId="1", splitK="0", kernelName="mine", tflops="1", bw="1", errRatio="0")
-    rows = list(csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{DIGEST}/a8w8_gemm.csv").text)))
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{DIGEST}/a8w8_gemm.csv", params={"version": "latest"}).text)))
     assert [(r["q_dtype_w"], r["kernelName"]) for r in rows] == [("torch.int8", "mine")]
     rep = client.get(f"/v1/campaigns/{cid}/engagement", params={"form": "merged"}).json()
     assert rep["hits"] == 1 and rep["report"][0]["kernel"] == "mine", rep["report"]
@@ -158,7 +158,7 @@ def test_a_row_aiter_could_not_parse_is_refused_naming_the_cell(client):
             body, item, plausible_us(body, item, 5.0), **dict(FMOE_CELLS, **{cell: val})))
         assert res.status_code == 422 and res.json()["field"] == f"row.{cell}", res.text
         assert "fused_moe.py:24" in res.json()["detail"]
-    assert client.get(f"/v1/overlays/{DIGEST}/fmoe.csv").text.count("\n") <= 1  # nothing stored as a row
+    assert client.get(f"/v1/overlays/{DIGEST}/fmoe.csv", params={"version": "latest"}).text.count("\n") <= 1  # nothing stored as a row
     # a 2-stage row's xbf16 and flat are never read: taken
     body = lease(client, budget_s=80_000, gfx="gfx942", cu_num=304).json()
     for item in body["shapes"]:

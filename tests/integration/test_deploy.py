@@ -32,13 +32,13 @@ def test_an_overlay_repeating_a_shipped_key_is_refused_naming_the_key(client):
     gfx, cu = s0["gfx"], int(s0["cu_num"])
     capture(client, [{c: s0[c] for c in BF16.shape_columns}, {"M": 3, "N": 77, "K": 99}], gfx=gfx, cu_num=cu)
     tune_all(client, gfx, cu, us_of=lambda item: 0.5)
-    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")
+    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"})
     assert r.status_code == 409 and r.json()["field"] == "overlay"
     assert f"M={s0['M']}" in r.json()["detail"] and "dsv3_bf16_tuned_gemm.csv" in r.json()["detail"]
-    layer = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"exclude_shipped": True}).text)
+    layer = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest", "exclude_shipped": True}).text)
     assert [x["N"] for x in layer] == ["77"]
 
-    merged = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"merged": True}).text)
+    merged = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest", "merged": True}).text)
     keys = [row_key(BF16.key_columns, x) for x in merged]
     assert len(keys) == len(set(keys)), "AITER's set_index(...).to_dict('index') needs a unique index"
     shipped_n = sum(len(rows((CONFIGS / p).read_text())) for p in

@@ -45,10 +45,10 @@ def test_a_new_result_is_in_the_next_view(client):
     assert client.get(url).json()["hits"] == 0 and built.builds == builds  # kept while nothing moved
     tune_one(client)
     assert client.get(url).json()["hits"] == 1
-    assert len(rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)) == 1
+    assert len(rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"}).text)) == 1
     tune_one(client)
     assert client.get(url).json()["hits"] == 2
-    assert len(rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)) == 2
+    assert len(rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"}).text)) == 2
     assert client.get(f"/campaigns/{cid}").status_code == 200
 
 
@@ -62,12 +62,12 @@ def test_an_image_table_added_or_replaced_in_place_is_in_the_next_view(client):
     assert client.get(plan).json()["layer"]["files"][1].endswith(DS_V3)
 
     merged = f"/v1/overlays/{DIGEST}/a8w8_blockscale_gemm.csv"
-    before = rows(client.get(merged, params={"form": "merged"}).text)
+    before = rows(client.get(merged, params={"version": "latest", "form": "merged"}).text)
     assert len(before) == len(rows(default)) + len(rows(ds_v3))
-    assert rows(client.get(merged, params={"form": "layer"}).text) == []  # each form's own file: no results yet
+    assert rows(client.get(merged, params={"version": "latest", "form": "layer"}).text) == []  # each form's own file: no results yet
     lines = ds_v3.splitlines(keepends=True)
     ship(client, {DS_V3: "".join(lines[:-1])})  # the same path again, one row less: the same row id, new content
-    after = rows(client.get(merged, params={"form": "merged"}).text)
+    after = rows(client.get(merged, params={"version": "latest", "form": "merged"}).text)
     assert len(after) == len(before) - 1
 
 
@@ -86,7 +86,7 @@ def test_each_database_has_its_own(tmp_path):
         with TestClient(create_app(settings)) as c:
             capture(c, [{"M": 1, "N": 1280, "K": 8192}])
             tune_all(c, us_of=lambda item: us)
-            return rows(c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)
+            return rows(c.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"}).text)
     one, two = overlay("one.db", 5.0), overlay("two.db", 7.0)
     assert [r["us"] for r in one] != [r["us"] for r in two]
 

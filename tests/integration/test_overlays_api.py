@@ -22,7 +22,7 @@ def rows(text):
 def test_overlay_has_the_exact_header_and_the_best_verified_row_per_key(client):
     capture(client, [{"M": 1, "N": 1280, "K": 8192}, {"M": 32, "N": 1280, "K": 8192}])
     tune_all(client, us_of=lambda item: 5.0)
-    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")
+    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"})
     assert r.status_code == 200 and r.headers["x-aiter-env"] == "AITER_CONFIG_GEMM_BF16"
     assert r.text.splitlines()[0] == ",".join(BF16.tuned_header)
     assert len(rows(r.text)) == 2
@@ -31,8 +31,8 @@ def test_overlay_has_the_exact_header_and_the_best_verified_row_per_key(client):
 
 
 def test_overlay_unknown_family_and_bad_digest(client):
-    assert client.get(f"/v1/overlays/{DIGEST}/nope.csv").json()["field"] == "family"
-    assert client.get("/v1/overlays/sha256:zz/bf16_gemm.csv").json()["field"] == "image_digest"
+    assert client.get(f"/v1/overlays/{DIGEST}/nope.csv", params={"version": "latest"}).json()["field"] == "family"
+    assert client.get("/v1/overlays/sha256:zz/bf16_gemm.csv", params={"version": "latest"}).json()["field"] == "image_digest"
 
 
 def test_an_image_never_seen_has_no_overlay_but_a_known_one_without_rows_keeps_its_plan(client):
@@ -45,7 +45,7 @@ def test_an_image_never_seen_has_no_overlay_but_a_known_one_without_rows_keeps_i
         assert r.status_code == 404 and r.json()["field"] == "image_digest", (path, r.text)
         assert unknown in r.json()["detail"]
     capture(client, [{"M": 1, "N": 1280, "K": 8192}])  # DIGEST is known now, with no tuned row
-    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv")
+    r = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"})
     assert r.status_code == 200 and rows(r.text) == []
     plan = client.get(f"/v1/overlays/{DIGEST}/bf16_gemm/deploy").json()
     assert plan["shipped_tables_known"] is False and "layer" not in plan["offered"]
@@ -60,7 +60,7 @@ def test_merged_overlay_over_the_image_default_has_unique_keys(client):
     capture(client, [{c: s0[c] for c in BF16.shape_columns}, {"M": 3, "N": 77, "K": 99}], gfx=s0["gfx"],
             cu_num=int(s0["cu_num"]))
     tune_all(client, s0["gfx"], int(s0["cu_num"]), us_of=lambda item: 1.5)
-    merged = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"merged": True}).text)
+    merged = rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest", "merged": True}).text)
     keys = [row_key(BF16.key_columns, r) for r in merged]
     assert len(keys) == len(set(keys)), "a merged table must load with a unique index"
     assert len(merged) == len(shipped) + 1
@@ -113,7 +113,7 @@ def test_default_is_best_is_tuned_without_a_row_and_counted(client):
     for p in posts:
         r = client.post(f"/v1/leases/{body['lease_id']}/results", json=p)
         assert r.status_code == 200 and r.json()["shape_state"] == "tuned", r.text
-    assert [r["M"] for r in rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv").text)] == [a["shape"]["M"]]
+    assert [r["M"] for r in rows(client.get(f"/v1/overlays/{DIGEST}/bf16_gemm.csv", params={"version": "latest"}).text)] == [a["shape"]["M"]]
     (camp,) = client.get("/v1/campaigns").json()
     assert camp["tuned"] == 3 and camp["default_best"] == 2 and camp["tuned_with_row"] == 1
     page = client.get(f"/campaigns/{camp['campaign_id']}").text

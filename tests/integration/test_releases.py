@@ -92,8 +92,8 @@ def test_each_image_gets_its_own_header_and_the_wrong_one_is_flagged(client, old
     ln = _tune(client, NEW, "gfx942", 304, shapes)
     assert tuple(lo["tuned_header"]) == old_header and tuple(ln["tuned_header"]) == new_header
 
-    old_csv = client.get(f"/v1/overlays/{OLD}/bf16_gemm.csv").text
-    new_csv = client.get(f"/v1/overlays/{NEW}/bf16_gemm.csv").text
+    old_csv = client.get(f"/v1/overlays/{OLD}/bf16_gemm.csv", params={"version": "latest"}).text
+    new_csv = client.get(f"/v1/overlays/{NEW}/bf16_gemm.csv", params={"version": "latest"}).text
     assert tuple(old_csv.splitlines()[0].split(",")) == old_header
     assert tuple(new_csv.splitlines()[0].split(",")) == new_header
     assert client.get(f"/v1/campaigns/{lo['campaign_id']}/engagement").json()["hits"] == 2
@@ -119,7 +119,7 @@ def test_tuner_input_and_schemas_follow_the_image(client, old_pkg, new_pkg):
     assert schemas["a8w8_gemm"]["key_columns"] == ["cu_num", "M", "N", "K"] and schemas["a8w8_gemm"]["from_image"]
     new = {x["family"]: x for x in client.get(f"/v1/images/{NEW}/schemas").json()}
     assert new["a8w8_gemm"]["key_columns"] == ["gfx", "cu_num", "M", "N", "K", "q_dtype_w"]
-    rows = list(csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{OLD}/a8w8_gemm.csv").text)))
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{OLD}/a8w8_gemm.csv", params={"version": "latest"}).text)))
     assert len(rows) == 1 and "gfx" not in rows[0]
 
 

@@ -122,7 +122,7 @@ def test_an_upgrade_replayed_on_aiters_history_triages_as_a_direct_diff_and_repe
 
     # no overlay for B repeats a key B ships, in any deploy form; every carried row is in it
     for form in ("layer", "model_configs_dropin"):
-        ov = client.get(f"/v1/overlays/{OTHER_DIGEST}/{family}.csv", params={"form": form})
+        ov = client.get(f"/v1/overlays/{OTHER_DIGEST}/{family}.csv", params={"version": "latest", "form": form})
         assert ov.status_code == 200, ov.text
         rows = list(csv.DictReader(io.StringIO(ov.text)))
         assert not [x for x in rows if key(fam, untuned, x) in shipped]
@@ -173,7 +173,7 @@ def test_an_upgrade_across_a_kernel_rename_carries_the_renamed_rows_under_their_
     assert got["kernel_gone"] == len(taken) - want_carried
     # served under the new name (AITER v0.1.15 parses a FlyDSL name; an old-format one falls back to its default)
     served = {key(fam, untuned, x): fam.kernel_of(x)
-              for x in csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{OTHER_DIGEST}/{family}.csv").text))}
+              for x in csv.DictReader(io.StringIO(client.get(f"/v1/overlays/{OTHER_DIGEST}/{family}.csv", params={"version": "latest"}).text))}
     for row in renamed:
         assert served[key(fam, untuned, row)] == theirs(row)
     print(f"\nrename replay {family} {old} -> {new}: {len(taken)} rows of A verified, {len(renamed)} renamed; "

@@ -12,7 +12,7 @@ from app.api.responses import DeployPlan, FamilySchema, LogReport, OverlayInfo, 
 from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
 from app import wire
-from app.services import ab, builds, engagement, overlays, verifications
+from app.services import ab, builds, downloads, engagement, overlays, verifications
 from app.services.image_tables import schemas_of
 from app.services.table_reports import store_image_tables
 
@@ -31,24 +31,15 @@ def _digest(d: str) -> str:
 def overlay_csv(image_digest: str, family: str, db: DbDep, who: ReadAuth, merged: bool = False,
                 exclude_shipped: bool = False, form: Literal["layer", "merged", "model_configs_dropin"] | None = None,
                 version: str | None = None) -> Response:
-    """form: the very file the deploy plan deploys for that form (see /deploy). By default the promoted version's
-    file when the image has one (its serving A/B passed: X-Aiter-Version and X-Aiter-AB-Run name them), else the
-    overlay as built now; version=latest: the overlay as built now; version=<id>: that version's file."""
+    """form: the very file the deploy plan deploys for that form (see /deploy). By default the promoted
+    version's file (its serving A/B passed: X-Aiter-Version and X-Aiter-AB-Run name them); where the image has
+    none, the shipped tables' state (X-Aiter-Version: shipped, 0 rows); version=latest: the overlay as built now
+    (not A/B'd); version=<id>: that version's file. X-Aiter-Note says which, in words."""
     who.check_digest(image_digest)
     with db.session(write=False) as s:
-        v, f = ab.serving(s, _digest(image_digest), family, version)
-        if v is not None and f is not None and (version is not None or (
-                not merged and not exclude_shipped and form in (None, v.form))):
-            return Response(f["content"], media_type="text/csv", headers={
-                "Content-Disposition": f'attachment; filename="{f["name"]}"', "X-Aiter-Env": f["env_var"],
-                "X-Aiter-Rows": str(f["rows"]), "X-Aiter-Version": str(v.id), "X-Aiter-Sha256": f["sha256"],
-                "X-Aiter-AB-Run": str(v.promoted_run_id or ""), "X-Aiter-Form": v.form})
-        ov = overlays.deployable(s, _digest(image_digest), family, merged=merged, exclude_shipped=exclude_shipped,
-                                 form=form)
-    name = overlays.overlay_filename(ov.family, image_digest)
-    return Response(ov.csv(), media_type="text/csv", headers={
-        "Content-Disposition": f'attachment; filename="{"merged_" if merged or form == "merged" else ""}{name}"',
-        "X-Aiter-Env": ov.family.env_var, "X-Aiter-Rows": str(len(ov.table.rows)), "X-Aiter-Version": "latest"})
+        d = downloads.download(s, _digest(image_digest), family, merged=merged, exclude_shipped=exclude_shipped,
+                               form=form, version=version)
+    return Response(d.content, media_type="text/csv", headers=d.headers())
 
 
 @router.get("/v1/overlays/{image_digest}/{family}", response_model=OverlayInfo)
@@ -66,23 +57,12 @@ def overlay_info(image_digest: str, family: str, db: DbDep, who: ReadAuth) -> di
 
 @router.get("/v1/overlays/{image_digest}/{family}/deploy", response_model=DeployPlan)
 def deploy_plan(image_digest: str, family: str, db: DbDep, who: ReadAuth, version: str | None = None) -> dict:
-    """version: as for the download (default the promoted version, 'latest' the overlay as built now). The exact env value to set (layer over the shipped tables, or one merged file), rebuild and log notes."""
+    """The exact env value to set (layer over the shipped tables, or one merged file), rebuild and log notes;
+    version: as for the download (default the promoted version, else the shipped state; 'latest' the overlay as
+    built now, not A/B'd): `served` and the first note say what the download serves."""
     who.check_digest(image_digest)
     with db.session(write=False) as s:
-        out = overlays.deploy_plan(s, _digest(image_digest), family)
-        v, f = ab.serving(s, _digest(image_digest), family, version)
-    if v is not None and f is not None:
-        out["version"] = {"id": v.id, "state": v.state, "form": v.form, "ab_run": v.promoted_run_id,
-                          "file": f["name"], "sha256": f["sha256"], "rows": f["rows"],
-                          "download": f"GET /v1/ab/versions/{v.id}/{family}.csv",
-                          "env": f"{f['env_var']}=" + ":".join(
-                              f"/overlays/{f['name']}" if p == ab.OVERLAY_MARK else p for p in f["paths"])}
-        out["notes"].insert(0, f"serving version {v.id} ({v.state}"
-                               + (f", promoted by A/B run {v.promoted_run_id}" if v.promoted_run_id else "")
-                               + f"): its {v.form} file is what the overlay download serves by default")
-    else:
-        out["version"] = None
-    return out
+        return downloads.deploy_plan(s, _digest(image_digest), family, version)
 
 
 @router.post("/v1/verifications", status_code=201, response_model=Verification)
