@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from app.ab_wire import ARMS, Arm, ArmIn, NodeProbe, OperatingPoint, PassIn, RequestRecord
+from app.domain import log_ranks
 
 # Fixed prompts of the accuracy check: greedy, the first tokens of B (and A') must equal A's
 ACCURACY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 5, 8, 13,",
@@ -46,6 +47,10 @@ STALL_FACTOR = 5.0
 STALL_BASELINE = 5
 
 
+ONE_LOG = "{log}"  # the default: the server's one log, ranks told apart by their lines' prefixes
+UNRESOLVED = "<"  # deploy.plan's placeholder for a folder the service does not know ("<aiter package>/...")
+
+
 class Fault(Exception):
     """The drive cannot go on: the run is interrupted with this reason (resumable)."""
 
@@ -54,24 +59,27 @@ class Fault(Exception):
 class ArmServer:
     arm: Arm
     url: str
-    log_files: list[Path]  # one per rank
+    log_files: list[Path]  # the server's one log, or one per rank where asked (--rank-log)
     proc: subprocess.Popen | None = None
     workdir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+    ranks: int = 1  # the ranks the server runs: each must show in what is posted, even with nothing logged
 
     def offsets(self) -> list[int]:
         return [f.stat().st_size if f.exists() else 0 for f in self.log_files]
 
-    def read_since(self, offs: list[int]) -> dict[str, str]:
-        out = {}
-        for rank, (f, o) in enumerate(zip(self.log_files, offs)):
+    def read_since(self, offs: list[int] | None = None) -> dict[str, str]:
+        """rank -> the lines logged since offs (None: since the server's start), each file split by the rank
+        its lines' prefixes name (app/domain/log_ranks.py: one file as vLLM and SGLang write it)."""
+        texts = {}
+        for rank, (f, o) in enumerate(zip(self.log_files, offs or [0] * len(self.log_files))):
             if f.exists():
                 with open(f, "rb") as fh:
                     fh.seek(o)
-                    out[str(rank)] = fh.read().decode("utf-8", "replace")
+                    texts[str(rank)] = fh.read().decode("utf-8", "replace")
             else:
-                out[str(rank)] = ""
-        return out
+                texts[str(rank)] = ""
+        return log_ranks.by_rank(texts, self.ranks)
 
     def died(self) -> str | None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -103,6 +111,26 @@ def _child_setup(parent: int) -> Any:
                 os._exit(1)
 
     return setup
+
+
+# A launch runs through a shell, as the README writes it (redirects, pipes, tee). A shell forks the server rather
+# than exec it (dash always, bash where a redirect follows), and the kernel's death signal (_child_setup) is not
+# inherited across a fork: so the launched process is this keeper, which gets the signal, runs `sh -c` in its
+# own process group and, on SIGTERM, ends that group (the shell, the server and whatever it started).
+_SHELL_KEEPER = """
+import os, signal, subprocess, sys
+sh = subprocess.Popen(["/bin/sh", "-c", sys.argv[1]])
+def end(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    try:
+        sh.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(0, signal.SIGKILL)
+    os._exit(128 + signum)
+signal.signal(signal.SIGTERM, end)
+sys.exit(sh.wait())
+"""
 
 
 def _kill_group(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
@@ -163,7 +191,7 @@ def pass_seed(run_seed: int, band: str, repeat: int) -> int:
 class Driver:
     def __init__(self, service: str, token: str | None, run_id: int, *, model: str, workdir: Path,
                  endpoints: dict[str, str] | None = None, logs: dict[str, str] | None = None,
-                 launch: str | None = None, ranks: int = 1, rank_log: str = "{log}.rank{rank}",
+                 launch: str | None = None, ranks: int = 1, rank_log: str = ONE_LOG,
                  health_timeout_s: float = 120.0, request_timeout_s: float = 60.0, warmup_requests: int = 4,
                  max_passes: int | None = None, stall_s: float | None = STALL_S,
                  stall_retries: int = STALL_RETRIES) -> None:
@@ -187,6 +215,8 @@ class Driver:
 
     # ---- the arms' servers ----
     def _log_files(self, base: str) -> list[Path]:
+        if "{rank}" not in self.rank_log:
+            return [Path(self.rank_log.format(log=base))]
         return [Path(self.rank_log.format(log=base, rank=r)) for r in range(self.ranks)]
 
     async def _arm_env(self, c: httpx.AsyncClient, arm: str, version_id: int | None) -> dict[str, str]:
@@ -201,28 +231,36 @@ class Driver:
             text = await self._svc(c, "GET", f"/v1/ab/versions/{version_id}/{f['family']}.csv")
             if hashlib.sha256(text.encode()).hexdigest() != f["sha256"]:
                 raise Fault(f"arm {arm}: version {version_id}'s {f['family']} file does not match its sha256")
+            bad = [p for p in f["paths"] if p != "@overlay" and (UNRESOLVED in p or not p.startswith("/"))]
+            if bad:  # AITER skips a path that does not exist: B would serve the overlay without the shipped rows
+                raise Fault(f"arm {arm}: version {version_id}'s {f['env_var']} names {bad[0]!r}, a path no server "
+                            "can open (the image's configs folder was unknown when it was frozen); nothing was "
+                            "started: report the image's tables with their configs_dir and freeze a new version")
             path = d / f["name"]
             path.write_text(text)
             env[f["env_var"]] = ":".join(str(path) if p == "@overlay" else p for p in f["paths"])
         return env
 
-    async def _up(self, c: httpx.AsyncClient, arm: str, version_id: int | None) -> ArmServer:
+    async def _up(self, arm: str, env: dict[str, str]) -> ArmServer:
         if arm in self.endpoints:
             logs = self.logs.get(arm)
-            srv = ArmServer(arm, self.endpoints[arm], self._log_files(logs) if logs else [])  # type: ignore[arg-type]
+            srv = ArmServer(arm, self.endpoints[arm], self._log_files(logs) if logs else [],  # type: ignore[arg-type]
+                            ranks=self.ranks)
         elif self.launch:
-            env = await self._arm_env(c, arm, version_id)
             port = _free_port()
             d = self.workdir / arm
             d.mkdir(parents=True, exist_ok=True)
             log = d / "server.log"
             for f in self._log_files(str(log)):
                 f.unlink(missing_ok=True)
-            cmd = self.launch.format(port=port, log=log, arm=arm, ranks=self.ranks, model=self.model)
+            q = {k: shlex.quote(str(v)) for k, v in (("port", port), ("log", log), ("arm", arm),
+                                                      ("ranks", self.ranks), ("model", self.model))}
+            cmd = self.launch.format(**q)
             out = open(d / "stdout.log", "ab")
-            proc = subprocess.Popen(shlex.split(cmd), env={**os.environ, **env}, stdout=out,
-                                    stderr=subprocess.STDOUT, preexec_fn=_child_setup(os.getpid()))
-            srv = ArmServer(arm, f"http://127.0.0.1:{port}", self._log_files(str(log)), proc, d, env)  # type: ignore[arg-type]
+            proc = subprocess.Popen([sys.executable, "-c", _SHELL_KEEPER, cmd], env={**os.environ, **env},
+                                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=_child_setup(os.getpid()))
+            srv = ArmServer(arm, f"http://127.0.0.1:{port}", self._log_files(str(log)), proc, d, env,  # type: ignore[arg-type]
+                            self.ranks)
         else:
             raise Fault(f"arm {arm}: neither an endpoint nor a launch command")
         self.servers[arm] = srv  # before its health: stop() ends a server that never became healthy too
@@ -272,14 +310,18 @@ class Driver:
             run = await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/start")
             points = {OperatingPoint(**p).name: OperatingPoint(**p) for p in run["points"]}
             try:
+                # every arm's files first: a version that cannot be served is refused before any server starts
+                envs = {arm: await self._arm_env(c, arm, run["arms"][arm]) if self.launch and arm not in
+                        self.endpoints else {} for arm in ARMS}
                 for arm in ARMS:
-                    srv = await self._up(c, arm, run["arms"][arm])
-                    offs = srv.offsets()
+                    srv = await self._up(arm, envs[arm])
                     await self._warm(load, srv, points, run)
                     tokens = await load.greedy_first_tokens(srv.url, self.model, list(ACCURACY_PROMPTS),
                                                             ACCURACY_TOKENS)
+                    # the log from the server's start: a real server logs most hits before it is healthy (vLLM
+                    # captures its CUDA graphs first, and AITER logs a shape once per process)
                     await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/arms", json=ArmIn(
-                        arm=arm, logs=srv.read_since(offs), first_tokens=tokens).model_dump())
+                        arm=arm, logs=srv.read_since(), first_tokens=tokens).model_dump())
                 done = 0
                 while True:  # finish books the run, or extends its undecided bands (sequential rounds): new todo
                     for todo in run["todo"]:
@@ -373,7 +415,7 @@ def drive(args: Any) -> int:
     import json
     d = Driver(args.service, args.token, args.run, model=args.model, workdir=Path(args.workdir),
                endpoints=parse_pairs(args.endpoint, "--endpoint"), logs=parse_pairs(args.log, "--log"),
-               launch=args.launch, ranks=args.ranks, health_timeout_s=args.health_timeout,
+               launch=args.launch, ranks=args.ranks, rank_log=args.rank_log, health_timeout_s=args.health_timeout,
                max_passes=args.max_passes, stall_s=STALL_S if args.stall_s is None else args.stall_s or None)
     def _terminated(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds through the finally below: the launched servers are ended

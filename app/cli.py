@@ -353,10 +353,17 @@ def _ab_parser(sub: Any) -> None:
     dr.add_argument("run", type=int)
     dr.add_argument("--model", required=True)
     dr.add_argument("--endpoint", action="append", help="ARM=URL of a running server (A's serves A_prime too)")
-    dr.add_argument("--log", action="append", help="ARM=its server log path (per rank: PATH.rank<N>)")
-    dr.add_argument("--launch", help="a command starting one arm's server; {port}, {log}, {arm}, {ranks}, {model} "
-                                     "are filled in, the arm's AITER_CONFIG_* set in its environment")
-    dr.add_argument("--ranks", type=int, default=1)
+    dr.add_argument("--log", action="append", help="ARM=its server log path (one file: ranks by their lines' "
+                                                   "prefixes; see --rank-log)")
+    dr.add_argument("--launch", help="a shell command starting one arm's server (redirects, pipes, tee work); "
+                                     "{port}, {log}, {arm}, {ranks}, {model} are filled in (shell-quoted), the "
+                                     "arm's AITER_CONFIG_* set in its environment. E.g. 'vllm serve M --port "
+                                     "{port} > {log} 2>&1'")
+    dr.add_argument("--ranks", type=int, default=1, help="the ranks each server runs (tensor parallel): each must "
+                                                         "log its hits")
+    dr.add_argument("--rank-log", default="{log}", help="where a rank's lines are: '{log}' (default) one file, "
+                    "ranks told apart by the prefixes vLLM and SGLang put on worker lines; '{log}.rank{rank}': a "
+                    "file per rank")
     dr.add_argument("--workdir", default=".ab-drive")
     dr.add_argument("--health-timeout", type=float, default=120.0)
     dr.add_argument("--max-passes", type=int, default=None, help="stop after this many passes (resume later)")

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from app.ab_driver import STALL_S, Driver, Fault  # noqa: E402
 from app.domain.ab_stats import PRIMARY  # noqa: E402
 from tests.conftest import DIGEST, start_server  # noqa: E402
-from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
+from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, PER_RANK, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
 from tests.integration.test_ab_api import seed_overlay  # noqa: E402
 
 ADMIN = "atk_test-admin-token"
@@ -57,7 +57,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def drive(url: str, run_id: int, work: Path, extra: str, stall_s: float | None) -> dict:
     d = Driver(url, ADMIN, run_id, model=MODEL, workdir=work, launch=launch(extra), ranks=RANKS,
-               health_timeout_s=60, stall_s=stall_s)
+               rank_log=PER_RANK, health_timeout_s=60, stall_s=stall_s)
     try:
         return asyncio.run(d.run())
     finally:

@@ -206,12 +206,17 @@ def _notes(family: TableFamily, arts: dict[str, Artifact], raced: tuple[tuple[st
     return notes
 
 
+# where the image's configs folder is unknown (no worker reported it), the plan's paths name it with this
+# placeholder: something to read, never a value to set (a version refuses it, app/services/ab.py make_version)
+UNKNOWN_CONFIGS = "<aiter package>/aiter/configs"
+
+
 def plan(family: TableFamily, configs_dir: str | None, arts: dict[str, Artifact], overlay_name: str,
          mount: str = "/overlays", raced: tuple[tuple[str, str, int], ...] = (), shipped_known: bool = True
          ) -> dict[str, Any]:
     """raced: (backend, libtype, rows) of the overlay's rows (the served path of the torch backend's rows is noted);
     shipped_known: the image's worker reported its tables (else the layer form is not offered)."""
-    base = configs_dir or "<aiter package>/aiter/configs"
+    base = configs_dir or UNKNOWN_CONFIGS
 
     def path(name: str) -> str:
         return f"{mount}/{name}" if name == overlay_name or name.startswith("merged_") else f"{base}/{name}"

@@ -20,6 +20,7 @@ from app.ab_wire import ARMS, OperatingPoint, RequestRecord
 from app.db.models import AbArm, AbPass, AbRun, Campaign, Image, OverlayVersion
 from app.domain import ab_gate, ab_stats, served
 from app.domain import ab_states as st
+from app.domain.deploy import UNKNOWN_CONFIGS
 from app.domain.families import get_family
 from app.domain.lease_states import TransitionError
 from app.domain.tables import Table, read_table, render_csv
@@ -79,6 +80,12 @@ def make_version(s: Session, digest: str, form: str, families: list[str] | None)
         if form == "layer":
             if not plan["layer"]["offered"]:  # e.g. the image's tables unknown: the value would replace them
                 raise Conflict(f"{name}: the layer form is not offered: {plan['layer']['why_not']}", "form")
+            if any(p.startswith(UNKNOWN_CONFIGS) for p in plan["layer"]["files"]):
+                # AITER skips a path that does not exist: the server would load the overlay without the shipped rows
+                raise Conflict(f"{name}: the image's configs folder is unknown (its worker reported the tables "
+                               f"without configs_dir), so the layer's value would name {UNKNOWN_CONFIGS}/..., a "
+                               "path no server can open: report the tables with configs_dir, or freeze the "
+                               "version as 'merged'", "form")
             own = ov.csv()
             paths = [OVERLAY_MARK if p == plan["layer"]["overlay"] else p for p in plan["layer"]["files"]]
             fname = base.table.name

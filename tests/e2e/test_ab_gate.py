@@ -68,10 +68,13 @@ def ab(srv, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
-def drive(srv, run_id: int, workdir: Path, launch_cmd: str | None = None, *extra: str
-          ) -> subprocess.CompletedProcess:
+PER_RANK = "{log}.rank{rank}"  # launch()'s stand-in writes a file per rank (--log-file without --one-log)
+
+
+def drive(srv, run_id: int, workdir: Path, launch_cmd: str | None = None, *extra: str,
+          rank_log: str | None = PER_RANK) -> subprocess.CompletedProcess:
     args = ["drive", str(run_id), "--model", MODEL, "--ranks", str(RANKS), "--workdir", str(workdir),
-            "--health-timeout", "60", *extra]
+            "--health-timeout", "60", *(["--rank-log", rank_log] if rank_log else []), *extra]
     if launch_cmd:
         args += ["--launch", launch_cmd]
     return ab(srv, *args)
@@ -222,7 +225,7 @@ def test_a_killed_driver_leaves_no_server_running(gate, tmp_path, sig, forks):
         cmd = f"sh -c {shlex.quote(cmd + '; echo server ended')}"
     args = [sys.executable, "-m", "app.cli", "ab", "--service", srv.url, "--token", ADMIN, "drive", str(run["id"]),
             "--model", MODEL, "--ranks", str(RANKS), "--workdir", str(tmp_path / "d"), "--health-timeout", "60",
-            "--launch", cmd]
+            "--rank-log", PER_RANK, "--launch", cmd]
     drv = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE)
     try:
@@ -244,3 +247,41 @@ def test_a_killed_driver_leaves_no_server_running(gate, tmp_path, sig, forks):
         if drv.poll() is None:
             drv.kill()
             drv.wait()
+
+
+def test_a_launch_as_the_readme_writes_it_books_an_engaged_run(gate, tmp_path):
+    """The README's launch: a shell command whose redirect writes the server's one log; the ranks' lines in it
+    carry vLLM's worker prefixes, and every hit is logged at start-up, before /health answers (--log-at-start, as
+    vLLM's CUDA graph capture does). The driver's default reads that one file from the server's start, split by
+    rank: the run books engaged on both ranks."""
+    srv, c, v = gate
+    run = new_run(c, v["id"], points=POINTS[1:2])
+    cmd = (f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --port {{port}} --ranks {RANKS} "
+           f"--model {MODEL} --log-at-start > {{log}} 2>&1")
+    out = drive(srv, run["id"], tmp_path / "d", cmd, rank_log=None)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    eng = got["result"]["engagement"]
+    assert got["state"] == "booked" and eng["ok"], json.dumps(got["result"], indent=1)[:3000]
+    assert [r["rank"] for r in eng["ranks"]] == ["0", "1"] and all(r["hits"] > 0 for r in eng["ranks"])
+    log = (tmp_path / "d" / "B" / "server.log").read_text()
+    assert "(Worker_TP1 pid=" in log and "is tuned on cu_num" in log  # the one file, as the redirect wrote it
+
+
+def test_a_version_naming_an_unresolvable_path_is_refused_before_any_server_starts(gate, tmp_path):
+    """A version frozen before the service refused them, whose layer value names the unknown configs folder's
+    placeholder: AITER would skip that path and serve the overlay without the shipped rows, so the drive stops
+    before it starts a server."""
+    from app.db.models import OverlayVersion
+    from app.db.session import Database
+    srv, c, v = gate
+    with Database(srv.db_url).session() as s:
+        ov = s.get(OverlayVersion, v["id"])
+        ov.files = [dict(f, paths=["<aiter package>/aiter/configs/bf16_tuned_gemm.csv", "@overlay"])
+                    for f in ov.files]
+    run = new_run(c, v["id"], points=POINTS[1:2])
+    out = drive(srv, run["id"], tmp_path / "d", launch())
+    assert out.returncode == 3 and "a path no server can open" in out.stderr, out.stderr[-3000:]
+    assert not any((tmp_path / "d" / arm / "stdout.log").exists() for arm in ("A", "A_prime", "B"))
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    assert got["state"] == "interrupted" and "<aiter package>" in got["reason"]

@@ -24,10 +24,14 @@ PLANTED = {"c2-i16-o32": -0.03, "c8-i16-o32": 0.0, "c32-i16-o32": 0.08}
 TOKENS = [["Paris", "."], ["\n", "if"]]
 
 
-def seed_overlay(c, ms=(1, 2, 32, 64)):
+CONFIGS_DIR = "/opt/aiter/aiter/configs"  # where the image's AITER keeps its tables, as its worker reports it
+
+
+def seed_overlay(c, ms=(1, 2, 32, 64), configs_dir: str | None = CONFIGS_DIR):
     """Shapes at these Ms (N = K = 4096) tuned (rows in the overlay), the image's shipped bf16 table reported."""
     default = (CONFIGS / "bf16_tuned_gemm.csv").read_text()
-    assert c.put(f"/v1/images/{DIGEST}/tables", json={"tables": {"bf16_tuned_gemm.csv": default}}).status_code == 200
+    body = {"tables": {"bf16_tuned_gemm.csv": default}} | ({"configs_dir": configs_dir} if configs_dir else {})
+    assert c.put(f"/v1/images/{DIGEST}/tables", json=body).status_code == 200
     r = capture(c, [{"M": m, "N": N, "K": K} for m in ms])
     assert r.status_code == 201
     tune_all(c)
@@ -241,3 +245,18 @@ def test_a_run_s_default_bands_come_from_the_captured_served_load(live_server):
         (1, 150, 58), (16, 150, 58), (64, 150, 58)]
     run = c.post("/v1/ab/runs", json=dict(body, output_len=32)).json()  # a given length overrides the served one
     assert {(p["input_len"], p["output_len"]) for p in run["points"]} == {(150, 32)}
+
+
+def test_a_layer_version_whose_configs_folder_is_unknown_is_refused(client):
+    """The layer's value names the image's own tables; where no worker reported their folder the plan can only
+    write a placeholder, and a server handed it would load the overlay without the shipped rows (AITER skips a
+    path that does not exist): no such version is made."""
+    seed_overlay(client, configs_dir=None)
+    r = client.post("/v1/ab/versions", json={"image_digest": DIGEST})
+    assert r.status_code == 409 and r.json()["field"] == "form" and "configs folder is unknown" in r.json()["detail"]
+    assert client.get("/v1/ab/versions", params={"image_digest": DIGEST}).json() == []  # nothing stored
+    merged = client.post("/v1/ab/versions", json={"image_digest": DIGEST, "form": "merged"})
+    assert merged.status_code == 201 and merged.json()["files"][0]["paths"] == ["@overlay"]
+    seed_overlay(client)  # the folder reported: the layer names real paths
+    (f,) = client.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()["files"]
+    assert f["paths"][0] == f"{CONFIGS_DIR}/bf16_tuned_gemm.csv" and f["paths"][-1] == "@overlay"
