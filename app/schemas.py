@@ -80,6 +80,7 @@ class LogIn(Identity):
     family: str = Field(max_length=64)
     log: str = Field(max_length=BIG_TEXT)
     form: Literal["layer", "merged", "model_configs_dropin"] | None = None  # how it was deployed (default: plan's)
+    ranks: int = Field(1, ge=1, le=512)  # the ranks the server runs (tensor parallel): each is expected to log
 
 
 class VerificationIn(Wire):

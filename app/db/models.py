@@ -272,6 +272,22 @@ class EngagementProof(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class DeployCheck(Base):
+    """A server log taken after deploy (POST /v1/engagement/logs) read per rank: AITER's hit and miss lines, the
+    shapes the overlay serves that the rank missed, its JIT builds while serving; and the alerts the campaign page
+    shows (issue 49)."""
+
+    __tablename__ = "deploy_checks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id"), index=True)
+    form: Mapped[str | None] = mapped_column(String(32))
+    hit_lines: Mapped[int] = mapped_column(Integer)
+    miss_lines: Mapped[int] = mapped_column(Integer)
+    ranks: Mapped[list[Any]] = mapped_column(JSON)  # [{rank, hit_lines, miss_lines, missed_served, jit}]
+    alerts: Mapped[list[Any]] = mapped_column(JSON)  # what the page says in red, one line each
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class OverlayVersion(Base):
     """An overlay as deployed and A/B'd (issue 32): the files of one deploy form, each with its sha256, frozen
     when made (later results make a new version, never change this one)."""

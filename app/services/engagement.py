@@ -19,7 +19,7 @@ from app.domain.keys import m_candidates
 from app.domain import engagement as eng
 from app.domain.log_lines import parse_log
 from app.domain.shapes import ShapeError, make_shape
-from app.domain import deploy
+from app.domain import ab_gate, deploy, log_ranks
 from app.domain.deploy import FORMS
 from app.domain.tables import Table, read_table, rows_digest
 from app.errors import Invalid
@@ -371,21 +371,57 @@ def _observed(c: dict[str, Any], x: Any, hit: bool | None, fails: bool, found: b
 
 
 def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log: str,
-                deploy_form: str | None = None) -> dict[str, Any]:
-    """Per-shape counts of AITER's hit and miss lines in a server log taken after deploy."""
+                deploy_form: str | None = None, ranks: int = 1) -> dict[str, Any]:
+    """Per-shape counts of AITER's hit and miss lines in a server log taken after deploy; and per rank (the log's
+    lines split by their worker prefixes, app/domain/log_ranks.py; `ranks` the server runs, each expected to
+    log): hits, misses, the shapes the overlay serves that the rank missed, JIT builds; and the alerts."""
     fam = family_or_422(family)
     counts, skipped = _log_counts(fam, log)
     camp = s.scalars(select(Campaign).where(Campaign.image_digest == digest, Campaign.gfx == gfx,
                                             Campaign.cu_num == cu_num, Campaign.family == fam.name)).first()
     predicted, form, env = _predicted(s, camp, gfx, deploy_form)
     none: tuple[Any, bool | None, bool, bool] = (None, None, False, False)
-    report = [_observed(c, *predicted.get(_as_logged(fam, c["shape"], gfx, env), none)) for c in counts.values()]
+
+    def observe(c: dict[str, Any]) -> dict[str, Any]:
+        return _observed(c, *predicted.get(_as_logged(fam, c["shape"], gfx, env), none))
+    report = [observe(c) for c in counts.values()]
+    per_rank = [_rank_view(fam, rank, text, observe) for rank, text in
+                log_ranks.by_rank({log_ranks.MAIN: log}, ranks).items()]
     return {"family": fam.name, "env_var": fam.env_var, "campaign_id": camp.id if camp else None, "form": form,
             "shapes": len(report), "hit_lines": sum(r["hits"] for r in report),
             "miss_lines": sum(r["misses"] for r in report), "unparsable_lines": skipped,
             "disagreements": sum(r["disagrees"] for r in report), "report": report,
+            "ranks": per_rank, "alerts": _serving_alerts(per_rank),
             "note": "hit lines appear only with AITER_LOG_TUNED_CONFIG=1 set before `import aiter`; 'predicted_hit' "
                     f"is the service's verdict on the {form or 'layer'} form; a disagreement is a defect of the model"}
+
+
+def _rank_view(fam: TableFamily, rank: str, text: str, observe: Callable[[dict[str, Any]], dict[str, Any]]
+               ) -> dict[str, Any]:
+    """One rank's share of a post-deploy log: its lookup lines, the shapes the overlay serves (predicted hit)
+    that it logged only misses for, and its JIT build lines (ab_gate.JIT_LINES)."""
+    seen = [observe(c) for c in _log_counts(fam, text)[0].values()]
+    missed = [x["shape"] for x in seen if x["predicted_hit"] and x["misses"] and not x["hits"]]
+    return {"rank": rank, "hit_lines": sum(x["hits"] for x in seen), "miss_lines": sum(x["misses"] for x in seen),
+            "missed_served": len(missed), "missed_shapes": missed[:20], "jit": ab_gate.jit_lines(text)}
+
+
+def _serving_alerts(ranks: list[dict[str, Any]]) -> list[str]:
+    """What a person must see: a rank that missed shapes the overlay serves (its files did not take there), a
+    rank that built kernels while serving (a JIT build stalls its requests), a rank that logged no lookup."""
+    out = []
+    for r in ranks:
+        if r["missed_served"]:
+            out.append(f"rank {r['rank']} missed {r['missed_served']} shape(s) the overlay serves (its files did "
+                       "not take on that rank)")
+        built = {k: v for k, v in r["jit"].items() if v}
+        if built:
+            out.append(f"rank {r['rank']} built kernels while serving ("
+                       + ", ".join(f"{k}: {v} line(s)" for k, v in built.items()) + ")")
+        if not r["hit_lines"] and not r["miss_lines"]:
+            out.append(f"rank {r['rank']} logged no AITER lookup line (its log missing, or "
+                       "AITER_LOG_TUNED_CONFIG=1 not set there)")
+    return out
 
 
 def _as_logged(family: TableFamily, shape: dict[str, str], gfx: str, env: dict[str, str] | None = None) -> tuple:

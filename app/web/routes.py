@@ -25,7 +25,8 @@ from app.db.session import Database
 from app.domain import deploy
 from app.domain.families import get_family
 from app.errors import Forbidden
-from app.services import ab, campaign_page as page_engagement, campaigns, lookups, overlays, verifications, upgrades
+from app.services import ab, campaign_page as page_engagement, campaigns, deploy_checks, lookups, overlays, \
+    verifications, upgrades
 from app.domain.roofline import processor
 from app.web.plots import ab_svg, coverage_svg
 
@@ -146,11 +147,12 @@ class _Head(NamedTuple):
     listed: tuple  # campaigns.listed_version
     verdict: page_engagement.PageVersion
     versions: list[dict]  # the image's overlay versions holding this family, with their A/B runs (issue 32)
+    deployed: dict | None  # the newest post-deploy log check, per rank, with its alerts (issue 49)
 
     def shows(self) -> list:
         v = self.verdict  # a stale count's age as the page words it: the clock moves the tag once a minute
         return [self.summary, self.checks, self.listed, v.version, v.totals, v.stale_s is not None and _ago(v.stale_s),
-                self.versions]
+                self.versions, self.deployed]
 
 
 def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: int, after: str | None,
@@ -163,7 +165,8 @@ def _campaign_head(s: Session, db: Database, settings: Settings, campaign_id: in
                  campaigns.listed_version(s, campaign_id, after=after),
                  page_engagement.page_version(s, db, campaign_id, counts.get(campaign_id, {})),
                  [v for v in ab.versions(s, summary["image_digest"])
-                  if any(f["family"] == summary["family"] for f in v["files"])])
+                  if any(f["family"] == summary["family"] for f in v["files"])],
+                 deploy_checks.latest(s, campaign_id))
 
 
 def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: str | None = None
@@ -175,7 +178,8 @@ def _campaign(s: Session, db: Database, head: _Head, campaign_id: int, after: st
     name = overlays.overlay_filename(fam, summary["image_digest"])
     # only the listed shapes are checked: the totals over every shape are counted off the request
     verdict, start_count = page_engagement.page_summary(s, campaign_id, shapes, db, head.counts.get(campaign_id, {}))
-    return {"verifications": head.checks, "verdict": verdict, "versions": head.versions, "c": summary,
+    return {"verifications": head.checks, "deployed": head.deployed, "verdict": verdict, "versions": head.versions,
+            "c": summary,
             "shapes": shapes, "next": nxt, "family": fam, "overlay_name": name,
             # what to do with the file is the deploy plan's verdict, never a line of the page's own
             "step": deploy.first_step(overlays.deploy_plan(s, summary["image_digest"], fam.name)),

@@ -8,6 +8,8 @@ from app.domain.families import FAMILIES
 from tests.unit.test_ab_gate import hit
 
 CYAN, RESET = "\x1b[1;36m", "\x1b[0;0m"  # vllm/utils: CYAN, RESET around the prefix unless NO_COLOR
+ROWS = [{"M": "2", "N": "4096", "K": "4096", "bias": "False", "dtype": "torch.bfloat16",
+         "outdtype": "torch.bfloat16", "scaleAB": "False", "bpreshuffle": "False"}]
 HIT = "[aiter] shape is M:2, N:4096, K:4096 ... is tuned on cu_num = 304"
 
 
@@ -52,11 +54,19 @@ def test_engagement_reads_each_rank_of_one_vllm_log():
     """The gate's engagement check on one file as vLLM writes it at tensor parallel 2: a rank whose lines hold no
     hit is named, though both ranks share the file."""
     fam = FAMILIES["bf16_gemm"]
-    rows = [{"M": "2", "N": "4096", "K": "4096", "bias": "False", "dtype": "torch.bfloat16",
-             "outdtype": "torch.bfloat16", "scaleAB": "False", "bpreshuffle": "False"}]
     both = "".join(f"(Worker_TP{r} pid={10 + r}) {line}\n" for r in (0, 1) for line in hit(2, 2).splitlines())
-    ok = engagement({"bf16_gemm": (fam, rows)}, log_ranks.by_rank({"0": both}, 2), {})
+    ok = engagement({"bf16_gemm": (fam, ROWS)}, log_ranks.by_rank({"0": both}, 2), {})
     assert ok.ok and [r.rank for r in ok.ranks] == ["0", "1"]
     only0 = "".join(f"(Worker_TP0 pid=10) {line}\n" for line in hit(2, 2).splitlines())
-    bad = engagement({"bf16_gemm": (fam, rows)}, log_ranks.by_rank({"0": only0}, 2), {})
+    bad = engagement({"bf16_gemm": (fam, ROWS)}, log_ranks.by_rank({"0": only0}, 2), {})
     assert not bad.ok and "rank 1 logged no hit line" in bad.reason
+
+
+def test_the_gate_names_the_rank_that_compiled_in_a_window_of_one_vllm_log():
+    fam = FAMILIES["bf16_gemm"]
+    start = "".join(f"(Worker_TP{r} pid={10 + r}) {line}\n" for r in (0, 1) for line in hit(2, 2).splitlines())
+    window = "(Worker_TP1 pid=11) [aiter] start build [module_gemm] under /tmp/jit\n(Worker_TP0 pid=10) ok\n"
+    got = engagement({"bf16_gemm": (fam, ROWS)}, log_ranks.by_rank({"0": start}, 2),
+                     log_ranks.by_rank({"0": window}, 2))
+    assert not got.ok and "rank 1 compiled in the measured window (aiter: 1 line(s))" in got.reason
+    assert "rank 0 compiled" not in got.reason

@@ -12,7 +12,7 @@ from app.api.responses import DeployPlan, FamilySchema, LogReport, OverlayInfo, 
 from app.auth import CaptureAuth, ReadAuth, WorkerAuth
 from app.errors import Invalid
 from app import wire
-from app.services import ab, builds, downloads, engagement, overlays, verifications
+from app.services import ab, builds, deploy_checks, downloads, engagement, overlays, verifications
 from app.services.image_tables import schemas_of
 from app.services.table_reports import store_image_tables
 
@@ -105,7 +105,8 @@ def get_schemas(image_digest: str, db: DbDep, who: ReadAuth) -> list[dict]:
 
 @router.post("/v1/engagement/logs", response_model=LogReport)
 def post_deploy_log(body: LogIn, db: DbDep, who: CaptureAuth) -> dict:
+    """A server log after deploy: per shape and per rank (the lines' worker prefixes) against the prediction,
+    with alerts (a rank that missed the overlay's shapes or built kernels); kept for the campaign page."""
     who.check_digest(body.image_digest)
-    with db.session(write=False) as s:
-        return engagement.post_deploy(s, body.image_digest, body.gfx, body.cu_num, body.family, body.log,
-                                      deploy_form=body.form)
+    with db.session() as s:
+        return deploy_checks.record(s, body)
