@@ -108,6 +108,11 @@ class RunIn(BaseModel):
     max_loss: float = Field(default=0.05, gt=0, lt=1)
     max_repeats: int | None = Field(default=None, ge=2, le=200)
     target_mde: float = Field(default=0.03, gt=0, lt=1)
+    # the smallest effect of interest: a significant effect smaller than this reads "neutral (within margin)", so
+    # it neither blocks promotion nor proposes a rollback. 1%: below the gate's own resolution (its decode-rate
+    # MDE medians were 2.0-2.5% over 40 gates, benchmarks/RESULTS.md) and below what one GEMM table's rows move
+    # in a served step; a -0.7% start-order offset read "regression" in 3 of 3 held-out gates without it
+    min_effect: float = Field(default=0.01, ge=0, lt=0.5)
 
     @field_validator("repeats", "max_repeats")
     @classmethod

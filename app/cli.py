@@ -248,7 +248,7 @@ def ab_cmd(args: argparse.Namespace) -> int:
         body = {"image_digest": args.image_digest, "version_id": args.version, "baseline": args.baseline,
                 "repeats": args.repeats, "requests_per_pass": args.requests, "confidence": args.confidence,
                 "seed": args.seed, "min_requests": args.min_requests, "max_loss": args.max_loss,
-                "max_repeats": args.max_repeats, "target_mde": args.target_mde}
+                "max_repeats": args.max_repeats, "target_mde": args.target_mde, "min_effect": args.min_effect}
         if args.point:
             pts = []
             for p in args.point:
@@ -349,6 +349,8 @@ def _ab_parser(sub: Any) -> None:
                     "after --repeats rounds is measured 4 rounds more at a time up to this many (default: --repeats)")
     cr.add_argument("--target-mde", type=float, default=0.03, help="an undecided band stops once its minimum "
                     "detectable effect is at most this (0.03: 3%%)")
+    cr.add_argument("--min-effect", type=float, default=0.01, help="the smallest effect of interest: a "
+                    "significant effect below it reads neutral, within margin (0.01: 1%%)")
     dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
     dr.add_argument("run", type=int)
     dr.add_argument("--model", required=True)

@@ -331,6 +331,7 @@ class AbRun(Base):
     # planned so far (None: repeats for every band)
     max_repeats: Mapped[int | None] = mapped_column(Integer)
     target_mde: Mapped[float | None] = mapped_column(Float)
+    min_effect: Mapped[float | None] = mapped_column(Float)  # RunIn.min_effect (None: a run from before, 0)
     band_rounds: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     fault: Mapped[str | None] = mapped_column(Text)  # why the drive stopped (state interrupted)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # verdicts, per band, control, engagement, accuracy

@@ -241,6 +241,7 @@ class GateParams:
     max_error_frac: float = 0.1  # more failed requests than this in a pass voids the band
     min_rounds: int = 2
     looks: int = 1  # the most looks a band may get (sequential rounds: `looks`)
+    min_effect: float = 0.0  # a significant effect smaller than this is neutral, within margin (RunIn.min_effect)
 
 
 BLOCK_ARMS = ("A", "B", "A_prime")  # the reference first: B's and A_prime's effects are against A
@@ -293,6 +294,9 @@ def analyse_band(band: str, passes: dict[tuple[int, str], list[RequestRecord]], 
     res = BandResult(band, Verdict.NEUTRAL, None, rounds, effect, control, ctl.excludes_zero(), completed)
     if eff.lo is None or eff.hi is None:
         res.verdict, res.reason = Verdict.VOID, f"no {PRIMARY} interval (a pass without throughput)"
+    elif eff.excludes_zero() and eff.effect is not None and abs(eff.effect) < p.min_effect:
+        res.reason = (f"within margin: {100 * eff.effect:+.2f}% is significant but smaller than the run's smallest "
+                      f"effect of interest ({100 * p.min_effect:.1f}%)")
     elif eff.lo > 0:
         res.verdict = Verdict.GAIN
     elif eff.hi < 0:

@@ -207,7 +207,7 @@ def create_run(s: Session, body: Any) -> dict[str, Any]:
               state=st.RunState.CREATED.value, points=[p.model_dump(exclude_none=True) for p in points], points_source=source,
               repeats=body.repeats, requests_per_pass=body.requests_per_pass, confidence=body.confidence,
               power=body.power, min_requests=body.min_requests, seed=body.seed, max_loss=body.max_loss,
-              max_repeats=body.max_repeats, target_mde=body.target_mde,
+              max_repeats=body.max_repeats, target_mde=body.target_mde, min_effect=body.min_effect,
               created_at=_now(),
               updated_at=_now())
     s.add(r)
@@ -262,7 +262,7 @@ def schedule(r: AbRun) -> list[tuple[str, int, str]]:
 
 def _params(r: AbRun) -> ab_stats.GateParams:
     return ab_stats.GateParams(confidence=r.confidence, power=r.power, min_requests=r.min_requests,
-                               looks=ab_stats.looks(r.repeats, r.max_repeats))
+                               looks=ab_stats.looks(r.repeats, r.max_repeats), min_effect=r.min_effect or 0.0)
 
 
 def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
@@ -276,7 +276,8 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "fault": r.fault, "points": r.points, "points_source": r.points_source, "repeats": r.repeats,
             "requests_per_pass": r.requests_per_pass, "confidence": r.confidence, "power": r.power,
             "min_requests": r.min_requests, "seed": r.seed, "max_loss": r.max_loss,
-            "max_repeats": r.max_repeats or r.repeats, "target_mde": r.target_mde, "rounds": rounds(r),
+            "max_repeats": r.max_repeats or r.repeats, "target_mde": r.target_mde, "min_effect": r.min_effect or 0.0,
+            "rounds": rounds(r),
             "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
             "passes_total": len(sched), "passes_done": len(done),
             "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched

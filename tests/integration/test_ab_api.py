@@ -260,3 +260,24 @@ def test_a_layer_version_whose_configs_folder_is_unknown_is_refused(client):
     seed_overlay(client)  # the folder reported: the layer names real paths
     (f,) = client.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()["files"]
     assert f["paths"][0] == f"{CONFIGS_DIR}/bf16_tuned_gemm.csv" and f["paths"][-1] == "@overlay"
+
+
+def test_a_small_significant_loss_is_within_margin_and_neither_blocks_nor_rolls_back(live_server):
+    """-0.7% at tight noise: significant, so without a margin it regresses and proposes a rollback; under the run's
+    default smallest effect of interest (1%) it reads neutral, within margin, and the version is promotable."""
+    c = live_server.client()
+    seed_overlay(c)
+    v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
+    got = {}
+    for margin in (0.0, None):
+        body = {"image_digest": DIGEST, "version_id": v["id"], "baseline": "shipped", "points": POINTS[:1],
+                "repeats": 4, "requests_per_pass": 8} | ({"min_effect": margin} if margin is not None else {})
+        run = c.post(f"/v1/ab/runs/{c.post('/v1/ab/runs', json=body).json()['id']}/start").json()
+        drive_synthetic(c, run, {"c2-i16-o32": -0.007}, random.Random(3), noise=0.0003)
+        got[margin] = c.post(f"/v1/ab/runs/{run['id']}/finish").json()
+    strict, default = got[0.0], got[None]
+    assert strict["result"]["bands"][0]["verdict"] == "regression" and strict["rollback_version_id"]
+    (b,) = default["result"]["bands"]
+    assert default["min_effect"] == 0.01 and b["verdict"] == "neutral" and b["reason"].startswith("within margin")
+    assert default["rollback_version_id"] is None and default["result"]["promotable"] is None
+    assert c.post("/v1/ab/runs", json=dict(body, min_effect=0.7)).json()["field"] == "min_effect"

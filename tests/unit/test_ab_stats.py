@@ -261,3 +261,16 @@ def test_an_undecided_band_measured_on_finds_a_small_effect_the_first_look_misse
         res = sequential_band(rng, 4, 16, 0.02, p4, effect_b=-0.03, noise=0.02)
         seq += res.verdict == "regression"
     assert seq >= 0.8 * 60 and seq > first + 15
+
+
+def test_a_significant_effect_below_the_smallest_of_interest_is_neutral_within_margin():
+    """-0.7% measured tightly is significant; under a 1% smallest effect of interest it reads neutral, naming the
+    margin, while -3% still regresses (issue 49: a start-order offset of that size read 'regression')."""
+    rng = random.Random(11)
+    small = band_passes(rng, "b", 8, effect_b=-0.007, noise=0.0005)
+    assert S.analyse_band("b", small, 8, 1, S.GateParams()).verdict is S.Verdict.REGRESSION
+    within = S.analyse_band("b", small, 8, 1, S.GateParams(min_effect=0.01))
+    assert within.verdict is S.Verdict.NEUTRAL and "within margin: -0.6" in within.reason
+    assert not S.undecided(within, 0.03, 0.05)  # decided: no more rounds for it
+    big = band_passes(rng, "b", 8, effect_b=-0.03, noise=0.0005)
+    assert S.analyse_band("b", big, 8, 1, S.GateParams(min_effect=0.01)).verdict is S.Verdict.REGRESSION
