@@ -391,7 +391,7 @@ def post_deploy(s: Session, digest: str, gfx: str, cu_num: int, family: str, log
             "shapes": len(report), "hit_lines": sum(r["hits"] for r in report),
             "miss_lines": sum(r["misses"] for r in report), "unparsable_lines": skipped,
             "disagreements": sum(r["disagrees"] for r in report), "report": report,
-            "ranks": per_rank, "alerts": _serving_alerts(per_rank),
+            "ranks": per_rank, "alerts": _serving_alerts(fam, per_rank),
             "note": "hit lines appear only with AITER_LOG_TUNED_CONFIG=1 set before `import aiter`; 'predicted_hit' "
                     f"is the service's verdict on the {form or 'layer'} form; a disagreement is a defect of the model"}
 
@@ -406,7 +406,7 @@ def _rank_view(fam: TableFamily, rank: str, text: str, observe: Callable[[dict[s
             "missed_served": len(missed), "missed_shapes": missed[:20], "jit": ab_gate.jit_lines(text)}
 
 
-def _serving_alerts(ranks: list[dict[str, Any]]) -> list[str]:
+def _serving_alerts(fam: TableFamily, ranks: list[dict[str, Any]]) -> list[str]:
     """What a person must see: a rank that missed shapes the overlay serves (its files did not take there), a
     rank that built kernels while serving (a JIT build stalls its requests), a rank that logged no lookup."""
     out = []
@@ -419,7 +419,7 @@ def _serving_alerts(ranks: list[dict[str, Any]]) -> list[str]:
             out.append(f"rank {r['rank']} built kernels while serving ("
                        + ", ".join(f"{k}: {v} line(s)" for k, v in built.items()) + ")")
         if not r["hit_lines"] and not r["miss_lines"]:
-            out.append(f"rank {r['rank']} logged no AITER lookup line (its log missing, or "
+            out.append(f"rank {r['rank']} logged no {fam.name} lookup line (its log missing, or "
                        "AITER_LOG_TUNED_CONFIG=1 not set there)")
     return out
 

@@ -52,6 +52,6 @@ def test_a_clean_log_on_every_rank_says_so(client):
 def test_a_rank_that_logged_nothing_is_named(client):
     seed_overlay(client, ms=(1, 2))
     rep = post(client, prefixed(0, hit(1, 1) + hit(2, 2)), ranks=2)
-    assert rep["alerts"] == ["rank 1 logged no AITER lookup line (its log missing, or AITER_LOG_TUNED_CONFIG=1 "
-                             "not set there)"]
+    assert rep["alerts"] == ["rank 1 logged no bf16_gemm lookup line (its log missing, or "
+                             "AITER_LOG_TUNED_CONFIG=1 not set there)"]
     assert post(client, prefixed(0, hit(1, 1)), ranks=1)["alerts"] == []  # one rank expected, one seen
