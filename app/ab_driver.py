@@ -117,19 +117,18 @@ def _child_setup(parent: int) -> Any:
 # than exec it (dash always, bash where a redirect follows), and the kernel's death signal (_child_setup) is not
 # inherited across a fork: so the launched process is this keeper, which gets the signal, runs `sh -c` in its
 # own process group and, on SIGTERM, ends that group (the shell, the server and whatever it started).
+# The handler only signals: the main thread's wait then returns once the shell has gone (a second wait inside
+# the handler would block on the first one's lock); whatever outlives SIGTERM by 10 s is killed.
 _SHELL_KEEPER = """
-import os, signal, subprocess, sys
+import os, signal, subprocess, sys, threading
 sh = subprocess.Popen(["/bin/sh", "-c", sys.argv[1]])
 def end(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(0, signal.SIGTERM)
-    try:
-        sh.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(0, signal.SIGKILL)
-    os._exit(128 + signum)
+    threading.Timer(10, os.killpg, (0, signal.SIGKILL)).start()
 signal.signal(signal.SIGTERM, end)
-sys.exit(sh.wait())
+rc = sh.wait()
+os._exit(128 - rc if rc < 0 else rc)
 """
 
 

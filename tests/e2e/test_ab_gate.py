@@ -285,3 +285,25 @@ def test_a_version_naming_an_unresolvable_path_is_refused_before_any_server_star
     assert not any((tmp_path / "d" / arm / "stdout.log").exists() for arm in ("A", "A_prime", "B"))
     got = c.get(f"/v1/ab/runs/{run['id']}").json()
     assert got["state"] == "interrupted" and "<aiter package>" in got["reason"]
+
+
+def test_a_launch_through_the_shell_ends_on_sigterm_not_at_the_kill_timeout(tmp_path):
+    """The keeper a launch runs under passes SIGTERM to its group and exits when the shell does (143), rather than
+    waiting out _kill_group's timeout to be SIGKILLed (-9): 10 s per arm per drive, seen as a slower CI run."""
+    import os
+    import time
+
+    from app.ab_driver import _SHELL_KEEPER, _child_setup, _kill_group
+    pidfile = tmp_path / "pid"
+    cmd = f"sh -c 'echo $$ > {pidfile}; exec sleep 300' > {tmp_path / 'log'} 2>&1"
+    p = subprocess.Popen([sys.executable, "-c", _SHELL_KEEPER, cmd], preexec_fn=_child_setup(os.getpid()))
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert p.poll() is None
+        time.sleep(0.05)
+    server = int(pidfile.read_text())
+    _kill_group(p)
+    assert p.returncode == 128 + 15, p.returncode
+    end = time.monotonic() + 30  # a bound for a loaded machine: the loop ends when the server is gone
+    while _alive(server) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not _alive(server)
