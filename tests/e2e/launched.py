@@ -36,17 +36,22 @@ class Service:
         with sqlite3.connect(self.db, timeout=30) as c:
             return c.execute(sql, args).fetchall()
 
-    def mid_lease(self) -> tuple[str, str] | None:
-        """(worker id, lease id) of a worker holding a lease with a shape finished and one still to go, once no
-        shape is queued: the other workers then have nothing left but what comes back from this lease, so a
-        --once worker that ended on an empty queue (ignoring shapes in flight) would strand them."""
+    def mid_lease(self, to_go: int = 1) -> tuple[str, str] | None:
+        """(worker id, lease id) of a worker holding a lease with a shape finished and at least to_go still to go,
+        once no shape is queued: the other workers then have nothing left but what comes back from this lease, so
+        a --once worker that ended on an empty queue (ignoring shapes in flight) would strand them."""
         if self.states().get("queued", 0):
             return None
         rows = self.query("SELECT l.worker_id, l.id FROM leases l WHERE l.state = 'active' "
                           "AND EXISTS (SELECT 1 FROM results r WHERE r.lease_id = l.id) "
-                          "AND EXISTS (SELECT 1 FROM shapes s WHERE s.lease_id = l.id AND s.state = 'leased') "
-                          "ORDER BY l.created_at")
+                          "AND (SELECT count(*) FROM shapes s WHERE s.lease_id = l.id AND s.state = 'leased') >= ? "
+                          "ORDER BY l.created_at", to_go)
         return (rows[0][0], rows[0][1]) if rows else None
+
+    def still_leased(self, lease_id: str) -> bool:
+        """The lease is active and holds a shape not yet finished."""
+        return bool(self.query("SELECT 1 FROM leases l WHERE l.id = ? AND l.state = 'active' AND EXISTS "
+                               "(SELECT 1 FROM shapes s WHERE s.lease_id = l.id AND s.state = 'leased')", lease_id))
 
     def states(self) -> dict[str, int]:
         return dict(self.query("SELECT state, count(*) FROM shapes WHERE campaign_id = ? GROUP BY state",
@@ -93,9 +98,10 @@ def token_file(tmp: Path, token: str, name: str = "worker.token") -> Path:
     return p
 
 
-def wait_mid_lease(svc: Service, alive, timeout: float = 600) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+def wait_mid_lease(svc: Service, alive, timeout: float = 600,  # type: ignore[no-untyped-def]
+                   to_go: int = 1) -> tuple[str, str]:
     """The first worker seen mid-lease; alive() raises (with the logs) if the launched workers died first."""
     def seen():  # type: ignore[no-untyped-def]
         alive()
-        return svc.mid_lease()
+        return svc.mid_lease(to_go)
     return wait_for(seen, timeout=timeout, every=0.2)

@@ -1,9 +1,10 @@
 """The worker pool on a real Docker engine (issue 33): a stand-in served image built locally (tests/e2e/served_image.py,
 no registry), the pool's containers install this project's wheel from the wheelhouse at start and tune a campaign
 of a real service through the stand-in AITER tuner; one container is `docker kill`ed mid-lease (decided by the
-service's database: a lease with a shape finished and one to go). Then: 0 shapes lost, 0 tuned twice, every
-surviving worker exits 0 (--once), `pool stop` leaves no container. A container with a missing or refused token
-exits non-zero within 10 s naming the cause. A locally built image has no RepoDigests: it is tuned under its Id.
+service's database: a lease with a shape finished and two to go, frozen and checked again before the kill). Then:
+0 shapes lost, 0 tuned twice, every surviving worker exits 0 (--once), `pool stop` leaves no container. A container
+with a missing or refused token exits non-zero within 10 s naming the cause. A locally built image has no
+RepoDigests: it is tuned under its Id.
 
 This host has no /dev/kfd: the pool starts its containers without GPU devices (cpu_only) and they tune on the CPU.
 Containers run with --network host (the service is on loopback; nothing leaves it). scripts/test.sh installs
@@ -104,8 +105,16 @@ def test_a_pool_tunes_a_campaign_through_a_container_killed_mid_lease(tmp_path, 
             for c in containers(name):
                 if c["Id"] != victim and c["State"]["Status"] == "exited" and c["State"]["ExitCode"] != 0:
                     raise AssertionError(f"{c['Name']} exited {c['State']['ExitCode']}:\n{logs(c['Id'])[-3000:]}")
-        wid, lease = launched.wait_mid_lease(svc, alive)
-        victim = by_worker[wid.rsplit("-gpu", 1)[1]]
+        # A lease seen with 2 shapes to go is frozen (docker pause: the worker posts nothing more), checked still
+        # mid-lease, then killed. Without the freeze, its last shapes could land between the look and the kill (CI
+        # saw the lease "done"); a lease that finished in between is thawed and the next one taken.
+        while True:
+            wid, lease = launched.wait_mid_lease(svc, alive, to_go=2)
+            victim = by_worker[wid.rsplit("-gpu", 1)[1]]
+            docker("pause", victim)
+            if svc.still_leased(lease):
+                break
+            docker("unpause", victim)
         docker("kill", victim)
         killed_at = time.monotonic() - t0
         # the survivors (--once) finish the campaign, the killed lease's shapes included once it expires
