@@ -41,7 +41,7 @@ class RequestRecord(BaseModel):
 
     arm: Arm
     band: str = Field(max_length=64)
-    repeat: int = Field(ge=0, le=10_000)  # the pass (ABBA... position) this request ran in
+    repeat: int = Field(ge=0, le=10_000)  # the round this request's pass ran in
     started_s: float = Field(ge=0, allow_inf_nan=False)
     ttft_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)  # None: no token came
     itl_s: list[float] = Field(default_factory=list, max_length=1_000_000)  # gaps between streamed tokens
@@ -83,7 +83,8 @@ class VersionIn(BaseModel):
 
 class RunIn(BaseModel):
     """POST /v1/ab/runs. points: the bands (default: from the image's captured served load, else 1/16/64 at
-    input_len/output_len). repeats: rounds per band, even (ABBA: A B A' then A' B A, so linear drift cancels).
+    input_len/output_len). repeats: rounds per band, even (mirrored pairs, so linear drift cancels;
+    the default 6 is one full cycle of ab_stats.ROUND_ORDERS, every arm in every position twice).
     requests_per_pass: per pass, at least the band's concurrency (the service raises it to that).
     max_repeats: sequential rounds: a band still undecided after `repeats` rounds (its interval holds 0 and its
     MDE is above target_mde, or it cannot rule out a loss above max_loss) is measured 4 rounds more at a time up to
@@ -118,7 +119,7 @@ class RunIn(BaseModel):
     @classmethod
     def _even(cls, v: int | None) -> int | None:
         if v is not None and v % 2:
-            raise ValueError("rounds must be even: they come in ABBA pairs so a linear drift cancels")
+            raise ValueError("rounds must be even: they come in mirrored pairs so a linear drift cancels")
         return v
 
     @model_validator(mode="after")

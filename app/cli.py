@@ -253,11 +253,14 @@ def ab_cmd(args: argparse.Namespace) -> int:
             pts = []
             for p in args.point:
                 try:
-                    conc, inp, out = (int(x) for x in p.split(":"))
+                    vals = [int(x) for x in p.split(":")]
+                    if len(vals) not in (3, 4):
+                        raise ValueError
                 except ValueError:
-                    print(f"--point: expected CONCURRENCY:INPUT_LEN:OUTPUT_LEN, got {p!r}", file=sys.stderr)
+                    print(f"--point: expected CONCURRENCY:INPUT_LEN:OUTPUT_LEN[:REQUESTS], got {p!r}",
+                          file=sys.stderr)
                     return 2
-                pts.append({"concurrency": conc, "input_len": inp, "output_len": out})
+                pts.append(dict(zip(("concurrency", "input_len", "output_len", "requests"), vals)))
             body["points"] = pts
         r = c.post("/v1/ab/runs", json=body)
     elif args.action == "show":
@@ -336,9 +339,10 @@ def _ab_parser(sub: Any) -> None:
     cr.add_argument("image_digest")
     cr.add_argument("--version", type=int, required=True)
     cr.add_argument("--baseline", default="promoted", help="shipped | promoted (default) | a version id")
-    cr.add_argument("--point", action="append", help="CONCURRENCY:INPUT_LEN:OUTPUT_LEN (default: from the "
-                                                     "image's captured served load)")
-    cr.add_argument("--repeats", type=int, default=6, help="rounds per band, even (ABBA)")
+    cr.add_argument("--point", action="append", help="CONCURRENCY:INPUT_LEN:OUTPUT_LEN[:REQUESTS] (REQUESTS: this "
+                    "band's requests per pass, else --requests; default bands: from the image's captured served load)")
+    cr.add_argument("--repeats", type=int, default=6,
+                    help="rounds per band, even (mirrored pairs; 6: every arm in every position twice)")
     cr.add_argument("--requests", type=int, default=32, help="requests per pass")
     cr.add_argument("--confidence", type=float, default=0.95)
     cr.add_argument("--min-requests", type=int, default=4)

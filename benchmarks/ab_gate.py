@@ -5,7 +5,10 @@ rolled-back version promotable on its re-run?
 Everything is real processes on this machine: the service (SQLite), the driver (app/ab_driver.py, in this
 process) and, per arm, the planted-effect stand-in server (tests/fixtures/ab_standin_server.py: +8% output tok/s
 at concurrency >= 16 and -3% at <= 2 when its AITER_CONFIG_* files hold rows serving those batch sizes, none
-between, with noise and slow drift). The overlay and bands: tests/e2e/test_ab_gate.py (rows at M = 1, 2, 16, 64;
+between, with noise and slow drift). By default (--launch-as served) each arm is launched as the README writes it,
+a shell redirect into one log, and its stand-in logs every hit at start-up (before /health, as vLLM's CUDA graph
+capture does) and drifts on its own clock, so the arms, started one after another in the run's start order, drift
+out of step (issue 49). The overlay and bands: tests/e2e/test_ab_gate.py (rows at M = 1, 2, 16, 64;
 bands c2: -3%, c8: none, c16: +8%; the rollback of c2 withdraws M = 1, 2 and 16, whose padded bucket serves 1..2).
 
 Each gate: a run of the version against the shipped tables; its regressing band proposes a rollback version; a
@@ -25,6 +28,7 @@ import asyncio
 import json
 import math
 import platform
+import shlex
 import statistics
 import sys
 from collections import Counter
@@ -35,10 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.ab_driver import STALL_S, Driver, Fault  # noqa: E402
+from app.ab_driver import ONE_LOG, STALL_S, Driver, Fault  # noqa: E402
 from app.domain.ab_stats import PRIMARY  # noqa: E402
 from tests.conftest import DIGEST, start_server  # noqa: E402
-from tests.e2e.test_ab_gate import BANDS, GATE, MODEL, PER_RANK, RANKS, ROWS_M, WITHDRAWN_M, launch  # noqa: E402
+from tests.e2e.test_ab_gate import (BANDS, GATE, MODEL, PER_RANK, RANKS, ROWS_M, STANDIN, WITHDRAWN_M,  # noqa: E402
+                                    launch)
 from tests.integration.test_ab_api import seed_overlay  # noqa: E402
 
 ADMIN = "atk_test-admin-token"
@@ -55,9 +60,17 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
-def drive(url: str, run_id: int, work: Path, extra: str, stall_s: float | None) -> dict:
-    d = Driver(url, ADMIN, run_id, model=MODEL, workdir=work, launch=launch(extra), ranks=RANKS,
-               rank_log=PER_RANK, health_timeout_s=60, stall_s=stall_s)
+def served_launch(extra: str) -> str:
+    """The README's launch (a shell redirect into the one log) of a stand-in that logs every hit at start-up, as
+    vLLM's CUDA graph capture does, and drifts on its own clock, as a server's age does: arms started one after
+    another drift out of step."""
+    return (f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --port {{port}} --ranks {RANKS} "
+            f"--model {MODEL} --log-at-start --drift-clock process {extra} > {{log}} 2>&1")
+
+
+def drive(url: str, run_id: int, work: Path, extra: str, stall_s: float | None, served: bool) -> dict:
+    d = Driver(url, ADMIN, run_id, model=MODEL, workdir=work, launch=served_launch(extra) if served else launch(extra),
+               ranks=RANKS, rank_log=ONE_LOG if served else PER_RANK, health_timeout_s=60, stall_s=stall_s)
     try:
         return asyncio.run(d.run())
     finally:
@@ -83,7 +96,7 @@ def run_once(c, url: str, version_id: int, seed: int, args, work: Path) -> dict:
     run = c.post("/v1/ab/runs", json=body).json()
     t = time.monotonic()
     try:
-        out = drive(url, run["id"], work, args.standin_args, args.stall_s or None)
+        out = drive(url, run["id"], work, args.standin_args, args.stall_s or None, args.launch_as == "served")
     except Fault as e:
         out = c.get(f"/v1/ab/runs/{run['id']}").json()
         out["fault"] = str(e)
@@ -101,6 +114,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=GATE["repeats"])
     p.add_argument("--requests", type=int, default=GATE["requests_per_pass"])
     p.add_argument("--standin-args", default=GATE["token_ms"], help="more flags for the stand-in server")
+    p.add_argument("--launch-as", choices=("served", "per-rank"), default="served", help="served: the README's "
+                   "launch into one log, hits logged at start-up, drift on each server's own clock; per-rank: a log "
+                   "file per rank, hits logged lazily, drift on the wall clock (the runs before issue 49)")
     p.add_argument("--confidence", type=float, default=GATE["confidence"])
     p.add_argument("--stall-s", type=float, default=STALL_S, help="the driver measures a pass again when its "
                    "event loop woke this late during it (0: never)")
@@ -134,7 +150,8 @@ def main() -> int:
             first = run_once(c, srv.url, v["id"], 1000 + g, args, tmp / f"g{g}a")
             res = first.get("result") or {}
             got = {b["band"]: b["verdict"] for b in res.get("bands", [])}
-            row = {"gate": g, "verdict": first.get("verdict"), "reason": first.get("reason"), "bands": got,
+            row = {"gate": g, "start_order": first.get("start_order"), "verdict": first.get("verdict"),
+                   "reason": first.get("reason"), "bands": got,
                    "exact": got == expected and first.get("verdict") != "void", "control_flagged": res.get("control_flagged", []),
                    **band_figures(res), "seconds": round(first["seconds"], 1)}
             rb_id = first.get("rollback_version_id")
@@ -219,6 +236,21 @@ def _by_band(rows: list[dict], key: str, bands: list[str]) -> dict[str, dict[str
     return {b: _spread(xs) for b in bands for xs in [[r[key][b] for r in rows if b in r.get(key, {})]] if xs}
 
 
+def _by_start_order(rows: list[dict], bands: list[str]) -> dict:
+    """Per start order and band with nothing planted: the mean effect of B and of the control A' (vs A). With A
+    started between them, what start order does to B it does to the control with the opposite sign."""
+    out: dict[str, dict] = {}
+    for order in sorted({",".join(r["start_order"]) for r in rows if r.get("start_order")}):
+        these = [r for r in rows if ",".join(r.get("start_order") or []) == order]
+        out[order] = {}
+        for b in bands:
+            eff = [r["effects"][b] for r in these if r.get("effects", {}).get(b) is not None]
+            ctl = [r["controls"][b] for r in these if r.get("controls", {}).get(b) is not None]
+            if eff and ctl:
+                out[order][b] = {"gates": len(these), "B": statistics.mean(eff), "control": statistics.mean(ctl)}
+    return out
+
+
 def summarize(rows: list[dict], expected: dict[str, str]) -> int:
     """The figures RESULTS.md reports: rates with Wilson 95% intervals, verdict counts per band, the effect and
     MDE spread per band (B vs A, the control A' vs A, and the re-runs of the rollback)."""
@@ -250,6 +282,7 @@ def summarize(rows: list[dict], expected: dict[str, str]) -> int:
         "rerun_effect_by_band": _by_band(reruns, "effects", bands), "rerun_mde_by_band": _by_band(reruns, "mde", bands),
         "seconds_per_run": statistics.mean([r["seconds"] for r in rows] + [r["rerun_seconds"] for r in rb
                                                                            if "rerun_seconds" in r]),
+        "neutral_band_by_start_order": _by_start_order(rows, [b for b in bands if expected[b] == "neutral"]),
         "command": " ".join(sys.argv)}
     print(json.dumps(summary, indent=1))
     ok = exact >= 0.95 * n and flagged <= 0.05 * n and withdrew == len(rb) and promoted >= 0.95 * len(rb)

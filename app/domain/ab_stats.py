@@ -1,8 +1,9 @@
 """The serving A/B's statistics (issue 32): pure functions over the per-request records of a run's passes.
 
 A run measures each band in rounds; a round runs every arm once, in an order that reverses from one round to the
-next (A B A' then A' B A: ABBA blocks), so a linear drift of the node adds +d to one round's B/A ratio and -d to
-the next one's, and cancels in their mean. Per band and metric, each pass gives one number (the unit of
+next (ABBA blocks: A B A' then A' B A), so a linear drift of the node adds +d to one round's B/A ratio and -d to
+the next one's, and cancels in their mean; over six rounds every arm takes every position equally often
+(`ROUND_ORDERS`, a Williams design), so nothing tied to a position in the round falls on one arm. Per band and metric, each pass gives one number (the unit of
 replication: requests inside a pass share its moment on the node, so they are not independent replicates); the
 effect of B (and of the control A') is the geometric mean of its per-round ratio to the A of the same round, with a
 Student-t interval whose variance comes from the round x arm table's residual (rounds as blocks:
@@ -10,7 +11,7 @@ Student-t interval whose variance comes from the round x arm table's residual (r
 
 Sequential rounds (`looks`, `undecided`): a band measured in the run's `repeats` rounds whose interval holds 0 and
 is still too wide (its MDE above the run's target, or it cannot rule out a loss above max_loss) gets EXTEND_ROUNDS
-more rounds (two ABBA pairs), again and again up to `max_repeats`; a band that is decided stops. Each band is looked
+more rounds (two mirrored pairs), again and again up to `max_repeats`; a band that is decided stops. Each band is looked
 at up to L = 1 + ceil((max_repeats - repeats) / EXTEND_ROUNDS) times, and with k bands every interval, at every
 look, is made at confidence 1 - alpha/(k L) (Bonferroni over bands and looks), so the run's chance of a false
 verdict, and of a false control alarm, stays at alpha whatever the number of bands and however the looks fall.
@@ -48,9 +49,29 @@ METRICS: dict[str, bool] = {"decode_tok_s": True, "output_tok_s": True, "ttft_p5
 PRIMARY = "decode_tok_s"
 
 
+# The arms' order in each round: a Williams design for three arms (Williams 1949, Aust. J. Sci. Res. 2:149), six
+# orders in mirrored pairs. A round and the next run the same arms reversed (ABBA), so a linear drift cancels over
+# each pair; over the six, every arm takes every position twice and follows every other arm twice (first-order
+# carry-over balanced). The former A B A' / A' B A measured B second in every round: whatever the middle of a round
+# does (the node just after another server's load) fell on B alone, and the control never showed it.
+ROUND_ORDERS: tuple[tuple[str, str, str], ...] = (
+    ("A", "B", "A_prime"), ("A_prime", "B", "A"),
+    ("B", "A_prime", "A"), ("A", "A_prime", "B"),
+    ("A_prime", "A", "B"), ("B", "A", "A_prime"))
+
+
 def round_order(repeat: int) -> tuple[str, ...]:
-    """The arms' order in a round: reversed every other round (ABBA), so linear drift cancels over two rounds."""
-    return ("A", "B", "A_prime") if repeat % 2 == 0 else ("A_prime", "B", "A")
+    """The arms' order in round `repeat` (ROUND_ORDERS, cycled)."""
+    return ROUND_ORDERS[repeat % len(ROUND_ORDERS)]
+
+
+def start_order(run_id: int) -> tuple[str, ...]:
+    """The order the driver starts the arms' servers in: A between the other two, B first in one run and the
+    control first in the next. A server drifts with its own age (warm-up, heat, caches, its allocator), and
+    servers started one after another differ in age: with A in the middle, B and A' are as far from A's age as each
+    other, on opposite sides, so what the start order does to B it does to the control too, which shows it (A, A',
+    B put B twice as far from A as the control: the control showed a third of B's offset, unflagged)."""
+    return ("B", "A", "A_prime") if run_id % 2 else ("A_prime", "A", "B")
 
 
 # ---- per pass ---------------------------------------------------------------------------------------------------
@@ -214,7 +235,7 @@ class BandResult:
         return d
 
 
-EXTEND_ROUNDS = 4  # rounds an undecided band gets at a time: two ABBA pairs, so drift still cancels
+EXTEND_ROUNDS = 4  # rounds an undecided band gets at a time: two mirrored pairs, so linear drift still cancels
 
 
 def looks(repeats: int, max_repeats: int | None) -> int:

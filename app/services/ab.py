@@ -250,7 +250,7 @@ def rounds(r: AbRun) -> dict[str, int]:
 
 
 def schedule(r: AbRun) -> list[tuple[str, int, str]]:
-    """Every pass of the run in the order the driver measures them: band by band, rounds in ABBA order (a band's
+    """Every pass of the run in the order the driver measures them: band by band, rounds in ROUND_ORDERS (a band's
     extension rounds come after every band's first rounds: the order passes are planned in)."""
     out = []
     for name, k in rounds(r).items():
@@ -277,7 +277,7 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "requests_per_pass": r.requests_per_pass, "confidence": r.confidence, "power": r.power,
             "min_requests": r.min_requests, "seed": r.seed, "max_loss": r.max_loss,
             "max_repeats": r.max_repeats or r.repeats, "target_mde": r.target_mde, "min_effect": r.min_effect or 0.0,
-            "rounds": rounds(r),
+            "rounds": rounds(r), "start_order": list(ab_stats.start_order(r.id)),
             "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
             "passes_total": len(sched), "passes_done": len(done),
             "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched

@@ -133,9 +133,11 @@ def test_the_driver_measures_the_rounds_an_undecided_band_is_extended_by(gate, t
     extension) with ~1.7% chance at each of the 3 looks (alpha split over them), ~5% a run: CI failed on it once."""
     srv, c, v = gate
     run = new_run(c, v["id"], points=POINTS[1:2], repeats=2, max_repeats=8, target_mde=1e-6, confidence=0.9999)
-    out = drive(srv, run["id"], tmp_path / "d", launch())
+    started = tmp_path / "started"  # each launch notes its arm first: the order the driver started the servers in
+    out = drive(srv, run["id"], tmp_path / "d", f"echo {{arm}} >> {shlex.quote(str(started))}; {launch()}")
     assert out.returncode == 0, out.stderr[-3000:]
     got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    assert started.read_text().split() == got["start_order"] and got["start_order"][1] == "A"
     assert got["state"] == "booked" and got["passes_done"] == 8 * 3 and got["rounds"] == {POINTS_NAME[1]: 8}, \
         (got["passes_done"], got.get("reason"), got.get("result", {}) and got["result"].get("control_flagged"))
     assert [b["rounds"] for b in got["result"]["bands"]] == [8]
@@ -247,6 +249,23 @@ def test_a_killed_driver_leaves_no_server_running(gate, tmp_path, sig, forks):
         if drv.poll() is None:
             drv.kill()
             drv.wait()
+
+
+def test_the_cli_takes_a_bands_requests_with_its_point(gate):
+    """`ab create --point C:IN:OUT:REQUESTS`: the band's own requests per pass (a low-concurrency band needs more
+    for the same interval); without it the run's; anything else is refused naming the form, nothing created."""
+    srv, c, v = gate
+    out = ab(srv, "create", DIGEST, "--version", str(v["id"]), "--baseline", "shipped", "--point", "2:16:32:24",
+             "--point", "8:16:24", "--requests", "12")
+    assert out.returncode == 0, out.stderr
+    run = json.loads(out.stdout)
+    assert [(p["concurrency"], p.get("requests")) for p in run["points"]] == [(2, 24), (8, None)]
+    assert [t["n_requests"] for t in run["todo"] if t["repeat"] == 0 and t["arm"] == "A"] == [24, 12]
+    n = len(c.get("/v1/ab/runs").json())
+    for bad in ("2:16", "2:16:32:24:1", "2:x:32"):
+        out = ab(srv, "create", DIGEST, "--version", str(v["id"]), "--point", bad)
+        assert out.returncode == 2 and "CONCURRENCY:INPUT_LEN:OUTPUT_LEN[:REQUESTS]" in out.stderr, out.stderr
+    assert len(c.get("/v1/ab/runs").json()) == n
 
 
 def test_a_launch_as_the_readme_writes_it_books_an_engaged_run(gate, tmp_path):

@@ -78,7 +78,11 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
             "requests_per_pass": 8}
     run = c.post("/v1/ab/runs", json=body).json()
     assert run["state"] == "created" and run["passes_total"] == 3 * 4 * 3 and run["arms"]["B"] == v["id"]
-    assert [p["arm"] for p in run["todo"][:6]] == ["A", "B", "A_prime", "A_prime", "B", "A"]  # ABBA rounds
+    # a band's rounds in the Williams orders (mirrored pairs), then the next band's from the cycle's start
+    assert [tuple(p["arm"] for p in run["todo"][k:k + 3]) for k in range(0, 15, 3)] == [
+        ("A", "B", "A_prime"), ("A_prime", "B", "A"), ("B", "A_prime", "A"), ("A", "A_prime", "B"),
+        ("A", "B", "A_prime")]
+    assert run["start_order"][1] == "A" and sorted(run["start_order"]) == ["A", "A_prime", "B"]
     rec = records("A", "c2-i16-o32", 0, 1000.0)
     one = {"band": "c2-i16-o32", "repeat": 0, "arm": "A", "records": [x.model_dump() for x in rec]}
     assert c.post(f"/v1/ab/runs/{run['id']}/passes", json=one).status_code == 409  # not started
@@ -133,6 +137,8 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
 
     page = c.get(f"/ab/{run['id']}").text  # the dashboard: per band, the control, engagement per rank
     assert 'id="ab-verdict" class="verdict-regression"' in page and "c2-i16-o32" in page
+    started = ", ".join(a.replace("_prime", "&#39;") for a in run["start_order"])
+    assert f"arms in a Williams order, servers started {started})" in page
     assert f"Rollback proposed: version {rb['id']}" in page and 'id="ab-ranks"' in page
     svg = c.get(f"/ab/{run['id']}/bands.svg")
     assert svg.headers["content-type"].startswith("image/svg+xml") and svg.text.count("<circle") == 3
@@ -210,7 +216,7 @@ def test_sequential_rounds_measure_on_only_the_undecided_bands_then_book(live_se
     more = c.post(f"/v1/ab/runs/{run['id']}/finish").json()
     assert more["state"] == "driving" and more["result"] is None and more["extended"] == {"c8-i16-o32": 8}
     assert {(t["band"], t["repeat"]) for t in more["todo"]} == {("c8-i16-o32", k) for k in range(4, 8)}
-    assert [t["arm"] for t in more["todo"][:6]] == ["A", "B", "A_prime", "A_prime", "B", "A"]  # ABBA goes on
+    assert [t["arm"] for t in more["todo"][:6]] == ["A_prime", "A", "B", "B", "A", "A_prime"]  # the cycle goes on
     late = {"band": "c32-i16-o32", "repeat": 4, "arm": "A", "records": []}
     r = c.post(f"/v1/ab/runs/{run['id']}/passes", json=late)  # the decided band has no round 4
     assert r.status_code == 422 and r.json()["field"] == "repeat"
