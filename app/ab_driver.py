@@ -28,13 +28,11 @@ from typing import Any
 
 import httpx
 
+from app.ab_prompts import PROMPTS
 from app.ab_wire import ARMS, Arm, ArmIn, NodeProbe, OperatingPoint, PassIn, RequestRecord
 from app.domain import log_ranks
 
-# Fixed prompts of the accuracy check: greedy, the first tokens of B (and A') must equal A's
-ACCURACY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 5, 8, 13,",
-                    "Translate to German: good morning")
-ACCURACY_TOKENS = 8
+ACCURACY_TOKENS = 16  # each accuracy prompt's greedy tokens (app/ab_prompts.py; checked by ab_gate.accuracy)
 SERVER_GONE_FRAC = 0.5  # a pass with more failed requests than this asks whether the server is still there
 PROBE_SLEEP_S = 0.02  # the node probe's sleep (LagProbe)
 # A pass during which the driver's loop woke this late was measured on a stalled node: it is measured again, at
@@ -316,12 +314,11 @@ class Driver:
                 for arm in run["start_order"]:  # A between B and A': the control shows what start order does
                     srv = await self._up(arm, envs[arm])
                     await self._warm(load, srv, points, run)
-                    tokens = await load.greedy_first_tokens(srv.url, self.model, list(ACCURACY_PROMPTS),
-                                                            ACCURACY_TOKENS)
+                    answers = await load.greedy_answers(srv.url, self.model, PROMPTS, ACCURACY_TOKENS)
                     # the log from the server's start: a real server logs most hits before it is healthy (vLLM
                     # captures its CUDA graphs first, and AITER logs a shape once per process)
                     await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/arms", json=ArmIn(
-                        arm=arm, logs=srv.read_since(), first_tokens=tokens).model_dump())
+                        arm=arm, logs=srv.read_since(), answers=answers).model_dump())
                 done = 0
                 while True:  # finish books the run, or extends its undecided bands (sequential rounds): new todo
                     for todo in run["todo"]:

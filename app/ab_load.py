@@ -33,10 +33,12 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
-from app.ab_wire import Arm, OperatingPoint, RequestRecord
+from app.ab_wire import Answer, Arm, OperatingPoint, RequestRecord
 
 _ERR_MAX = 2000
 
@@ -130,17 +132,30 @@ async def drive_band(base_url: str, model: str, point: OperatingPoint, *, arm: A
     return [r for r in out if r is not None]
 
 
-async def greedy_first_tokens(base_url: str, model: str, prompts: list[str], n_tokens: int) -> list[list[str]]:
-    """The accuracy check: each prompt's first n_tokens at temperature 0, as the server's text pieces (one per
-    token), sequentially. Raises on any failure: an accuracy check that did not run is not a pass."""
+def _answer(choice: dict[str, Any]) -> Answer:
+    """An OpenAI-style completion choice with `logprobs` (vLLM's and SGLang's /v1/completions): the chosen tokens,
+    their logprobs, and per step the best logprob among the top entries other than the chosen token (vLLM may list
+    the chosen one beside its top n)."""
+    lp = choice.get("logprobs") or {}
+    tokens = list(lp.get("tokens") or []) or [choice.get("text", "")]
+    chosen = list(lp.get("token_logprobs") or [])
+    runner_up: list[float | None] = []
+    for t, top in zip(tokens, lp.get("top_logprobs") or []):
+        others = [v for k, v in (top or {}).items() if k != t and v is not None]
+        runner_up.append(max(others) if others else None)
+    return Answer(tokens=tokens, logprobs=chosen, runner_up=runner_up)
+
+
+async def greedy_answers(base_url: str, model: str, prompts: Sequence[str], n_tokens: int) -> list[Answer]:
+    """The accuracy check: each prompt's first n_tokens at temperature 0 with their logprobs and the runner-up's
+    (top 2), one request at a time (a batch would change the numerics between arms). Raises on any failure: an
+    accuracy check that did not run is not a pass."""
     url = base_url.rstrip("/") + "/v1/completions"
     out = []
     async with httpx.AsyncClient(timeout=60.0) as client:
         for p in prompts:
             r = await client.post(url, json={"model": model, "prompt": p, "max_tokens": n_tokens, "temperature": 0.0,
-                                             "logprobs": 1, "ignore_eos": True})
+                                             "logprobs": 2, "ignore_eos": True})
             r.raise_for_status()
-            ch = r.json()["choices"][0]
-            lp = ch.get("logprobs") or {}
-            out.append(list(lp.get("tokens") or []) or [ch.get("text", "")])
+            out.append(_answer(r.json()["choices"][0]))
     return out

@@ -165,15 +165,27 @@ class PassIn(BaseModel):
         return v
 
 
+class Answer(BaseModel):
+    """One accuracy prompt's greedy answer (app/ab_prompts.py): its tokens as the server's text pieces, each one's
+    logprob, and the runner-up's logprob at that step (the best other token of the server's top 2), so that a
+    departure from A's answer can be told from a flip between near-tied tokens (app/domain/ab_gate.accuracy)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[Annotated[str, Field(max_length=1000)]] = Field(max_length=256)
+    logprobs: list[float | None] = Field(default_factory=list, max_length=256)
+    runner_up: list[float | None] = Field(default_factory=list, max_length=256)
+
+
 class ArmIn(BaseModel):
     """POST /v1/ab/runs/{id}/arms: an arm's server log from its start through warm-up (AITER logs a tuned hit once
-    per shape per process, so it may come before any window) and its greedy first tokens on the fixed prompts."""
+    per shape per process, so it may come before any window) and its greedy answers to the accuracy prompts."""
 
     model_config = ConfigDict(extra="forbid")
 
     arm: Arm
     logs: dict[str, str] = Field(default_factory=dict, max_length=512)
-    first_tokens: list[list[Annotated[str, Field(max_length=1000)]]] | None = Field(default=None, max_length=256)
+    answers: list[Answer] | None = Field(default=None, max_length=256)
 
     _logs = field_validator("logs")(PassIn._logs.__func__)  # type: ignore[attr-defined]
 

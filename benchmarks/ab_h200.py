@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.ab_load import drive_band, greedy_first_tokens  # noqa: E402
+from app.ab_load import drive_band, greedy_answers  # noqa: E402
 from app.ab_wire import OperatingPoint, RequestRecord  # noqa: E402
 from app.domain.ab_stats import GateParams, analyse_band, round_order, run_verdict  # noqa: E402
 from app.domain.families import FAMILIES  # noqa: E402
@@ -125,7 +125,8 @@ async def one_run(run: int, a: argparse.Namespace, overlay: Path, work: Path, ex
                 await drive_band(s.url, "ab-decoder", p, arm=s.arm, repeat=0, n_requests=p.concurrency, seed=99,
                                  started_at=t0)
         prompts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 5, 8, 13,", "good morning"]
-        greedy = {arm: await greedy_first_tokens(s.url, "ab-decoder", prompts, 8) for arm, s in servers.items()}
+        greedy = {arm: [x.tokens for x in await greedy_answers(s.url, "ab-decoder", prompts, 8)]
+                  for arm, s in servers.items()}
         passes: dict[str, dict[tuple[int, str], list[RequestRecord]]] = {p.name: {} for p in points}
         for p in points:
             for rep in range(a.rounds):

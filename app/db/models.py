@@ -358,7 +358,7 @@ class AbPass(Base):
 
 
 class AbArm(Base):
-    """What an arm's server logged from its start through warm-up, and its greedy first tokens (accuracy)."""
+    """What an arm's server logged from its start through warm-up, and its greedy answers (accuracy)."""
 
     __tablename__ = "ab_arms"
     __table_args__ = (UniqueConstraint("run_id", "arm"),)
@@ -366,5 +366,6 @@ class AbArm(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("ab_runs.id"))
     arm: Mapped[str] = mapped_column(String(16))
     logs: Mapped[dict[str, Any]] = mapped_column(JSON)  # rank -> start and warm-up log text
-    first_tokens: Mapped[list[Any] | None] = mapped_column(JSON)
+    first_tokens: Mapped[list[Any] | None] = mapped_column(JSON)  # runs before answers: greedy tokens only
+    answers: Mapped[list[Any] | None] = mapped_column(JSON)  # ab_wire.Answer per accuracy prompt
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

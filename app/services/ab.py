@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.ab_wire import ARMS, OperatingPoint, RequestRecord
+from app.ab_wire import ARMS, Answer, OperatingPoint, RequestRecord
 from app.db.models import AbArm, AbPass, AbRun, Campaign, Image, OverlayVersion
 from app.domain import ab_gate, ab_stats, served
 from app.domain import ab_states as st
@@ -282,7 +282,7 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "passes_total": len(sched), "passes_done": len(done),
             "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched
                      if (b, k, a) not in done],
-            "arms_posted": {a: {"first_tokens": x.first_tokens is not None} for a, x in arms.items()},
+            "arms_posted": {a: {"answers": _answers(x) is not None} for a, x in arms.items()},
             "result": r.result, "rollback_version_id": r.rollback_version_id,
             "created_at": r.created_at.isoformat() if r.created_at else None}
 
@@ -361,7 +361,7 @@ def post_pass(s: Session, rid: int, body: Any) -> tuple[dict[str, Any], bool]:
 
 def post_arm(s: Session, rid: int, body: Any) -> dict[str, Any]:
     """An arm's server log from start through warm-up (appended per rank: a restarted server logs its start
-    again) and its greedy first tokens (the latest kept)."""
+    again) and its greedy answers to the accuracy prompts (the latest kept)."""
     r = get_run(s, rid, lock=True)
     with _refused():
         st.accept_pass(st.RunState(r.state))
@@ -373,10 +373,18 @@ def post_arm(s: Session, rid: int, body: Any) -> dict[str, Any]:
     for rank, text in body.logs.items():
         logs[rank] = logs.get(rank, "") + text
     a.logs = logs
-    if body.first_tokens is not None:
-        a.first_tokens = body.first_tokens
+    if body.answers is not None:
+        a.answers = [x.model_dump() for x in body.answers]
     s.flush()
     return {"arm": body.arm, "ranks": sorted(logs)}
+
+
+def _answers(a: AbArm) -> list[Answer] | None:
+    """The arm's answers; a run posted before they carried logprobs has its greedy tokens only (first_tokens),
+    which then must equal A's exactly, as they were checked then."""
+    if a.answers is not None:
+        return [Answer(**x) for x in a.answers]
+    return None if a.first_tokens is None else [Answer(tokens=t) for t in a.first_tokens]
 
 
 def _rows_of(f: dict) -> list[dict[str, str]]:
@@ -406,14 +414,17 @@ def _engagement(v: OverlayVersion, arms: dict[str, AbArm], windows: dict[str, st
     return ab_gate.engagement(fams, b_logs, windows, sizes)
 
 
-def _result(res: ab_stats.RunResult, eng: ab_gate.Engagement, acc: str | None, arms: dict[str, AbArm],
-            max_loss: float) -> dict[str, Any]:
+def _result(res: ab_stats.RunResult, eng: ab_gate.Engagement, acc: str | None,
+            checks: dict[str, ab_gate.AnswerCheck], arms: dict[str, AbArm], max_loss: float) -> dict[str, Any]:
     result = res.as_dict() | {
         "engagement": {"ok": eng.ok, "reason": eng.reason, "note": eng.note,
                        "ranks": [{"rank": x.rank, "hits": x.hits, "rows_hit": x.rows_hit, "other_hits": x.other_hits,
                                   "misses": x.misses, "jit": x.jit} for x in eng.ranks]},
-        "accuracy": {"ok": acc is None, "reason": acc,
-                     "prompts": len((arms["A"].first_tokens or []) if "A" in arms else [])},
+        "accuracy": {"ok": acc is None, "reason": acc, "prompts": len(_answers(arms["A"]) or []) if "A" in arms else 0,
+                     "tolerance": {"tie_nats": ab_gate.TIE_NATS, "logprob_tol": ab_gate.LOGPROB_TOL,
+                                   "max_flip_frac": ab_gate.MAX_FLIP_FRAC},
+                     "arms": {arm: {"flips": x.flips, "departed": len(x.departed), "shifted": len(x.shifted)}
+                              for arm, x in checks.items()}},
         "promotable": None}
     result["max_loss"] = max_loss
     result["promotable"] = ab_stats.promotable(result, max_loss)
@@ -432,11 +443,11 @@ def assess(s: Session, r: AbRun) -> tuple[dict[str, Any], ab_stats.RunResult, li
     v = get_version(s, r.version_id)
     eng = _engagement(v, arms, windows, points)
     void = [eng.reason] if eng.reason else []
-    acc = ab_gate.accuracy({a: x.first_tokens for a, x in arms.items()})
+    acc, checks = ab_gate.accuracy({a: _answers(x) for a, x in arms.items()})
     if acc:
         void.append(acc)
     res = ab_stats.run_verdict(bands, void)
-    return _result(res, eng, acc, arms, r.max_loss), res, points, v
+    return _result(res, eng, acc, checks, arms, r.max_loss), res, points, v
 
 
 def _extend(r: AbRun, res: ab_stats.RunResult) -> dict[str, int]:

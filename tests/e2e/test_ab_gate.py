@@ -191,6 +191,27 @@ def test_an_arm_whose_files_did_not_take_is_void_not_neutral(gate, tmp_path):
     assert c.post(f"/v1/ab/runs/{run['id']}/promote").status_code == 409
 
 
+@pytest.mark.parametrize("plant, why", [
+    ("--flip-ties 0.03", None),  # a few near-tie flips (A's top two within 0.03 nats): within tolerance
+    ("--logprob-shift -0.3", "whose tokens' logprobs moved more than 0.1 nats"),
+    ("--token-salt other", "answered otherwise than A (first: prompt 0 at token 0")])
+def test_the_accuracy_check_tells_a_kernel_that_changes_answers_from_near_tie_flips(gate, tmp_path, plant, why):
+    """B's server answers the 32 accuracy prompts as planted; the check reads them against A's with its stated
+    tolerance (ab_gate.accuracy)."""
+    srv, c, v = gate
+    run = new_run(c, v["id"], points=POINTS[1:2], repeats=2)
+    out = drive(srv, run["id"], tmp_path / "d", launch(b_extra=plant))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    acc = got["result"]["accuracy"]
+    assert acc["prompts"] == 32 and acc["ok"] == (why is None), acc
+    if why:
+        assert got["verdict"] == "void" and "accuracy: arm B: " in got["reason"] and why in got["reason"], got["reason"]
+    else:  # B's answers flipped (not A's) and the run books
+        assert acc["arms"]["B"]["flips"] > 0 and acc["arms"]["A_prime"]["flips"] == 0 and got["verdict"] != "void", \
+            (acc, got["reason"])
+
+
 def test_a_band_with_too_few_requests_is_void_naming_why(gate, tmp_path):
     srv, c, v = gate
     run = new_run(c, v["id"], points=POINTS[1:2], requests_per_pass=2, min_requests=12)  # 8 a pass (c8)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.ab_load import drive_band, greedy_first_tokens
+from app.ab_load import drive_band, greedy_answers
 from app.ab_wire import OperatingPoint
 from app.capture.metrics import cumulative
 from app.domain.log_lines import parse_log
@@ -164,10 +164,11 @@ def test_logs_metrics_greedy_and_a_rank_that_ignores_its_files(standins, tmp_pat
     assert 'vllm:request_prompt_tokens_count{model_name="ab-standin"} 8.0' in m
 
     prompts = ["one two three", "four five six seven"]
-    ga = asyncio.run(greedy_first_tokens(a.url, MODEL, prompts, 5))
-    assert ga == asyncio.run(greedy_first_tokens(b.url, MODEL, prompts, 5))  # same prompt, same tokens
-    assert all(len(t) == 5 for t in ga)
-    assert ga != asyncio.run(greedy_first_tokens(salted.url, MODEL, prompts, 5))
+    ga = asyncio.run(greedy_answers(a.url, MODEL, prompts, 5))
+    assert ga == asyncio.run(greedy_answers(b.url, MODEL, prompts, 5))  # same prompt, same tokens and logprobs
+    assert all(len(x.tokens) == len(x.logprobs) == len(x.runner_up) == 5 for x in ga)
+    assert all(lp is not None and ru is not None and ru < lp for x in ga for lp, ru in zip(x.logprobs, x.runner_up))
+    assert [x.tokens for x in ga] != [x.tokens for x in asyncio.run(greedy_answers(salted.url, MODEL, prompts, 5))]
 
 
 def test_a_dying_server_gives_failed_records_then_connect_error(standins, tmp_path):

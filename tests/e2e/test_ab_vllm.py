@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from app.ab_driver import ArmServer
-from app.ab_load import drive_band, greedy_first_tokens
+from app.ab_load import drive_band, greedy_answers
 from app.ab_wire import OperatingPoint
 from app.capture.metrics import cumulative, delta
 from app.domain.ab_stats import pass_stats
@@ -107,5 +107,7 @@ def test_two_bands_against_real_vllm(vllm_server):
     assert steps.get("1", 0) > 0 and sum(v for k, v in steps.items() if float(k) >= 32) > 0
     assert "vllm:num_requests_running" in httpx.get(url + "/metrics").text
     prompts = ["w0001 w0002 w0003", "w0004 w0005"]
-    first = asyncio.run(greedy_first_tokens(url, "tiny", prompts, 4))
-    assert first == asyncio.run(greedy_first_tokens(url, "tiny", prompts, 4)) and all(len(t) == 4 for t in first)
+    first = asyncio.run(greedy_answers(url, "tiny", prompts, 4))
+    assert first == asyncio.run(greedy_answers(url, "tiny", prompts, 4)) and all(len(x.tokens) == 4 for x in first)
+    # vLLM's logprobs: the chosen token's and a runner-up's at every step (top 2), what the accuracy check reads
+    assert all(len(x.logprobs) == 4 and all(r is not None for r in x.runner_up) for x in first), first

@@ -21,7 +21,9 @@ from tests.unit.test_ab_stats import records
 N = K = 4096
 POINTS = [{"concurrency": c, "input_len": 16, "output_len": 32} for c in (2, 8, 32)]
 PLANTED = {"c2-i16-o32": -0.03, "c8-i16-o32": 0.0, "c32-i16-o32": 0.08}
-TOKENS = [["Paris", "."], ["\n", "if"]]
+# each arm's greedy answers to two prompts: tokens, their logprobs, the runner-up's (ab_wire.Answer)
+ANSWERS = [{"tokens": ["Paris", "."], "logprobs": [-0.1, -0.4], "runner_up": [-3.2, -2.5]},
+           {"tokens": ["\n", "if"], "logprobs": [-0.2, -1.0], "runner_up": [-2.9, -1.05]}]
 
 
 CONFIGS_DIR = "/opt/aiter/aiter/configs"  # where the image's AITER keeps its tables, as its worker reports it
@@ -38,12 +40,13 @@ def seed_overlay(c, ms=(1, 2, 32, 64), configs_dir: str | None = CONFIGS_DIR):
     return r.json()["campaign_id"]
 
 
-def drive_synthetic(c, run, planted, rng, noise=0.004, ranks=("0", "1"), b_hits=True, skip=()):
-    """What a driver posts: each arm's start log and tokens, then every pass of `todo` with its window's log."""
+def drive_synthetic(c, run, planted, rng, noise=0.004, ranks=("0", "1"), b_hits=True, skip=(), b_answers=None):
+    """What a driver posts: each arm's start log and answers, then every pass of `todo` with its window's log."""
     rid = run["id"]
     for arm in ("A", "A_prime", "B"):
         logs = {r: (hit(2, 2) + hit(32, 32) if arm == "B" and b_hits else miss(2) + miss(32)) for r in ranks}
-        assert c.post(f"/v1/ab/runs/{rid}/arms", json={"arm": arm, "logs": logs, "first_tokens": TOKENS}
+        answers = b_answers if arm == "B" and b_answers is not None else ANSWERS
+        assert c.post(f"/v1/ab/runs/{rid}/arms", json={"arm": arm, "logs": logs, "answers": answers}
                       ).status_code == 200
     t = 0
     for p in run["todo"]:
@@ -139,6 +142,8 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
     assert 'id="ab-verdict" class="verdict-regression"' in page and "c2-i16-o32" in page
     started = ", ".join(a.replace("_prime", "&#39;") for a in run["start_order"])
     assert f"arms in a Williams order, servers started {started})" in page
+    assert "answer the 2 accuracy prompts as A does (A&#39;: 0 near-tie flip(s), B: 0 near-tie flip(s))" in page
+    assert "Tolerance: an answer departs from A&#39;s only where A&#39;s top two were within 0.1 nats" in page
     assert f"Rollback proposed: version {rb['id']}" in page and 'id="ab-ranks"' in page
     svg = c.get(f"/ab/{run['id']}/bands.svg")
     assert svg.headers["content-type"].startswith("image/svg+xml") and svg.text.count("<circle") == 3
@@ -158,6 +163,32 @@ def test_a_noisy_control_or_an_arm_that_did_not_engage_voids_the_run(live_server
     res = c.post(f"/v1/ab/runs/{run['id']}/finish").json()["result"]
     assert res["verdict"] == "void" and "B did not engage: rank 0 logged no hit line" in res["reason"]
     assert "rank 1" in res["reason"] and c.post(f"/v1/ab/runs/{run['id']}/promote").status_code == 409
+
+
+def test_an_arm_that_answers_otherwise_voids_the_run_within_the_stated_tolerance(live_server):
+    """B's second answer departs from A's at token 1, where A's top two were 0.05 nats apart: a near-tie flip,
+    within tolerance (1 of 2 prompts is past the 25% a run may flip, so the flip share voids it); at token 0,
+    where A was sure (2.7 nats), the answer changed. The result states the tolerance."""
+    c = live_server.client()
+    seed_overlay(c)
+    v = c.post("/v1/ab/versions", json={"image_digest": DIGEST}).json()
+    body = {"image_digest": DIGEST, "version_id": v["id"], "baseline": "shipped", "points": POINTS[:1],
+            "repeats": 2, "requests_per_pass": 8}
+    cases = {"sure": dict(ANSWERS[1], tokens=["else", "if"]), "tie": dict(ANSWERS[1], tokens=["\n", "elif"]),
+             "moved": dict(ANSWERS[1], logprobs=[-0.5, -1.4])}
+    got = {}
+    for name, second in cases.items():
+        run = c.post(f"/v1/ab/runs/{c.post('/v1/ab/runs', json=body).json()['id']}/start").json()
+        drive_synthetic(c, run, {}, random.Random(9), b_answers=[ANSWERS[0], second])
+        got[name] = c.post(f"/v1/ab/runs/{run['id']}/finish").json()["result"]
+    assert got["sure"]["verdict"] == "void" and not got["sure"]["accuracy"]["ok"]
+    assert ("accuracy: arm B: 1 prompt(s) answered otherwise than A (first: prompt 1 at token 0; A's top-two gap "
+            "2.70 nats > 0.1)") in got["sure"]["reason"]
+    assert "accuracy: arm B: 1 of 2 prompts flipped at a near tie (at most 25%)" in got["tie"]["reason"]
+    assert "accuracy: arm B: 1 prompt(s) whose tokens' logprobs moved more than 0.1 nats (most: prompt 1, 0.350)" \
+        in got["moved"]["reason"]
+    assert got["sure"]["accuracy"]["tolerance"] == {"tie_nats": 0.1, "logprob_tol": 0.1, "max_flip_frac": 0.25}
+    assert got["sure"]["accuracy"]["prompts"] == 2
 
 
 def test_bad_input_names_the_field_and_stores_nothing(live_server):

@@ -3,7 +3,8 @@ the accuracy check, which rows serve a band (the rollback), and the default oper
 
 from __future__ import annotations
 
-from app.ab_wire import OperatingPoint
+from app.ab_load import _answer
+from app.ab_wire import Answer, OperatingPoint
 from app.domain import ab_gate as G
 from app.domain.families import FAMILIES
 
@@ -72,12 +73,64 @@ def test_ranks_on_different_rows_void():
     assert not e.ok and "ranks hit different rows" in e.reason
 
 
-def test_accuracy_compares_greedy_tokens_with_a():
-    a = [["Paris", "."], ["\n", "if"]]
-    assert G.accuracy({"A": a, "A_prime": a, "B": a}) is None
-    why = G.accuracy({"A": a, "A_prime": a, "B": [["Paris", "."], ["\n", "return"]]})
-    assert "arm B's greedy tokens differ from A's on prompt 1 at token 1" in why
-    assert "arm B's greedy first tokens were not posted" in G.accuracy({"A": a, "A_prime": a})
+def acc(answers):
+    return G.accuracy(answers)[0]
+
+
+def ans(tokens, logprobs=None, runner_up=None):
+    return Answer(tokens=tokens, logprobs=logprobs or [-0.1] * len(tokens), runner_up=runner_up or [-3.0] * len(tokens))
+
+
+# four prompts; A's top two are near-tied (0.05 nats) at prompt 3's second token
+A4 = [ans(["Paris", "."]), ans(["\n", "if"]), ans(["8", ","]), ans(["good", "day"], [-0.1, -0.70], [-3.0, -0.75])]
+
+
+def test_accuracy_within_tolerance_passes_and_a_changed_answer_fails():
+    assert acc({"A": A4, "A_prime": A4, "B": A4}) is None
+    b = A4[:1] + [ans(["\n", "return"])] + A4[2:]  # A's gap there: 2.9 nats, so B changed the answer
+    assert acc({"A": A4, "A_prime": A4, "B": b}) == (
+        "accuracy: arm B: 1 prompt(s) answered otherwise than A (first: prompt 1 at token 1; A's top-two gap 2.90 "
+        "nats > 0.1)")
+    assert "arm B's answers were not posted" in acc({"A": A4, "A_prime": A4})
+
+
+def test_a_flip_between_near_tied_tokens_is_within_tolerance_and_a_logprob_shift_is_not():
+    flip = A4[:3] + [ans(["good", "morning"], [-0.1, -0.75], [-3.0, -0.70])]
+    assert acc({"A": A4, "A_prime": A4, "B": flip}) is None  # 1 of 4 flipped at a 0.05-nat tie: 25%
+    check = G.check_answers(A4, flip)
+    assert check.flips == 1 and check.departed == [] and check.shifted == []
+    two = flip[:2] + [ans(["8", ","], [-0.1, -0.1], [-0.15, -3.0])] + flip[3:]
+    a_two = A4[:2] + [ans(["9", ","], [-0.1, -0.1], [-0.15, -3.0])] + A4[3:]
+    assert acc({"A": a_two, "A_prime": a_two, "B": two}) == (
+        "accuracy: arm B: 2 of 4 prompts flipped at a near tie (at most 25%)")
+    moved = [ans(x.tokens, [v - 0.15 for v in x.logprobs], x.runner_up) for x in A4]
+    assert acc({"A": A4, "A_prime": A4, "B": moved}).startswith(
+        "accuracy: arm B: 4 prompt(s) whose tokens' logprobs moved more than 0.1 nats")
+    within = [ans(x.tokens, [v - 0.05 for v in x.logprobs], x.runner_up) for x in A4]
+    assert acc({"A": A4, "A_prime": A4, "B": within}) is None
+
+
+def test_a_control_that_answers_otherwise_says_the_servers_do_not_answer_alike():
+    b = A4[:1] + [ans(["\n", "return"])] + A4[2:]
+    assert acc({"A": A4, "A_prime": b, "B": A4}).endswith("(A's own files: the servers do not answer alike)")
+
+
+def test_tokens_without_logprobs_must_equal_as_they_did():
+    """A run posted before answers carried logprobs: its tokens only, so any departure fails (no gap to judge)."""
+    a = [Answer(tokens=["Paris", "."]), Answer(tokens=["\n", "if"])]
+    assert acc({"A": a, "A_prime": a, "B": a}) is None
+    b = [a[0], Answer(tokens=["\n", "return"])]
+    assert "first: prompt 1 at token 1; no logprobs" in acc({"A": a, "A_prime": a, "B": b})
+
+
+def test_the_answer_of_a_vllm_completion_choice():
+    """vLLM lists the chosen token beside its top n: the runner-up is the best of the others."""
+    choice = {"text": " Paris.", "logprobs": {"tokens": [" Paris", "."], "token_logprobs": [-0.2, -1.1],
+                                              "top_logprobs": [{" Paris": -0.2, " Lyon": -2.5, " the": -3.0},
+                                                               {",": -0.9, ".": -1.1}]}}
+    got = _answer(choice)
+    assert got.tokens == [" Paris", "."] and got.logprobs == [-0.2, -1.1] and got.runner_up == [-2.5, -0.9]
+    assert _answer({"text": "x", "logprobs": None}) == Answer(tokens=["x"])
 
 
 def test_rows_serving_a_band_follow_aiters_padded_m_tries():
