@@ -2,7 +2,7 @@
 
 Per arm it points at a given endpoint, or starts a server with the user's launch command carrying that arm's
 AITER_CONFIG_* files (downloaded from the service for the arm's version), waits for its health, warms it, asks it
-the fixed greedy prompts (the servers start in the run's start_order), and then measures the run's passes in the
+the accuracy prompts (the servers start in the run's start_order), and then measures the run's passes in the
 service's order (band by band, rounds in ab_stats.ROUND_ORDERS), posting each pass whole with the server log lines
 of its window from every rank.
 When every planned pass is in, the service books the run or extends its undecided bands (sequential rounds), and
@@ -311,7 +311,7 @@ class Driver:
                 # every arm's files first: a version that cannot be served is refused before any server starts
                 envs = {arm: await self._arm_env(c, arm, run["arms"][arm]) if self.launch and arm not in
                         self.endpoints else {} for arm in ARMS}
-                for arm in run["start_order"]:  # A between B and A': the control shows what start order does
+                for arm in run["start_order"] or ARMS:  # A between B and A': the control shows what start order does
                     srv = await self._up(arm, envs[arm])
                     await self._warm(load, srv, points, run)
                     answers = await load.greedy_answers(srv.url, self.model, PROMPTS, ACCURACY_TOKENS)

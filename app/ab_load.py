@@ -140,10 +140,12 @@ def _answer(choice: dict[str, Any]) -> Answer:
     tokens = list(lp.get("tokens") or []) or [choice.get("text", "")]
     chosen = list(lp.get("token_logprobs") or [])
     runner_up: list[float | None] = []
+    runner_up_tokens: list[str | None] = []
     for t, top in zip(tokens, lp.get("top_logprobs") or []):
-        others = [v for k, v in (top or {}).items() if k != t and v is not None]
-        runner_up.append(max(others) if others else None)
-    return Answer(tokens=tokens, logprobs=chosen, runner_up=runner_up)
+        best = max(((v, k) for k, v in (top or {}).items() if k != t and v is not None), default=None)
+        runner_up.append(best[0] if best else None)
+        runner_up_tokens.append(best[1] if best else None)
+    return Answer(tokens=tokens, logprobs=chosen, runner_up=runner_up, runner_up_tokens=runner_up_tokens)
 
 
 async def greedy_answers(base_url: str, model: str, prompts: Sequence[str], n_tokens: int) -> list[Answer]:

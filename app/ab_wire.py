@@ -87,7 +87,7 @@ class RunIn(BaseModel):
     the default 6 is one full cycle of ab_stats.ROUND_ORDERS, every arm in every position twice).
     requests_per_pass: per pass, at least the band's concurrency (the service raises it to that).
     max_repeats: sequential rounds: a band still undecided after `repeats` rounds (its interval holds 0 and its
-    MDE is above target_mde, or it cannot rule out a loss above max_loss) is measured 4 rounds more at a time up to
+    MDE is above target_mde, or it cannot rule out a loss above max_loss) is measured 6 rounds more at a time up to
     this many (default: repeats, a fixed design); every look's interval is at the run's confidence split over
     bands and looks (app/domain/ab_stats.py)."""
 
@@ -165,16 +165,20 @@ class PassIn(BaseModel):
         return v
 
 
+LogProb = Annotated[float, Field(le=0, allow_inf_nan=False)]
+
+
 class Answer(BaseModel):
     """One accuracy prompt's greedy answer (app/ab_prompts.py): its tokens as the server's text pieces, each one's
-    logprob, and the runner-up's logprob at that step (the best other token of the server's top 2), so that a
-    departure from A's answer can be told from a flip between near-tied tokens (app/domain/ab_gate.accuracy)."""
+    logprob, and at each step the runner-up (the best other token of the server's top 2) with its logprob, so that
+    a departure from A's answer can be told from a flip between near-tied tokens (app/domain/ab_gate.accuracy)."""
 
     model_config = ConfigDict(extra="forbid")
 
     tokens: list[Annotated[str, Field(max_length=1000)]] = Field(max_length=256)
-    logprobs: list[float | None] = Field(default_factory=list, max_length=256)
-    runner_up: list[float | None] = Field(default_factory=list, max_length=256)
+    logprobs: list[LogProb | None] = Field(default_factory=list, max_length=256)
+    runner_up: list[LogProb | None] = Field(default_factory=list, max_length=256)
+    runner_up_tokens: list[Annotated[str, Field(max_length=1000)] | None] = Field(default_factory=list, max_length=256)
 
 
 class ArmIn(BaseModel):

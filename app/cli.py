@@ -350,7 +350,7 @@ def _ab_parser(sub: Any) -> None:
     cr.add_argument("--max-loss", type=float, default=0.05, help="promotion needs every band's interval to rule "
                                                                   "out a throughput loss above this (0.05: 5%%)")
     cr.add_argument("--max-repeats", type=int, default=None, help="sequential rounds: a band still undecided "
-                    "after --repeats rounds is measured 4 rounds more at a time up to this many (default: --repeats)")
+                    "after --repeats rounds is measured 6 rounds more at a time up to this many (default: --repeats)")
     cr.add_argument("--target-mde", type=float, default=0.03, help="an undecided band stops once its minimum "
                     "detectable effect is at most this (0.03: 3%%)")
     cr.add_argument("--min-effect", type=float, default=0.01, help="the smallest effect of interest: a "

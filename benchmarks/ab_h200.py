@@ -6,7 +6,7 @@ runs it, the compile lane first) on the decode GEMMs of a small Llama-shaped dec
 buckets the bands' batch sizes hit (AITER's tries: raw M, getPaddedM gl0, gl1), and write its winning rows as an
 overlay in the bf16 tuned header; (2) per run, start three servers of benchmarks/ab_decoder_server.py (random bf16
 weights, CUDA graphs per batch size): A and A' (no overlay: F.linear everywhere) and B (AITER_CONFIG_GEMM_BF16 = the
-overlay), and drive each band in rounds of A B A' / A' B A (app.domain.ab_stats.round_order) with
+overlay), and drive each band in rounds in app.domain.ab_stats.round_order (a Williams design) with
 app.ab_load.drive_band; (3) per band, app.domain.ab_stats.analyse_band: effect of B on output tok/s (and TTFT/ITL
 p50/p99) with its interval and MDE, and the A' control. Two runs, each on fresh server processes.
 

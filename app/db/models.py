@@ -332,6 +332,9 @@ class AbRun(Base):
     max_repeats: Mapped[int | None] = mapped_column(Integer)
     target_mde: Mapped[float | None] = mapped_column(Float)
     min_effect: Mapped[float | None] = mapped_column(Float)  # RunIn.min_effect (None: a run from before, 0)
+    # the order the driver starts the arms' servers in, drawn at creation (ab_stats.START_ORDERS); None: a run from
+    # before, started A, A', B and measured in A B A' / A' B A rounds
+    start_order: Mapped[list[Any] | None] = mapped_column(JSON)
     band_rounds: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     fault: Mapped[str | None] = mapped_column(Text)  # why the drive stopped (state interrupted)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # verdicts, per band, control, engagement, accuracy

@@ -147,19 +147,18 @@ MAX_FLIP_FRAC = 0.25  # at most this share of the prompts may flip at a near tie
 
 @dataclass(frozen=True)
 class AnswerCheck:
-    """One arm's answers against A's: prompts that departed where A was not near-tied (index, token, A's gap),
+    """One arm's answers against A's: prompts that departed other than by a near-tie flip (index, token, why),
     prompts whose shared tokens' logprobs moved past LOGPROB_TOL (index, mean shift), near-tie flips."""
 
-    departed: list[tuple[int, int, float | None]]
+    departed: list[tuple[int, int, str]]
     shifted: list[tuple[int, float]]
     flips: int
     prompts: int
 
     def failure(self) -> str | None:
         if self.departed:
-            i, j, gap = self.departed[0]
-            at = "no logprobs" if gap is None else f"A's top-two gap {gap:.2f} nats > {TIE_NATS}"
-            return f"{len(self.departed)} prompt(s) answered otherwise than A (first: prompt {i} at token {j}; {at})"
+            i, j, why = self.departed[0]
+            return f"{len(self.departed)} prompt(s) answered otherwise than A (first: prompt {i} at token {j}; {why})"
         if self.shifted:
             i, d = max(self.shifted, key=lambda x: x[1])
             return (f"{len(self.shifted)} prompt(s) whose tokens' logprobs moved more than {LOGPROB_TOL} nats "
@@ -169,24 +168,37 @@ class AnswerCheck:
         return None
 
 
-def _gap(ans: Answer, j: int) -> float | None:
-    lp = ans.logprobs[j] if j < len(ans.logprobs) else None
-    ru = ans.runner_up[j] if j < len(ans.runner_up) else None
-    return None if lp is None or ru is None else lp - ru
+def _at(xs: Sequence[Any], j: int) -> Any:
+    return xs[j] if j < len(xs) else None
+
+
+def _departure(pa: Answer, px: Answer, j: int) -> str | None:
+    """Why the arm's answer leaving A's at token j is not a near-tie flip (None: it is one): A's top two there
+    were further apart than TIE_NATS, or the arm chose neither A's token nor A's runner-up."""
+    lp, ru = _at(pa.logprobs, j), _at(pa.runner_up, j)
+    if lp is None or ru is None:
+        return "A's logprobs there are unknown"
+    if lp - ru > TIE_NATS:
+        return f"A's top-two gap {lp - ru:.2f} nats > {TIE_NATS}"
+    alt = _at(pa.runner_up_tokens, j)
+    if alt is not None and px.tokens[j] != alt:
+        return f"{px.tokens[j]!r} is neither A's token nor its runner-up {alt!r}"
+    return None
 
 
 def check_answers(a: Sequence[Answer], x: Sequence[Answer]) -> AnswerCheck:
-    departed, shifted, flips = [], [], 0
+    departed: list[tuple[int, int, str]] = []
+    shifted, flips = [], 0
     for i, (pa, px) in enumerate(zip(a, x)):
-        n = min(len(pa.tokens), len(px.tokens))
-        j = next((k for k in range(n) if pa.tokens[k] != px.tokens[k]), n)
-        if j < n or len(pa.tokens) != len(px.tokens):
-            gap = _gap(pa, j) if j < len(pa.tokens) else None
-            if gap is not None and gap <= TIE_NATS:
-                flips += 1
-            else:
-                departed.append((i, j, gap))
+        if len(pa.tokens) != len(px.tokens):
+            departed.append((i, min(len(pa.tokens), len(px.tokens)), f"{len(px.tokens)} tokens, A {len(pa.tokens)}"))
+            continue
+        j = next((k for k, (u, v) in enumerate(zip(pa.tokens, px.tokens)) if u != v), len(pa.tokens))
+        if j < len(pa.tokens):
+            if why := _departure(pa, px, j):
+                departed.append((i, j, why))
                 continue
+            flips += 1
         diffs = [abs(u - v) for u, v in zip(pa.logprobs[:j], px.logprobs[:j]) if u is not None and v is not None]
         if diffs and sum(diffs) / len(diffs) > LOGPROB_TOL:
             shifted.append((i, sum(diffs) / len(diffs)))

@@ -1,20 +1,23 @@
 """The serving A/B's statistics (issue 32): pure functions over the per-request records of a run's passes.
 
 A run measures each band in rounds; a round runs every arm once, in an order that reverses from one round to the
-next (ABBA blocks: A B A' then A' B A), so a linear drift of the node adds +d to one round's B/A ratio and -d to
-the next one's, and cancels in their mean; over six rounds every arm takes every position equally often
-(`ROUND_ORDERS`, a Williams design), so nothing tied to a position in the round falls on one arm. Per band and metric, each pass gives one number (the unit of
-replication: requests inside a pass share its moment on the node, so they are not independent replicates); the
-effect of B (and of the control A') is the geometric mean of its per-round ratio to the A of the same round, with a
-Student-t interval whose variance comes from the round x arm table's residual (rounds as blocks:
-`block_intervals`). The drift left in single rounds widens the interval (conservative), it does not bias it.
+next in mirrored pairs (A B A' then A' B A; B A' A then A A' B; ...), so a linear drift of the node adds +d to one
+round's B/A ratio and -d to the next one's, and cancels in their mean; over six rounds every arm takes every
+position equally often (`ROUND_ORDERS`, a Williams design), so nothing tied to a position in the round falls on one
+arm. Runs whose rounds come in multiples of six (the default 6, extensions of 6) are balanced at every look. Per
+band and metric, each pass gives one number (the unit of replication: requests inside a pass share its moment on the
+node, so they are not independent replicates); the effect of B (and of the control A') is the geometric mean of its
+per-round ratio to the A of the same round, with a Student-t interval whose variance comes from the round x arm
+table's residual (rounds as blocks: `block_intervals`). The drift left in single rounds widens the interval
+(conservative), it does not bias it.
 
 Sequential rounds (`looks`, `undecided`): a band measured in the run's `repeats` rounds whose interval holds 0 and
 is still too wide (its MDE above the run's target, or it cannot rule out a loss above max_loss) gets EXTEND_ROUNDS
-more rounds (two mirrored pairs), again and again up to `max_repeats`; a band that is decided stops. Each band is looked
-at up to L = 1 + ceil((max_repeats - repeats) / EXTEND_ROUNDS) times, and with k bands every interval, at every
-look, is made at confidence 1 - alpha/(k L) (Bonferroni over bands and looks), so the run's chance of a false
-verdict, and of a false control alarm, stays at alpha whatever the number of bands and however the looks fall.
+more rounds (one cycle of the round orders), again and again up to `max_repeats`; a band that is decided stops. Each
+band is looked at up to L = 1 + ceil((max_repeats - repeats) / EXTEND_ROUNDS) times, and with k bands every
+interval, at every look, is made at confidence 1 - alpha/(k L) (Bonferroni over bands and looks), so the run's
+chance of a false verdict, and of a false control alarm, stays at alpha whatever the number of bands and however the
+looks fall.
 
 Stdlib only (the service has no numpy/scipy): the t quantile comes from the regularized incomplete beta function
 (continued fraction, Numerical Recipes 6.4) inverted by bisection.
@@ -23,6 +26,7 @@ Stdlib only (the service has no numpy/scipy): the t quantile comes from the regu
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -65,13 +69,16 @@ def round_order(repeat: int) -> tuple[str, ...]:
     return ROUND_ORDERS[repeat % len(ROUND_ORDERS)]
 
 
-def start_order(run_id: int) -> tuple[str, ...]:
-    """The order the driver starts the arms' servers in: A between the other two, B first in one run and the
-    control first in the next. A server drifts with its own age (warm-up, heat, caches, its allocator), and
-    servers started one after another differ in age: with A in the middle, B and A' are as far from A's age as each
-    other, on opposite sides, so what the start order does to B it does to the control too, which shows it (A, A',
-    B put B twice as far from A as the control: the control showed a third of B's offset, unflagged)."""
-    return ("B", "A", "A_prime") if run_id % 2 else ("A_prime", "A", "B")
+# The orders the driver may start the arms' servers in: A between the other two. A server drifts with its own age
+# (warm-up, heat, caches, its allocator), and servers started one after another differ in age: with A in the
+# middle, B and A' are as far from A's age as each other, on opposite sides, so what the start order does to B it
+# does to the control too, which shows it (A, A', B put B twice as far from A as the control: the control showed a
+# third of B's offset, unflagged). Which of B and A' goes first is drawn per run, so neither is always oldest.
+START_ORDERS: tuple[tuple[str, str, str], ...] = (("B", "A", "A_prime"), ("A_prime", "A", "B"))
+
+
+def draw_start_order(rng: random.Random | None = None) -> tuple[str, str, str]:
+    return (rng or random.SystemRandom()).choice(START_ORDERS)
 
 
 # ---- per pass ---------------------------------------------------------------------------------------------------
@@ -235,7 +242,9 @@ class BandResult:
         return d
 
 
-EXTEND_ROUNDS = 4  # rounds an undecided band gets at a time: two mirrored pairs, so linear drift still cancels
+# rounds an undecided band gets at a time: one cycle of ROUND_ORDERS, so every look that follows a whole number of
+# cycles has every arm in every place equally often (4, two mirrored pairs, left B second in 4 of 8 rounds)
+EXTEND_ROUNDS = 6
 
 
 def looks(repeats: int, max_repeats: int | None) -> int:

@@ -208,7 +208,7 @@ def create_run(s: Session, body: Any) -> dict[str, Any]:
               repeats=body.repeats, requests_per_pass=body.requests_per_pass, confidence=body.confidence,
               power=body.power, min_requests=body.min_requests, seed=body.seed, max_loss=body.max_loss,
               max_repeats=body.max_repeats, target_mde=body.target_mde, min_effect=body.min_effect,
-              created_at=_now(),
+              start_order=list(ab_stats.draw_start_order()), created_at=_now(),
               updated_at=_now())
     s.add(r)
     s.flush()
@@ -277,7 +277,7 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "requests_per_pass": r.requests_per_pass, "confidence": r.confidence, "power": r.power,
             "min_requests": r.min_requests, "seed": r.seed, "max_loss": r.max_loss,
             "max_repeats": r.max_repeats or r.repeats, "target_mde": r.target_mde, "min_effect": r.min_effect or 0.0,
-            "rounds": rounds(r), "start_order": list(ab_stats.start_order(r.id)),
+            "rounds": rounds(r), "start_order": r.start_order,
             "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
             "passes_total": len(sched), "passes_done": len(done),
             "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched
@@ -384,7 +384,7 @@ def _answers(a: AbArm) -> list[Answer] | None:
     which then must equal A's exactly, as they were checked then."""
     if a.answers is not None:
         return [Answer(**x) for x in a.answers]
-    return None if a.first_tokens is None else [Answer(tokens=t) for t in a.first_tokens]
+    return None if a.first_tokens is None else [Answer(tokens=t[:256]) for t in a.first_tokens]
 
 
 def _rows_of(f: dict) -> list[dict[str, str]]:

@@ -32,7 +32,7 @@ POINTS = [{"concurrency": 2, "input_len": 16, "output_len": 8}, {"concurrency": 
 # AITER would pick for 1 or 2 once the others are gone: M=1, M=2 and M=16 (its padded bucket serves them).
 ROWS_M = (1, 2, 16, 64)
 WITHDRAWN_M = ["1", "2", "16"]
-# The measured gate (benchmarks/ab_gate.py measures how often it is right): 8 ABBA rounds at confidence 0.99 over
+# The measured gate (benchmarks/ab_gate.py measures how often it is right): 6 rounds at confidence 0.99 over
 # the 3 bands, the verdict on the decode rate (ab_stats.PRIMARY). A decode step takes 12 ms + 3 ms per running
 # sequence (c2 18 ms, c8 36 ms, c16 60 ms), so 16 streams ask this shared 2-core VM for 270 tokens/s, not 800:
 # at 20 ms flat, c16's passes were CPU-bound (pass-to-pass sd 10-14%, benchmarks/RESULTS.md). c2 decodes 2 streams
@@ -45,11 +45,11 @@ GATE_POINTS = [{"concurrency": 2, "input_len": 16, "output_len": 32, "requests":
                {"concurrency": 16, "input_len": 16, "output_len": 24, "requests": 16}]
 BANDS = dict(zip((f"c{p['concurrency']}-i{p['input_len']}-o{p['output_len']}" for p in GATE_POINTS),
                  ("regression", "neutral", "gain")))
-# Sequential rounds: a band still undecided after 8 rounds (its interval holds 0 and its MDE is above 2.5%, or it
-# cannot rule out a 5% loss) is measured 4 rounds more at a time, up to 16 (3 looks; every interval at 0.99 split
-# over 3 bands and 3 looks).
-GATE = {"token_ms": "--token-ms 12 --batch-ms 3", "repeats": 8, "requests_per_pass": 8, "confidence": 0.99,
-        "points": GATE_POINTS, "max_repeats": 16, "target_mde": 0.025}
+# Sequential rounds: a band still undecided after 6 rounds (its interval holds 0 and its MDE is above 2.5%, or it
+# cannot rule out a 5% loss) is measured 6 rounds more at a time, up to 18 (3 looks; every interval at 0.99 split
+# over 3 bands and 3 looks). Whole cycles of the round orders at every look: every arm in every place equally often.
+GATE = {"token_ms": "--token-ms 12 --batch-ms 3", "repeats": 6, "requests_per_pass": 8, "confidence": 0.99,
+        "points": GATE_POINTS, "max_repeats": 18, "target_mde": 0.025}
 
 
 def launch(extra: str = "", b_extra: str | None = None, b_prefix: str = "") -> str:
@@ -128,9 +128,9 @@ def test_the_gate_finds_the_planted_bands_rolls_back_and_promotes(gate, tmp_path
 
 def test_the_driver_measures_the_rounds_an_undecided_band_is_extended_by(gate, tmp_path):
     """No effect at c8 and a target MDE no run reaches: the band is undecided at every look, so the service
-    extends it 2 -> 6 -> 8 rounds (the cap) and the driver measures each extension before the run books.
+    extends it 2 -> 8 rounds (6 more, cut at the cap) and the driver measures the extension before the run books.
     Confidence 0.9999: at the default 0.95 the identical-arm control alone voids the run (booked at once, no
-    extension) with ~1.7% chance at each of the 3 looks (alpha split over them), ~5% a run: CI failed on it once."""
+    extension) with ~2.5% chance at each of the 2 looks (alpha split over them), ~5% a run: CI failed on it once."""
     srv, c, v = gate
     run = new_run(c, v["id"], points=POINTS[1:2], repeats=2, max_repeats=8, target_mde=1e-6, confidence=0.9999)
     started = tmp_path / "started"  # each launch notes its arm first: the order the driver started the servers in
@@ -161,8 +161,9 @@ def test_an_unreachable_endpoint_interrupts_the_run_which_resumes(gate, tmp_path
 def test_a_server_that_dies_mid_run_interrupts_it_without_half_a_pass(gate, tmp_path):
     srv, c, v = gate
     run = new_run(c, v["id"], points=POINTS[2:])
-    # arm B's server exits at request 61: warm-up (16 + 4 greedy), rounds 0 and 1 (16 a pass), then mid-pass in round 2
-    out = drive(srv, run["id"], tmp_path / "d", launch(b_extra="--die-after-requests 60"))
+    # arm B's server exits at request 91: warm-up 16, 32 accuracy prompts, rounds 0 and 1 (16 a pass), then mid-pass
+    # in round 2
+    out = drive(srv, run["id"], tmp_path / "d", launch(b_extra="--die-after-requests 90"))
     assert out.returncode == 3 and "server exited" in out.stderr, out.stderr[-3000:]
     got = c.get(f"/v1/ab/runs/{run['id']}").json()
     assert got["state"] == "interrupted" and "arm B" in got["reason"] and got["result"] is None

@@ -110,6 +110,17 @@ def test_a_flip_between_near_tied_tokens_is_within_tolerance_and_a_logprob_shift
     assert acc({"A": A4, "A_prime": A4, "B": within}) is None
 
 
+def test_at_a_near_tie_only_a_runner_up_is_a_flip_and_a_shorter_answer_departs():
+    a = A4[:3] + [Answer(tokens=["good", "day"], logprobs=[-0.1, -0.70], runner_up=[-3.0, -0.75],
+                         runner_up_tokens=["bad", "morning"])]
+    assert acc({"A": a, "A_prime": a, "B": A4[:3] + [ans(["good", "morning"])]}) is None
+    assert acc({"A": a, "A_prime": a, "B": A4[:3] + [ans(["good", "night"])]}) == (
+        "accuracy: arm B: 1 prompt(s) answered otherwise than A (first: prompt 3 at token 1; 'night' is neither A's "
+        "token nor its runner-up 'morning')")
+    assert acc({"A": a, "A_prime": a, "B": A4[:3] + [ans(["good"])]}) == (
+        "accuracy: arm B: 1 prompt(s) answered otherwise than A (first: prompt 3 at token 1; 1 tokens, A 2)")
+
+
 def test_a_control_that_answers_otherwise_says_the_servers_do_not_answer_alike():
     b = A4[:1] + [ans(["\n", "return"])] + A4[2:]
     assert acc({"A": A4, "A_prime": b, "B": A4}).endswith("(A's own files: the servers do not answer alike)")
@@ -120,7 +131,7 @@ def test_tokens_without_logprobs_must_equal_as_they_did():
     a = [Answer(tokens=["Paris", "."]), Answer(tokens=["\n", "if"])]
     assert acc({"A": a, "A_prime": a, "B": a}) is None
     b = [a[0], Answer(tokens=["\n", "return"])]
-    assert "first: prompt 1 at token 1; no logprobs" in acc({"A": a, "A_prime": a, "B": b})
+    assert "first: prompt 1 at token 1; A's logprobs there are unknown" in acc({"A": a, "A_prime": a, "B": b})
 
 
 def test_the_answer_of_a_vllm_completion_choice():
@@ -130,6 +141,7 @@ def test_the_answer_of_a_vllm_completion_choice():
                                                                {",": -0.9, ".": -1.1}]}}
     got = _answer(choice)
     assert got.tokens == [" Paris", "."] and got.logprobs == [-0.2, -1.1] and got.runner_up == [-2.5, -0.9]
+    assert got.runner_up_tokens == [" Lyon", ","]
     assert _answer({"text": "x", "logprobs": None}) == Answer(tokens=["x"])
 
 
