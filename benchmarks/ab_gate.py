@@ -15,7 +15,8 @@ Each gate: a run of the version against the shipped tables; its regressing band 
 run of that version. Prints one JSON line per gate and a summary (rates with Wilson 95% intervals, the effect
 estimates' spread), which goes to benchmarks/RESULTS.md.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/ab_gate.py [--gates 20] [--repeats 6] [--max-repeats 18] [--target-mde 0.025]
+    PYTHONPATH=. .venv/bin/python benchmarks/ab_gate.py [--gates 20] [--repeats 6] [--max-repeats 18] \
+        [--target-mde 0.025]
 
 Gates can run as parallel shards where CPUs are free (--first-gate N --gates K each, own service and seeds);
 --summarize FILE... then reads their per-gate JSON lines and prints the one summary.
