@@ -2,9 +2,9 @@
 
 Per arm it points at a given endpoint, or starts a server with the user's launch command carrying that arm's
 AITER_CONFIG_* files (downloaded from the service for the arm's version), waits for its health, warms it, asks it
-the accuracy prompts (the servers start in the run's start_order), and then measures the run's passes in the
-service's order (band by band, rounds in ab_stats.ROUND_ORDERS), posting each pass whole with the server log lines
-of its window from every rank.
+the accuracy prompts (the servers start in the run's start_order), and then measures the run's passes (its own
+load loop, or vLLM's / SGLang's bench client: app/ab_bench.py) in the service's order (band by band, rounds in
+ab_stats.ROUND_ORDERS), posting each pass whole with the server log lines of its window from every rank.
 When every planned pass is in, the service books the run or extends its undecided bands (sequential rounds), and
 the driver measures those too.
 A re-drive continues with the passes the service does not have. A fault (an endpoint that does not answer, a
@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from app.ab_bench import PRESETS, BenchFailed, BenchLoad
 from app.ab_prompts import PROMPTS
 from app.ab_wire import ARMS, Arm, ArmIn, NodeProbe, OperatingPoint, PassIn, RequestRecord
 from app.domain import log_ranks
@@ -192,7 +193,7 @@ class Driver:
                  launch: str | None = None, ranks: int = 1, rank_log: str = ONE_LOG,
                  health_timeout_s: float = 120.0, request_timeout_s: float = 60.0, warmup_requests: int = 4,
                  max_passes: int | None = None, stall_s: float | None = STALL_S,
-                 stall_retries: int = STALL_RETRIES) -> None:
+                 stall_retries: int = STALL_RETRIES, load_cmd: str | None = None) -> None:
         self.service, self.run_id, self.model = service.rstrip("/"), run_id, model
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.workdir, self.endpoints, self.logs, self.launch = workdir, endpoints or {}, logs or {}, launch
@@ -200,6 +201,8 @@ class Driver:
         self.health_timeout_s, self.request_timeout_s = health_timeout_s, request_timeout_s
         self.warmup_requests, self.max_passes = warmup_requests, max_passes
         self.stall_s, self.stall_retries = stall_s, stall_retries
+        # the load: the own loop, or a load generator of the field (vllm bench serve, sglang.bench_serving)
+        self.bench = BenchLoad(load_cmd, workdir) if load_cmd else None
         self.lags: list[float] = []  # the largest lag of each posted pass: the node's ordinary lag
         self.servers: dict[str, ArmServer] = {}
         self.t0 = time.monotonic()
@@ -301,7 +304,8 @@ class Driver:
     # ---- the run ----
     async def run(self) -> dict[str, Any]:
         """Drive the run to its end (booked) or to a fault (interrupted, raised as Fault)."""
-        load = _load()
+        own = _load()
+        load = self.bench or own
         # a fresh connection per call to the service: a pooled one can be closed by the service's keep-alive timeout
         # (uvicorn: 5 s) while a longer pass runs, and the next post then fails with a ReadError (seen here)
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as c:
@@ -314,7 +318,7 @@ class Driver:
                 for arm in run["start_order"] or ARMS:  # A between B and A': the control shows what start order does
                     srv = await self._up(arm, envs[arm])
                     await self._warm(load, srv, points, run)
-                    answers = await load.greedy_answers(srv.url, self.model, PROMPTS, ACCURACY_TOKENS)
+                    answers = await own.greedy_answers(srv.url, self.model, PROMPTS, ACCURACY_TOKENS)
                     # the log from the server's start: a real server logs most hits before it is healthy (vLLM
                     # captures its CUDA graphs first, and AITER logs a shape once per process)
                     await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/arms", json=ArmIn(
@@ -346,6 +350,8 @@ class Driver:
                                              timeout_s=self.request_timeout_s)
             except httpx.ConnectError as e:
                 raise Fault(f"arm {srv.arm}: endpoint {srv.url} unreachable while warming ({e})") from None
+            except BenchFailed as e:
+                raise Fault(f"arm {srv.arm}: no load while warming at {name}: {e}") from None
             if recs and all(r.error for r in recs):
                 raise Fault(f"arm {srv.arm}: every warm-up request failed at {name} ({recs[0].error})")
 
@@ -370,6 +376,8 @@ class Driver:
             except httpx.ConnectError as e:
                 raise Fault(f"arm {arm}: endpoint {srv.url} unreachable during band {band} round {repeat} ({e})") \
                     from None
+            except BenchFailed as e:
+                raise Fault(f"arm {arm}: no load for band {band} round {repeat}: {e}") from None
             # a pass the node stalled in is measured again: the probe, not the pass's speed, decides (so an arm's
             # own slowness is never measured away; one that stalls the node every time is posted at the last try)
             node = probe.result()
@@ -413,7 +421,8 @@ def drive(args: Any) -> int:
     d = Driver(args.service, args.token, args.run, model=args.model, workdir=Path(args.workdir),
                endpoints=parse_pairs(args.endpoint, "--endpoint"), logs=parse_pairs(args.log, "--log"),
                launch=args.launch, ranks=args.ranks, rank_log=args.rank_log, health_timeout_s=args.health_timeout,
-               max_passes=args.max_passes, stall_s=STALL_S if args.stall_s is None else args.stall_s or None)
+               max_passes=args.max_passes, stall_s=STALL_S if args.stall_s is None else args.stall_s or None,
+               load_cmd=args.load_cmd or PRESETS.get(args.load))
     def _terminated(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds through the finally below: the launched servers are ended
 

@@ -16,7 +16,8 @@ project's venv):
   install here; tests/e2e/test_ab_vllm.py) and takes a tokenizer too.
 Start-up seconds were not measured for guidellm/aiperf: neither fits "httpx and pydantic beside a server, no
 hub" before that. None of them hands back per-request records per pass for ABBA interleaving without parsing
-its report files. The loop below (~150 lines) records exactly what the gate reads.
+its report files. The loop below (~150 lines) records exactly what the gate reads; where the serving image has
+vLLM's or SGLang's bench client, app/ab_bench.py runs it instead and parses its report into the same records.
 
 Inter-token latencies are the gaps between streamed chunks that carry text: vLLM may send several tokens in one
 chunk (its output processor merges what the engine made while the previous chunk was sent; seen on its CPU build,

