@@ -13,9 +13,9 @@ the band's output_len is a failed one here (the gate compares like with like). S
 usage where a chunk carries one and else the requested length, so there a short stream may read whole. SGLang
 records no start times: _starts() replays its closed loop.
 
-The command is a template: the presets below, or the operator's own (--load-cmd, e.g. to add --tokenizer or
---served-model-name). Its fields are shell-quoted; it runs through /bin/sh in its own process group (ended with
-the pass on a timeout), its output appended to the arm's bench.log.
+The command is a template: the presets below, or the operator's own (--load-cmd, e.g. to add --tokenizer where the
+served model name is not the tokenizer's). Its fields are shell-quoted; it runs through /bin/sh in its own process
+group (ended with the pass on a timeout), its output appended to the arm's bench.log.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from typing import Any
 
 from app.ab_wire import Arm, OperatingPoint, RequestRecord
 
-FORMATS = ("vllm", "sglang")
 PRESETS = {
     # --ready-check-timeout-sec 0 and --num-warmups 0: the driver checks health and warms each arm itself
     "vllm": ("vllm bench serve --backend vllm --base-url {base_url} --endpoint /v1/completions --model {model} "

@@ -372,6 +372,7 @@ def _ab_parser(sub: Any) -> None:
 
 def _ab_drive_parser(asub: Any) -> None:
     """`aiter-tuner ab drive`: the driver beside the servers (app/ab_driver.py)."""
+    from app.ab_bench import PRESETS
     dr = asub.add_parser("drive", help="measure a run beside the servers (re-run to resume)")
     dr.add_argument("run", type=int)
     dr.add_argument("--model", required=True)
@@ -388,7 +389,7 @@ def _ab_drive_parser(asub: Any) -> None:
                     "ranks told apart by the prefixes vLLM and SGLang put on worker lines; '{log}.rank{rank}': a "
                     "file per rank")
     load = dr.add_mutually_exclusive_group()
-    load.add_argument("--load", choices=("own", "vllm", "sglang"), default="own", help="the load generator: the "
+    load.add_argument("--load", choices=("own", *PRESETS), default="own", help="the load generator: the "
                     "driver's own streaming loop (default), `vllm bench serve` or `python3 -m sglang.bench_serving` "
                     "(a subprocess per pass, its per-request JSON read back; app/ab_bench.py PRESETS)")
     load.add_argument("--load-cmd", help="the load generator's command instead of the preset's (a shell command; "
