@@ -124,9 +124,8 @@ def records(result: dict[str, Any], point: OperatingPoint, *, arm: Arm, repeat: 
         if err is None and (ttfts[i] or 0) > 0:
             itl = [float(x) for x in itls[i] or []]
             rec.update(ttft_s=float(ttfts[i]), itl_s=itl, output_tokens=got,
-                       latency_s=float(lats[i]) if len(lats) == n and lats[i] else float(ttfts[i]) + sum(itl))
-            if got < point.output_len:
-                rec["error"] = f"stream ended after {got} of {point.output_len} tokens"
+                       latency_s=float(lats[i]) if len(lats) == n and lats[i] else float(ttfts[i]) + sum(itl),
+                       error=point.short_stream(got))
         else:
             rec["error"] = (err or "no token came").strip()[-_ERR_MAX:]
         out.append(RequestRecord(arm=arm, band=point.name, repeat=repeat, **rec))

@@ -193,7 +193,7 @@ class Driver:
                  launch: str | None = None, ranks: int = 1, rank_log: str = ONE_LOG,
                  health_timeout_s: float = 120.0, request_timeout_s: float = 60.0, warmup_requests: int = 4,
                  max_passes: int | None = None, stall_s: float | None = STALL_S,
-                 stall_retries: int = STALL_RETRIES, load_cmd: str | None = None) -> None:
+                 stall_retries: int = STALL_RETRIES, load_cmd: str | None = None, load_name: str = "own") -> None:
         self.service, self.run_id, self.model = service.rstrip("/"), run_id, model
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.workdir, self.endpoints, self.logs, self.launch = workdir, endpoints or {}, logs or {}, launch
@@ -203,6 +203,7 @@ class Driver:
         self.stall_s, self.stall_retries = stall_s, stall_retries
         # the load: the own loop, or a load generator of the field (vllm bench serve, sglang.bench_serving)
         self.bench = BenchLoad(load_cmd, workdir) if load_cmd else None
+        self.load_name = load_name  # what the passes record as their load (ab_wire.PassIn.load)
         self.lags: list[float] = []  # the largest lag of each posted pass: the node's ordinary lag
         self.servers: dict[str, ArmServer] = {}
         self.t0 = time.monotonic()
@@ -242,7 +243,8 @@ class Driver:
             env[f["env_var"]] = ":".join(str(path) if p == "@overlay" else p for p in f["paths"])
         return env
 
-    async def _up(self, arm: str, env: dict[str, str]) -> ArmServer:
+    def _launch(self, arm: str, env: dict[str, str]) -> ArmServer:
+        """The arm's server: its endpoint, or started by the launch command (not waited for)."""
         if arm in self.endpoints:
             logs = self.logs.get(arm)
             srv = ArmServer(arm, self.endpoints[arm], self._log_files(logs) if logs else [],  # type: ignore[arg-type]
@@ -265,7 +267,6 @@ class Driver:
         else:
             raise Fault(f"arm {arm}: neither an endpoint nor a launch command")
         self.servers[arm] = srv  # before its health: stop() ends a server that never became healthy too
-        await self._health(srv)
         return srv
 
     async def _health(self, srv: ArmServer) -> None:
@@ -312,11 +313,22 @@ class Driver:
             run = await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/start")
             points = {OperatingPoint(**p).name: OperatingPoint(**p) for p in run["points"]}
             try:
+                if run.get("load") not in (None, self.load_name):  # before any server starts, as the service would
+                    raise Fault(f"run {self.run_id}'s passes were measured by the {run['load']!r} load, this drive's "
+                                f"is {self.load_name!r}: resume it with that load, or make a new run")
                 # every arm's files first: a version that cannot be served is refused before any server starts
                 envs = {arm: await self._arm_env(c, arm, run["arms"][arm]) if self.launch and arm not in
                         self.endpoints else {} for arm in ARMS}
-                for arm in run["start_order"] or ARMS:  # A between B and A': the control shows what start order does
-                    srv = await self._up(arm, envs[arm])
+                order = run["start_order"] or ARMS
+                # every arm's server started at once, in the start order: a server drifts with its age (warm-up,
+                # caches, its allocator), so servers of one age drift alike; started one after another (each
+                # healthy, warm and answered first) they were 12 s apart, and the control flagged runs for it
+                # (benchmarks/RESULTS.md, issue 49). A stays between B and A' for what is left.
+                for arm in order:
+                    self._launch(arm, envs[arm])
+                for arm in order:
+                    srv = self.servers[arm]
+                    await self._health(srv)
                     await self._warm(load, srv, points, run)
                     answers = await own.greedy_answers(srv.url, self.model, PROMPTS, ACCURACY_TOKENS)
                     # the log from the server's start: a real server logs most hits before it is healthy (vLLM
@@ -393,7 +405,7 @@ class Driver:
         self.lags.append(node.lag_max_s)
         await self._svc(c, "POST", f"/v1/ab/runs/{self.run_id}/passes", json=PassIn(
             band=band, repeat=repeat, arm=arm, records=recs, logs=srv.read_since(offs),
-            probe=node.model_copy(update={"stalled_passes": stalled})).model_dump())
+            probe=node.model_copy(update={"stalled_passes": stalled}), load=self.load_name).model_dump())
 
 
 def _free_port() -> int:
@@ -422,7 +434,8 @@ def drive(args: Any) -> int:
                endpoints=parse_pairs(args.endpoint, "--endpoint"), logs=parse_pairs(args.log, "--log"),
                launch=args.launch, ranks=args.ranks, rank_log=args.rank_log, health_timeout_s=args.health_timeout,
                max_passes=args.max_passes, stall_s=STALL_S if args.stall_s is None else args.stall_s or None,
-               load_cmd=args.load_cmd or PRESETS.get(args.load))
+               load_cmd=args.load_cmd or PRESETS.get(args.load),
+               load_name=f"cmd: {args.load_cmd}"[:300] if args.load_cmd else args.load)
     def _terminated(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds through the finally below: the launched servers are ended
 

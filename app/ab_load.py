@@ -95,8 +95,8 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, point: Operating
         rec.itl_s = [b - a for a, b in zip(stamps, stamps[1:])]
         rec.latency_s = stamps[-1] - t0
     rec.output_tokens = usage_out if usage_out is not None else len(stamps)
-    if rec.error is None and rec.output_tokens < point.output_len:
-        rec.error = f"stream ended after {rec.output_tokens} of {point.output_len} tokens"
+    if rec.error is None:
+        rec.error = point.short_stream(rec.output_tokens)
     return rec
 
 

@@ -32,6 +32,10 @@ class OperatingPoint(BaseModel):
     def name(self) -> str:
         return f"c{self.concurrency}-i{self.input_len}-o{self.output_len}"
 
+    def short_stream(self, got: int) -> str | None:
+        """A request that streamed fewer tokens than the band asks is an error, whichever load measured it."""
+        return f"stream ended after {got} of {self.output_len} tokens" if got < self.output_len else None
+
 
 class RequestRecord(BaseModel):
     """One request as the load generator saw it. Times are seconds; `started_s` counts from the start of the run
@@ -153,6 +157,9 @@ class PassIn(BaseModel):
     records: list[RequestRecord] = Field(max_length=MAX_RECORDS)
     logs: dict[str, str] = Field(default_factory=dict, max_length=512)  # rank -> the window's server log
     probe: NodeProbe | None = None
+    # what measured the pass: "own" (the driver's loop), a preset's name ("vllm", "sglang") or "cmd: TEMPLATE"; one
+    # run's passes all come from one load (a bench's overheads differ from the own loop's, so mixing would bias B)
+    load: str = Field(default="own", min_length=1, max_length=300)
 
     @field_validator("logs")
     @classmethod

@@ -7,8 +7,8 @@ process) and, per arm, the planted-effect stand-in server (tests/fixtures/ab_sta
 at concurrency >= 16 and -3% at <= 2 when its AITER_CONFIG_* files hold rows serving those batch sizes, none
 between, with noise and slow drift). By default (--launch-as served) each arm is launched as the README writes it,
 a shell redirect into one log, and its stand-in logs every hit at start-up (before /health, as vLLM's CUDA graph
-capture does) and drifts on its own clock, so the arms, started one after another in the run's start order, drift
-out of step (issue 49). The overlay and bands: tests/e2e/test_ab_gate.py (rows at M = 1, 2, 16, 64;
+capture does) and drifts on its own clock, so arms started apart in time drift out of step (issue 49; the driver
+starts the three together, in the run's start order). The overlay and bands: tests/e2e/test_ab_gate.py (rows at M = 1, 2, 16, 64;
 bands c2: -3%, c8: none, c16: +8%; the rollback of c2 withdraws M = 1, 2 and 16, whose padded bucket serves 1..2).
 
 Each gate: a run of the version against the shipped tables; its regressing band proposes a rollback version; a
@@ -63,8 +63,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def served_launch(extra: str) -> str:
     """The README's launch (a shell redirect into the one log) of a stand-in that logs every hit at start-up, as
-    vLLM's CUDA graph capture does, and drifts on its own clock, as a server's age does: arms started one after
-    another drift out of step."""
+    vLLM's CUDA graph capture does, and drifts on its own clock, as a server's age does: arms started apart in time
+    drift out of step."""
     return (f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --port {{port}} --ranks {RANKS} "
             f"--model {MODEL} --log-at-start --drift-clock process {extra} > {{log}} 2>&1")
 

@@ -177,6 +177,17 @@ def wait_for(pred, timeout: float = 60.0, every: float = 0.1):  # type: ignore[n
     raise AssertionError(f"timed out after {timeout} s")
 
 
+def max_in_flight(recs) -> int:  # type: ignore[no-untyped-def]
+    """The most requests in flight at once, from each request's own start and latency (an end before a start at a
+    tie): a band's load held its concurrency when this equals it."""
+    ev = sorted([(r.started_s, 1) for r in recs] + [(r.started_s + r.latency_s, -1) for r in recs])
+    flight = top = 0
+    for _, d in ev:
+        flight += d
+        top = max(top, flight)
+    return top
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

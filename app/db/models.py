@@ -357,6 +357,7 @@ class AbPass(Base):
     records: Mapped[list[Any]] = mapped_column(JSON)  # [RequestRecord]
     logs: Mapped[dict[str, Any]] = mapped_column(JSON)  # rank -> the window's log text
     probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # app/ab_wire.py NodeProbe: the host during the pass
+    load: Mapped[str | None] = mapped_column(String(300))  # ab_wire.PassIn.load (None: a pass from before, own)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -236,6 +236,12 @@ def _passes_done(s: Session, rid: int) -> list[tuple[str, int, str]]:
                                         .where(AbPass.run_id == rid).order_by(AbPass.id))]
 
 
+def _run_load(s: Session, rid: int) -> str | None:
+    """The load that measured the run's passes (None: none measured yet; a pass from before: own)."""
+    first = s.execute(select(AbPass.load).where(AbPass.run_id == rid).order_by(AbPass.id).limit(1)).first()
+    return None if first is None else first[0] or "own"
+
+
 def n_requests(per_pass: int, point: OperatingPoint) -> int:
     """Requests in one pass of a band: the band's own, else the run's, and at least the band's concurrency, so the
     band is measured at its concurrency (fewer requests than that would never put `concurrency` in flight)."""
@@ -277,7 +283,7 @@ def run_dict(s: Session, r: AbRun) -> dict[str, Any]:
             "requests_per_pass": r.requests_per_pass, "confidence": r.confidence, "power": r.power,
             "min_requests": r.min_requests, "seed": r.seed, "max_loss": r.max_loss,
             "max_repeats": r.max_repeats or r.repeats, "target_mde": r.target_mde, "min_effect": r.min_effect or 0.0,
-            "rounds": rounds(r), "start_order": r.start_order,
+            "rounds": rounds(r), "start_order": r.start_order, "load": _run_load(s, r.id),
             "arms": {"A": r.baseline_version_id, "A_prime": r.baseline_version_id, "B": r.version_id},
             "passes_total": len(sched), "passes_done": len(done),
             "todo": [{"band": b, "repeat": k, "arm": a, "n_requests": per_pass[b]} for b, k, a in sched
@@ -344,6 +350,9 @@ def post_pass(s: Session, rid: int, body: Any) -> tuple[dict[str, Any], bool]:
     for i, rec in enumerate(body.records):
         if (rec.arm, rec.band, rec.repeat) != (body.arm, body.band, body.repeat):
             raise Invalid(f"records[{i}]: arm/band/repeat differ from the pass's", f"records[{i}]")
+    if (load := _run_load(s, rid)) not in (None, body.load):
+        raise Conflict(f"load: run {rid}'s passes were measured by {load!r}, this one by {body.load!r}: one run's "
+                       "intervals compare passes of one load (drive it with that load, or make a new run)", "load")
     records = [x.model_dump() for x in body.records]
     old = s.scalars(select(AbPass).where(AbPass.run_id == rid, AbPass.band == body.band,
                                          AbPass.repeat == body.repeat, AbPass.arm == body.arm)).first()
@@ -352,7 +361,7 @@ def post_pass(s: Session, rid: int, body: Any) -> tuple[dict[str, Any], bool]:
             return {"stored": False, "pass_id": old.id}, False
         raise Conflict(f"pass {body.band}/{body.repeat}/{body.arm} is already stored with other records", "repeat")
     p = AbPass(run_id=rid, band=body.band, repeat=body.repeat, arm=body.arm, records=records, logs=body.logs,
-               probe=body.probe.model_dump() if body.probe else None, created_at=_now())
+               probe=body.probe.model_dump() if body.probe else None, load=body.load, created_at=_now())
     s.add(p)
     r.updated_at = _now()
     s.flush()

@@ -20,7 +20,7 @@ import pytest
 from app.ab_bench import PRESETS, BenchLoad
 from app.ab_load import drive_band
 from app.ab_wire import OperatingPoint
-from tests.conftest import ROOT
+from tests.conftest import ROOT, max_in_flight
 from tests.e2e.test_ab_gate import MODEL, POINTS, RANKS, ab, gate, launch, new_run  # noqa: F401 (gate: a fixture)
 from tests.e2e.test_ab_standin import MODEL as STANDIN_MODEL, standins  # noqa: F401 (standins: a fixture)
 
@@ -81,6 +81,33 @@ def test_a_load_command_that_writes_no_result_interrupts_the_run_naming_its_log(
     assert c.get(f"/v1/ab/runs/{run['id']}").json()["state"] == "booked"
 
 
+def test_one_run_is_measured_by_one_load(gate, tmp_path, bench_path):
+    """A run's passes all come from the load that measured its first: a re-drive with another is refused before any
+    server starts, and a pass posted by another load is a 409 naming `load`, nothing stored."""
+    srv, c, v = gate
+    run = new_run(c, v["id"], points=POINTS[1:2], repeats=2, requests_per_pass=8)
+    out = drive_with(srv, run["id"], tmp_path / "d", bench_path, "--load", "vllm", "--max-passes", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    assert got["load"] == "vllm" and got["passes_done"] == 2
+    out = drive_with(srv, run["id"], tmp_path / "own", bench_path)  # the own loop
+    assert out.returncode == 3 and "measured by the 'vllm' load" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "own").exists() or not any((tmp_path / "own").rglob("*.log"))  # no server started
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    assert got["state"] == "interrupted" and got["passes_done"] == 2 and "'own'" in got["fault"]
+    c.post(f"/v1/ab/runs/{run['id']}/start")
+    todo = got["todo"][0]
+    r = c.post(f"/v1/ab/runs/{run['id']}/passes", json={k: todo[k] for k in ("band", "repeat", "arm")} | {
+        "records": [], "load": "sglang"})
+    assert r.status_code == 409 and r.json()["field"] == "load" and "'vllm'" in r.json()["detail"], r.text
+    assert c.get(f"/v1/ab/runs/{run['id']}").json()["passes_done"] == 2
+    out = drive_with(srv, run["id"], tmp_path / "d", bench_path, "--load", "vllm")  # the same load resumes
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = c.get(f"/v1/ab/runs/{run['id']}").json()
+    assert got["state"] == "booked" and got["passes_done"] == 2 * 3 and got["load"] == "vllm"
+    assert 'id="ab-load">vllm<' in c.get(f"/ab/{run['id']}").text
+
+
 def test_both_loads_give_the_same_records_for_a_band(standins, tmp_path, bench_path, monkeypatch):
     """The own loop and `vllm bench serve` (the preset, through the shim) at one band of one server: the same
     requests, tokens in and out, a first token and every gap, start times on the driver's clock."""
@@ -105,8 +132,4 @@ def test_both_loads_give_the_same_records_for_a_band(standins, tmp_path, bench_p
     assert all(r.started_s <= t1 for r in own)
     assert all(t1 <= r.started_s <= t2 for r in bench)
     for recs in (own, bench):  # each request's own start: the band's concurrency in flight, never more
-        ev = sorted([(r.started_s, 1) for r in recs] + [(r.started_s + r.latency_s, -1) for r in recs])
-        flight = [0]
-        for _, d in ev:
-            flight.append(flight[-1] + d)
-        assert max(flight) == 4
+        assert max_in_flight(recs) == 4

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from app.ab_wire import ARMS
 from tests.conftest import ADMIN, DIGEST, ROOT, free_port
 from tests.integration.test_ab_api import seed_overlay
 
@@ -133,11 +134,16 @@ def test_the_driver_measures_the_rounds_an_undecided_band_is_extended_by(gate, t
     extension) with ~2.5% chance at each of the 2 looks (alpha split over them), ~5% a run: CI failed on it once."""
     srv, c, v = gate
     run = new_run(c, v["id"], points=POINTS[1:2], repeats=2, max_repeats=8, target_mde=1e-6, confidence=0.9999)
-    started = tmp_path / "started"  # each launch notes its arm first: the order the driver started the servers in
-    out = drive(srv, run["id"], tmp_path / "d", f"echo {{arm}} >> {shlex.quote(str(started))}; {launch()}")
+    # each launch notes its arm and how many arms the service had then (each posts once healthy, warm and asked
+    # the accuracy prompts): the servers start together, so none had, and none is older by another's warm-up
+    started = tmp_path / "started"  # (no braces in the note: the driver formats the launch)
+    ask = (f"import httpx, sys; r = httpx.get('{srv.url}/v1/ab/runs/{run['id']}', headers=dict(Authorization="
+           f"'Bearer {ADMIN}')).json(); print(sys.argv[1], len(r['arms_posted']))")
+    note = f"{shlex.quote(sys.executable)} -c {shlex.quote(ask)} {{arm}} >> {shlex.quote(str(started))}"
+    out = drive(srv, run["id"], tmp_path / "d", f"{note}; {launch()}")
     assert out.returncode == 0, out.stderr[-3000:]
     got = c.get(f"/v1/ab/runs/{run['id']}").json()
-    assert started.read_text().split() == got["start_order"] and got["start_order"][1] == "A"
+    assert sorted(started.read_text().split()) == sorted([*ARMS, "0", "0", "0"]) and got["start_order"][1] == "A"
     assert got["state"] == "booked" and got["passes_done"] == 8 * 3 and got["rounds"] == {POINTS_NAME[1]: 8}, \
         (got["passes_done"], got.get("reason"), got.get("result", {}) and got["result"].get("control_flagged"))
     assert [b["rounds"] for b in got["result"]["bands"]] == [8]

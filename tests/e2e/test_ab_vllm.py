@@ -31,7 +31,7 @@ from app.ab_wire import OperatingPoint
 from app.capture.metrics import cumulative, delta
 from app.domain.ab_stats import pass_stats
 from app.domain.log_lines import parse_log
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, free_port, max_in_flight, wait_for
 
 VLLM_PY = os.environ.get("AB_VLLM_PYTHON")
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not VLLM_PY, reason="opt-in: AB_VLLM_PYTHON names a Python with "
@@ -89,13 +89,7 @@ def test_two_bands_against_real_vllm(vllm_server):
                                        and abs(sum(r.itl_s) - (r.latency_s - r.ttft_s)) < 1e-6)]
         assert not bad, bad[:2]
         assert all(r.band == point.name and r.ttft_s and r.latency_s > r.ttft_s for r in recs)
-        # the band's concurrency was held: that many requests in flight at once, never more
-        ev = sorted([(r.started_s, 1) for r in recs] + [(r.started_s + r.latency_s, -1) for r in recs],
-                    key=lambda e: (e[0], e[1]))
-        flight = [0]
-        for _, d in ev:
-            flight.append(flight[-1] + d)
-        assert max(flight) == conc
+        assert max_in_flight(recs) == conc  # the band's concurrency was held, never more
         st = stats[conc] = pass_stats(recs)
         assert st.completed == 2 * conc and st.metrics["output_tok_s"] > 0
         # the window of the log the driver cuts holds this pass's requests (vLLM's access lines) and no AITER line
@@ -140,8 +134,4 @@ def test_vllm_bench_serve_through_the_gates_adapter(vllm_server, tmp_path):
     assert [r.error for r in recs] == [None] * 8, (tmp_path / "B" / "bench.log").read_text()[-3000:]
     assert all(r.output_tokens == 16 and 1 <= len(r.itl_s) <= 15 and 28 <= r.input_tokens <= 36 for r in recs)
     assert all(r.band == point.name and r.arm == "B" and r.repeat == 2 and r.latency_s > r.ttft_s > 0 for r in recs)
-    ev = sorted([(r.started_s, 1) for r in recs] + [(r.started_s + r.latency_s, -1) for r in recs])
-    flight = [0]
-    for _, d in ev:
-        flight.append(flight[-1] + d)
-    assert max(flight) == 4  # vLLM's own start times, on the driver's clock: --max-concurrency held
+    assert max_in_flight(recs) == 4  # vLLM's own start times, on the driver's clock: --max-concurrency held

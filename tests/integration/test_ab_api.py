@@ -141,7 +141,7 @@ def test_a_run_end_to_end_regression_rollback_rerun_and_promotion(live_server):
     page = c.get(f"/ab/{run['id']}").text  # the dashboard: per band, the control, engagement per rank
     assert 'id="ab-verdict" class="verdict-regression"' in page and "c2-i16-o32" in page
     started = ", ".join(a.replace("_prime", "&#39;") for a in run["start_order"])
-    assert f"arms in a Williams order, servers started {started})" in page
+    assert f"arms in a Williams order, servers started together in the order {started})" in page
     assert "answer the 2 accuracy prompts as A does (A&#39;: 0 near-tie flip(s), B: 0 near-tie flip(s))" in page
     assert "Tolerance: an answer departs from A's only where A's top two were within 0.1 nats" in page
     assert f"Rollback proposed: version {rb['id']}" in page and 'id="ab-ranks"' in page
