@@ -280,6 +280,7 @@ class ResultsOut(BaseModel):
 
 class ReleaseIn(Wire):
     started: list[Id] = Field(default_factory=list, max_length=10_000)  # shapes being worked on: they count a try
+    reason: str | None = Field(None, max_length=500)  # why the worker hands it back early (the GPU was busy)
 
 
 class ReleaseOut(BaseModel):

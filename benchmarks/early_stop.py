@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.domain.families import FAMILIES  # noqa: E402
 from app.domain.shapes import make_shape  # noqa: E402
 from app.domain.tables import read_table  # noqa: E402
-from workers.backends.base import Batch  # noqa: E402
+from workers.backends.base import Batch, GpuBusy  # noqa: E402
 from workers.backends.torch_decide import confidence  # noqa: E402
 from workers.backends.torch_race import (_DTYPES, DEFAULT, Entry, Race, Schedule, TorchBackend,  # noqa: E402
                                          candidates, versus)
@@ -133,6 +133,38 @@ def library_kernels(backend: TorchBackend, shape: dict) -> dict[str, list[str]]:
     return got
 
 
+class NotRaced(RuntimeError):
+    """A race of the shape failed (not raced, out of memory): the shape is skipped with the reason."""
+
+
+def races(backend: TorchBackend, batch: Batch, item: dict, kinds: list[str], i: int, schedules: dict
+          ) -> tuple[dict, tuple]:
+    """Every race kind on one shape over the same inputs, each going first in turn: ({kind: (result, wall s)},
+    the inputs). The exhaustive races take the default schedule."""
+    inputs = backend.inputs(item["shape"])
+    got = {}
+    for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
+        backend.schedule = schedules.get(kind, schedules["halving"])
+        t = time.perf_counter()
+        race = "exhaustive" if kind.startswith("exhaustive") else "halving"
+        res = backend.tune(batch, item, kind=race, inputs=inputs)
+        got[kind] = (res, time.perf_counter() - t)
+    return got, inputs
+
+
+def peaks(r: dict) -> list[float]:
+    return [m["peak_gib"] for m in (r["ex_memory"], r["hv_memory"]) if m.get("peak_gib") is not None]
+
+
+def memory(r: dict) -> str:
+    """The shape's peak GPU memory in each race against the bound its plan stated before racing."""
+    if not peaks(r):
+        return ""
+    ex, hv = r["ex_memory"], r["hv_memory"]
+    return (f" | peak GiB ex {ex['peak_gib']:.2f} (bound {ex['bound_gib']:.2f}) hv {hv['peak_gib']:.2f} "
+            f"(bound {hv['bound_gib']:.2f}), room {hv['room_gib']:.1f}")
+
+
 def judge(ex, other) -> tuple[float, float]:
     """`other`'s pick as `ex` timed it: (pick / ex winner, pick / ex fastest)."""
     us = ok_us(ex)
@@ -169,6 +201,8 @@ def confirmation(backend: TorchBackend, batch: Batch, item: dict, hv, inputs: tu
     t = time.perf_counter()
     cf = backend.tune(batch, carried, inputs=inputs)
     wall = time.perf_counter() - t
+    if cf.status == "failed":
+        raise NotRaced(f"confirmation: {cf.error}")
     ref = head_to_head(backend, item, inputs, cf.kernel_name, hv.kernel_name, repeats)
     return {"incumbent": carried["incumbent"], "finalists": carried["finalists"], "winner": cf.kernel_name,
             "kind": cf.race["kind"], "raced": [c["name"] for c in cf.candidates],
@@ -197,7 +231,16 @@ def upgrade(backend: TorchBackend, batch: Batch, items: list[dict], rows: list[d
     try:
         for item, r in zip(items, rows):
             carried = dict(item, incumbent=r["hv_winner"], finalists=r["confirm"]["finalists"])
-            res = backend.tune(batch, carried)
+            try:
+                res = backend.tune(batch, carried)
+            except GpuBusy as e:
+                res = None
+                why = f"busy: {e}"
+            if res is None or res.race is None:  # busy, or failed before any race: counted as neither kind
+                got.append({"M": r["M"], "N": r["N"], "K": r["K"], "lost": r["hv_winner"] in dropped,
+                            "kind": "not raced", "winner": None, "sampled_s": 0.0, "raced": 0, "skipped": [],
+                            "why": why if res is None else res.error})
+                continue
             got.append({"M": r["M"], "N": r["N"], "K": r["K"], "lost": r["hv_winner"] in dropped,
                         "kind": res.race["kind"], "winner": res.kernel_name, "sampled_s": res.race["sampled_s"],
                         "raced": len(res.candidates), "skipped": res.race.get("skipped", []),
@@ -205,10 +248,12 @@ def upgrade(backend: TorchBackend, batch: Batch, items: list[dict], rows: list[d
     finally:
         backend.exclude = set()
     lost = [g for g in got if g["lost"]]
-    full = [g for g in got if g["kind"] != "confirm"]
-    exact = [g["lost"] for g in got] == [g["kind"] != "confirm" for g in got]
+    done = [g for g in got if g["kind"] != "not raced"]
+    full = [g for g in done if g["kind"] != "confirm"]
+    exact = [g["lost"] for g in done] == [g["kind"] != "confirm" for g in done]
     print(f"upgrade: dropped {len(dropped)} Triton configs {dropped}; {len(lost)} shapes lost their kernel; "
-          f"re-raced in full {len(full)}, exactly those: {exact}; confirmed {len(got) - len(full)}; finalists "
+          f"re-raced in full {len(full)}, exactly those: {exact}; confirmed {len(done) - len(full)}; not raced "
+          f"{len(got) - len(done)}; finalists "
           f"skipped as gone {sum(len(g['skipped']) for g in got)}; a dropped config won anywhere: "
           f"{any(g['winner'] in dropped for g in got)}", flush=True)
     return {"dropped": dropped, "shapes": got, "exact": exact}
@@ -225,6 +270,7 @@ def main() -> None:
     p.add_argument("--confirm", action="store_true", help="confirmation races and an upgrade (issue 24)")
     p.add_argument("--kernels", action="store_true", help="print the CUDA kernels each library entry launches")
     p.add_argument("--budget-s", type=float, default=1e9, help="take no new shape after this many seconds")
+    p.add_argument("--mem-cap-gib", type=float, help="the race's memory cap (a worker beside a server on the card)")
     p.add_argument("--out")
     a = p.parse_args()
     import torch
@@ -235,7 +281,8 @@ def main() -> None:
         items = sorted(items, key=lambda x: int(x["shape"]["M"]) * int(x["shape"]["N"]) * int(x["shape"]["K"]))
         items = items[:a.limit]
     lease = {"gfx": ident.gfx, "cu_num": ident.cu_num, "tuned_header": list(fam.tuned_header), "shapes": items}
-    backend = TorchBackend(device=a.device, repeats=a.repeats, warmup=5, candidate_limit_s=20)
+    backend = TorchBackend(device=a.device, repeats=a.repeats, warmup=5, candidate_limit_s=20,
+                           mem_cap_bytes=int(a.mem_cap_gib * (1 << 30)) if a.mem_cap_gib else None)
     batch = Batch(lease, time.monotonic() + 1e6, lambda: False)
     try:
         import triton
@@ -255,7 +302,9 @@ def main() -> None:
             for name, ks in (library_kernels(backend, s0).items() if s0 else ()):
                 print(f"kernels M={s0['M']} N={s0['N']} K={s0['K']} bias={bias} {name}: {ks}", flush=True)
 
-    rows = []
+    rows: list[dict] = []
+    raced: list[dict] = []  # the items of rows, in order
+    skipped: list[dict] = []  # shapes not raced to the end: busy (the lease would go back), failed, not raced
     default_schedule = backend.schedule
     schedules = {"halving": default_schedule}
     schedules.update({v: Schedule(rounds=VARIANTS[v], final=a.repeats) for v in a.variants.split(",") if v})
@@ -265,67 +314,78 @@ def main() -> None:
         if time.perf_counter() - t_start > a.budget_s:
             print(f"budget reached: {len(rows)} of {len(items)} shapes raced", flush=True)
             break
-        inputs = backend.inputs(item["shape"])
-        got = {}
-        for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:  # each race goes first in turn
-            backend.schedule = schedules.get(kind, default_schedule)
-            t = time.perf_counter()
-            race = "exhaustive" if kind.startswith("exhaustive") else "halving"
-            res = backend.tune(batch, item, kind=race, inputs=inputs)
-            got[kind] = (res, time.perf_counter() - t)
-        backend.schedule = default_schedule
-        (ex, ex_wall), (hv, hv_wall) = got["exhaustive"], got["halving"]
-        ex_us = ok_us(ex)
-        best, win_us = min(ex_us.values()), ex_us[ex.kernel_name]
-        hv_vs_win, hv_vs_fastest = judge(ex, hv)
-        ref = head_to_head(backend, item, inputs, hv.kernel_name, ex.kernel_name, a.repeats)
-        referee = ref["ratio"]
         s = item["shape"]
-        r = {"M": int(s["M"]), "N": int(s["N"]), "K": int(s["K"]), "bias": s["bias"],
-             "candidates": len(ex.candidates), "ex_fastest": ex.race["fastest"], "ex_winner": ex.kernel_name,
-             "ex_us": best, "ex_win_us": win_us, "default_us": ex_us.get(DEFAULT), "hv_winner": hv.kernel_name,
-             "hv_vs_win": hv_vs_win, "hv_vs_fastest": hv_vs_fastest, "hv_us": hv.us, "hv_default_us": hv.default_us,
-             "ex_status": ex.status, "hv_status": hv.status, "hv_resampled": hv.race["resampled"],
-             "ex_sampled_s": ex.race["sampled_s"], "hv_sampled_s": hv.race["sampled_s"],
-             "ex_samples": ex.race["samples"], "hv_samples": hv.race["samples"],
-             "hv_finalists": hv.race["finalists"], "ex_wall_s": ex_wall, "hv_wall_s": hv_wall,
-             "sigma": ex.race["sigma"], "referee": referee, "referee_detail": ref,
-             "hv_decision": hv.race.get("decision"), "hv_confidence": hv.race.get("confidence"),
-             "hv_reason": hv.race.get("reason"), "hv_busy": hv.race.get("busy"), "ex_busy": ex.race.get("busy"),
-             "ex_candidates": ex.candidates,
-             "hv_candidates": hv.candidates, "variants": {}}
-        for v in schedules:
-            if v != "halving":
-                res, wall = got[v]
-                r["variants"][v] = {"vs_win": judge(ex, res)[0], "vs_fastest": judge(ex, res)[1],
-                                    "sampled_s": res.race["sampled_s"], "wall_s": wall,
-                                    "same": res.kernel_name == ex.kernel_name}
-        if a.repeat_exhaustive:
-            ex2 = got["exhaustive2"][0]
-            us2 = ok_us(ex2)
-            r["ex2_winner"], r["ex2_vs_win"] = ex2.kernel_name, judge(ex, ex2)[0]
-            d1, d2 = ex_us.get(DEFAULT), us2.get(DEFAULT)
-            # how far each contender's time relative to the default moves between the two races
-            r["ratio_moves"] = [abs((ex_us[c] / d1) / (us2[c] / d2) - 1) for c in ex_us
-                                if c in us2 and c != DEFAULT and d1 and d2 and ex_us[c] <= 1.05 * best]
-        if a.confirm:
-            r["confirm"] = cf_ = confirmation(backend, batch, item, hv, inputs, a.repeats)
-            # issue 34's rule: never a winner both full races timed >= 3% slower than their fastest finalist
-            cf_["ex_hv_slower"] = slower_in_both(cf_["winner"], ex, hv)
-            cf_["both_3pct_slower"] = all(x >= 1.03 for x in cf_["ex_hv_slower"])
-        rows.append(r)
-        cf = r.get("confirm")
-        print(f"{r['M']:>5} {r['N']:>6} {r['K']:>6} c={r['candidates']:>2} ex={ex.kernel_name:<34} {win_us:9.2f}us "
-              f"hv={hv.kernel_name:<34} x-race {hv_vs_win:6.3f} h2h {referee:6.3f} fin={r['hv_finalists']:>2} "
-              f"gpu {r['hv_sampled_s'] / r['ex_sampled_s']:.3f} wall {hv_wall:5.2f}/{ex_wall:5.2f}s "
-              f"{hv.status}" + (f" ex2={r['ex2_winner']} {r['ex2_vs_win']:.3f}" if a.repeat_exhaustive else "")
-              + (f" | confirm {cf['winner']} h2h {cf['h2h']:.3f} gpu {cf['sampled_s'] / r['hv_sampled_s']:.3f} "
-                 f"({len(cf['raced'])} raced)" if cf else ""), flush=True)
-    up = upgrade(backend, batch, items[:len(rows)], rows) if a.confirm else None
-    summary = report(rows, compile_s, default_schedule, schedules, a, backend, up)
+        try:
+            got, inputs = races(backend, batch, item, kinds, i, schedules)
+            backend.schedule = default_schedule
+            bad = {k: res.error for k, (res, _) in got.items() if res.status == "failed"}
+            if bad:
+                skipped.append({"M": s["M"], "N": s["N"], "K": s["K"], "failed": bad})
+                print(f"{s['M']:>5} {s['N']:>6} {s['K']:>6} not raced to the end: {bad}", flush=True)
+                continue
+            (ex, ex_wall), (hv, hv_wall) = got["exhaustive"], got["halving"]
+            ex_us = ok_us(ex)
+            best, win_us = min(ex_us.values()), ex_us[ex.kernel_name]
+            hv_vs_win, hv_vs_fastest = judge(ex, hv)
+            ref = head_to_head(backend, item, inputs, hv.kernel_name, ex.kernel_name, a.repeats)
+            referee = ref["ratio"]
+            r = {"M": int(s["M"]), "N": int(s["N"]), "K": int(s["K"]), "bias": s["bias"],
+                 "candidates": len(ex.candidates), "ex_fastest": ex.race["fastest"], "ex_winner": ex.kernel_name,
+                 "ex_us": best, "ex_win_us": win_us, "default_us": ex_us.get(DEFAULT), "hv_winner": hv.kernel_name,
+                 "hv_vs_win": hv_vs_win, "hv_vs_fastest": hv_vs_fastest, "hv_us": hv.us, "hv_default_us": hv.default_us,
+                 "ex_status": ex.status, "hv_status": hv.status, "hv_resampled": hv.race["resampled"],
+                 "ex_sampled_s": ex.race["sampled_s"], "hv_sampled_s": hv.race["sampled_s"],
+                 "ex_samples": ex.race["samples"], "hv_samples": hv.race["samples"],
+                 "hv_finalists": hv.race["finalists"], "ex_wall_s": ex_wall, "hv_wall_s": hv_wall,
+                 "sigma": ex.race["sigma"], "referee": referee, "referee_detail": ref,
+                 "hv_decision": hv.race.get("decision"), "hv_confidence": hv.race.get("confidence"),
+                 "hv_reason": hv.race.get("reason"), "hv_busy": hv.race.get("busy"), "ex_busy": ex.race.get("busy"),
+                 "ex_candidates": ex.candidates,
+                 "hv_candidates": hv.candidates, "variants": {},
+                 "ex_memory": ex.race["memory"], "hv_memory": hv.race["memory"]}
+            for v in schedules:
+                if v != "halving":
+                    res, wall = got[v]
+                    r["variants"][v] = {"vs_win": judge(ex, res)[0], "vs_fastest": judge(ex, res)[1],
+                                        "sampled_s": res.race["sampled_s"], "wall_s": wall,
+                                        "same": res.kernel_name == ex.kernel_name}
+            if a.repeat_exhaustive:
+                ex2 = got["exhaustive2"][0]
+                us2 = ok_us(ex2)
+                r["ex2_winner"], r["ex2_vs_win"] = ex2.kernel_name, judge(ex, ex2)[0]
+                d1, d2 = ex_us.get(DEFAULT), us2.get(DEFAULT)
+                # how far each contender's time relative to the default moves between the two races
+                r["ratio_moves"] = [abs((ex_us[c] / d1) / (us2[c] / d2) - 1) for c in ex_us
+                                    if c in us2 and c != DEFAULT and d1 and d2 and ex_us[c] <= 1.05 * best]
+            if a.confirm:
+                r["confirm"] = cf_ = confirmation(backend, batch, item, hv, inputs, a.repeats)
+                # issue 34's rule: never a winner both full races timed >= 3% slower than their fastest finalist
+                cf_["ex_hv_slower"] = slower_in_both(cf_["winner"], ex, hv)
+                cf_["both_3pct_slower"] = all(x >= 1.03 for x in cf_["ex_hv_slower"])
+            rows.append(r)
+            raced.append(item)
+            cf = r.get("confirm")
+            print(f"{r['M']:>5} {r['N']:>6} {r['K']:>6} c={r['candidates']:>2} ex={ex.kernel_name:<34} {win_us:9.2f}us "
+                  f"hv={hv.kernel_name:<34} x-race {hv_vs_win:6.3f} h2h {referee:6.3f} fin={r['hv_finalists']:>2} "
+                  f"gpu {r['hv_sampled_s'] / r['ex_sampled_s']:.3f} wall {hv_wall:5.2f}/{ex_wall:5.2f}s "
+                  f"{hv.status}" + (f" ex2={r['ex2_winner']} {r['ex2_vs_win']:.3f}" if a.repeat_exhaustive else "")
+                  + (f" | confirm {cf['winner']} h2h {cf['h2h']:.3f} gpu {cf['sampled_s'] / r['hv_sampled_s']:.3f} "
+                     f"({len(cf['raced'])} raced)" if cf else "") + memory(r), flush=True)
+        except (GpuBusy, NotRaced, torch.OutOfMemoryError) as e:  # what a worker does: the lease goes back
+            what = "busy" if isinstance(e, GpuBusy) else "failed"  # (busy) or the shape fails; the run goes on
+            skipped.append({"M": s["M"], "N": s["N"], "K": s["K"], what: str(e)[:500]})
+            print(f"{s['M']:>5} {s['N']:>6} {s['K']:>6} {what}: {str(e)[:300]}", flush=True)
+        finally:
+            backend.schedule = default_schedule
+    up = upgrade(backend, batch, raced, rows) if a.confirm else None
+    summary = report(rows, compile_s, default_schedule, schedules, a, backend, up) if rows else {"shapes": 0}
+    summary["skipped"] = skipped
+    print(f"raced to the end {len(rows)} of {len(rows) + len(skipped)} shapes taken; busy (handed back) "
+          f"{sum('busy' in x for x in skipped)}, failed or not raced {sum('failed' in x for x in skipped)}; peak GPU "
+          f"memory per shape max {max((m for r in rows for m in peaks(r)), default=math.nan):.2f} GiB", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps({"compile_s": compile_s, "summary": summary, "rows": rows,
-                                           "upgrade": up}, indent=1))
+                                           "upgrade": up, "skipped": skipped}, indent=1))
 
 
 def report(rows: list[dict], compile_s: float, default_schedule: Schedule, schedules: dict, a, backend, up) -> dict:

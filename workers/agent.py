@@ -155,6 +155,7 @@ class LeaseRun:
         self.unposted: list[Item] = []
         self.posted_at = float("-inf")
         self.undelivered = False  # a post of this lease's results failed
+        self.handback: str | None = None  # why the backend gave the lease up early (GpuBusy), said on release
 
     def unfinished(self) -> list[int]:
         return [x.shape_id for x in self.lease.shapes if x.shape_id not in self.finished]
@@ -373,6 +374,7 @@ class Agent:
             raise
         except GpuBusy as e:  # the device is shared: nothing is booked, the unfinished shapes go back (release)
             self.stats.busy_handbacks += 1
+            run.handback = f"GPU busy: {e}"[:500]
             log.warning("lease %s handed back: the GPU is busy: %s", run.lid, e)
         except Exception as e:  # the shape the backend was on fails; the batch's others go back untouched
             current = next(iter(run.unfinished()), None)
@@ -433,7 +435,7 @@ class Agent:
             log.warning("results of lease %s undelivered: its shapes stay with it until it expires", run.lid)
         elif run.cut_short():
             try:  # unfinished shapes go straight back to the queue, uncounted
-                self.stats.released += self.client.release(run.lid).requeued
+                self.stats.released += self.client.release(run.lid, reason=run.handback).requeued
             except LeaseLost:
                 self.stats.lost_leases += 1
             except ServiceError as e:  # the lease expires on its own

@@ -30,7 +30,8 @@ def make_backend(cfg: WorkerSettings, device: str, llc_bytes: int | None = None)
     if cfg.backend == "torch":
         from workers.backends.torch_race import TorchBackend
         return TorchBackend(device=device, repeats=cfg.repeats, candidate_limit_s=cfg.candidate_limit_s,
-                            race=cfg.race, min_improvement_pct=cfg.min_improvement_pct, llc_bytes=llc_bytes)
+                            race=cfg.race, min_improvement_pct=cfg.min_improvement_pct, llc_bytes=llc_bytes,
+                            mem_cap_bytes=int(cfg.mem_cap_gib * (1 << 30)) if cfg.mem_cap_gib else None)
     from workers.backends.aiter_tuner import AiterBackend
     return AiterBackend(root=Path(cfg.aiter_root) if cfg.aiter_root else None, two_phase=cfg.race == "halving",
                         min_improvement_pct=cfg.min_improvement_pct, replay=device.startswith("cuda"),
@@ -84,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
                        ("aiter_root", str), ("aiter_commit", str), ("aiter_package", str), ("token", str),
                        ("token_file", str), ("max_batches", int), ("max_shapes", int), ("repeats", int),
                        ("candidate_limit_s", float), ("poll_s", float), ("outage_log_s", float), ("spool_dir", str),
-                       ("compile_budget_s", float), ("min_improvement_pct", float)):
+                       ("compile_budget_s", float), ("min_improvement_pct", float), ("mem_cap_gib", float)):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=fields[name].description)
     p.add_argument("--race", choices=["halving", "exhaustive"], help=fields["race"].description)
     p.add_argument("--once", action="store_true", default=None, help="exit when nothing is queued or leased for this worker's identity "

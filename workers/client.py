@@ -298,8 +298,9 @@ class ServiceClient:
         except (LeaseLost, Refused) as e:
             return e
 
-    def release(self, lease_id: str, started: list[int] | None = None) -> wire.ReleaseOut:
-        body = self._send(wire.ReleaseIn, {"started": started or []})
+    def release(self, lease_id: str, started: list[int] | None = None, reason: str | None = None
+                ) -> wire.ReleaseOut:
+        body = self._send(wire.ReleaseIn, {"started": started or [], "reason": reason[:500] if reason else None})
         return self._answer(wire.ReleaseOut, self._call("POST", f"/v1/leases/{lease_id}/release", body))
 
     def post_build(self, body: dict[str, Any]) -> wire.BuildOut:

@@ -1,5 +1,6 @@
 """Is the GPU ours alone? The compute processes on a device, from the vendor's tool where there is one
-(nvidia-smi, amd-smi, rocm-smi), else torch.cuda.list_gpu_processes (NVML through pynvml).
+(nvidia-smi, amd-smi, rocm-smi), else torch.cuda.list_gpu_processes (NVML through pynvml); and the card's SM
+clock, which the race's busy check takes its control kernel's times at (sm_clock).
 
 A container's tool may list processes by host PID: where this process's own PID is not among those listed
 while it holds the device, the list cannot tell ours from another's and is not used (`attributable` False);
@@ -12,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,3 +80,22 @@ def _own(p: Processes) -> Processes:
 
 def others(device: Any) -> Processes:
     return list_processes(device)
+
+
+def sm_clock(device: Any) -> Callable[[], float | None] | None:
+    """A reader of the device's SM clock now, in MHz (torch.cuda.clock_rate: NVML on NVIDIA, amdsmi on AMD), or
+    None where it cannot be read (a CPU, no pynvml or amdsmi): the busy check then compares times alone."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    import torch
+    try:
+        torch.cuda.clock_rate(device)
+    except Exception:  # no pynvml / amdsmi, or the library cannot reach the driver
+        return None
+
+    def read() -> float | None:
+        try:
+            return float(torch.cuda.clock_rate(device))
+        except Exception:  # a reading that fails leaves the control's time as it is
+            return None
+    return read

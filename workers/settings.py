@@ -44,6 +44,8 @@ class WorkerSettings(BaseModel):
     max_shapes: int | None = None
     repeats: int = 15
     candidate_limit_s: float = 10.0
+    mem_cap_gib: float | None = Field(None, gt=0, description="the most GPU memory the torch race may hold, GiB "
+                                      "(default: what the card has free; set it where a server shares the card)")
     poll_s: float = 5.0
     outage_log_s: float = Field(30.0, gt=0, description="while the service is unreachable, say so this often")
     spool_dir: str | None = Field(None, description="finished results wait here until the service takes them "

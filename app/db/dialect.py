@@ -282,7 +282,7 @@ PLAIN_SQL: dict[Sql, str] = {
                "WHERE l.id = :lid",
     Sql.DEAD_LEASES: f"SELECT {_LEASE_COLS} FROM leases WHERE state = '{_ACTIVE}' AND expires_at < :now "
                      "ORDER BY id",
-    Sql.END_LEASE: f"UPDATE leases SET state = :state WHERE id = :lid AND state = '{_ACTIVE}'",
+    Sql.END_LEASE: f"UPDATE leases SET state = :state, end_reason = :why WHERE id = :lid AND state = '{_ACTIVE}'",
     Sql.BEAT: f"UPDATE leases SET heartbeat_at = :now, expires_at = :exp WHERE id = :lid AND state = '{_ACTIVE}'",
     Sql.SHAPE: f"SELECT {_SHAPE_FACTS} FROM shapes WHERE id = :sid",
     # how an inherited shape's confirmation ended; finalists NULL: raced in full from now on

@@ -179,6 +179,7 @@ class Lease(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     hard_deadline: Mapped[datetime] = mapped_column(UTCDateTime)  # created + budget + grace: no extension past it
     token_id: Mapped[int | None] = mapped_column(ForeignKey("tokens.id"))  # only this token may post to it
+    end_reason: Mapped[str | None] = mapped_column(String(500))  # why its worker handed it back (GPU busy), if said
 
 
 class Result(Base):

@@ -149,6 +149,8 @@ def listed_version(s: Session, campaign_id: int, limit: int = pages.DEFAULT_LIMI
 def workers(s: Session, stale_s: float) -> list[dict]:
     now = utcnow()
     posted = {w: n for w, n in s.execute(select(Result.worker_id, func.count()).group_by(Result.worker_id))}
+    given_back = {w: n for w, n in s.execute(select(Lease.worker_id, func.count()).where(Lease.end_reason.is_not(None))
+                                             .group_by(Lease.worker_id))}
     out = []
     for w in s.scalars(select(Worker).order_by(Worker.last_seen_at.desc())):
         lease = s.scalars(select(Lease).where(Lease.worker_id == w.id, Lease.state == "active")
@@ -158,8 +160,16 @@ def workers(s: Session, stale_s: float) -> list[dict]:
                     "host": w.host, "backends": w.backends, "last_seen_at": w.last_seen_at.isoformat(),
                     "stale": (now - w.last_seen_at).total_seconds() > stale_s,
                     "lease_id": lease.id if lease else None, "budget_s": lease.budget_s if lease else None,
-                    "budget_used_s": used, "results_posted": posted.get(w.id, 0)})
+                    "budget_used_s": used, "results_posted": posted.get(w.id, 0),
+                    "handed_back": given_back.get(w.id, 0), "handed_back_why": _last_reason(s, w.id)
+                    if given_back.get(w.id) else None})
     return out
+
+
+def _last_reason(s: Session, worker_id: str) -> str | None:
+    """Why the worker last handed a lease back early (ReleaseIn.reason), as it said."""
+    return s.scalar(select(Lease.end_reason).where(Lease.worker_id == worker_id, Lease.end_reason.is_not(None))
+                    .order_by(Lease.created_at.desc()).limit(1))
 
 
 def coverage_points(s: Session, campaign_id: int) -> list[tuple[float, float]]:

@@ -86,7 +86,7 @@ def _write_facts(p: Rows, changes: list[tuple[ShapeFactsRow, ls.ShapeFacts]], no
 
 def _end_lease(p: Rows, lease: AnyLease, how: ls.LeaseState,
                changes: Sequence[tuple[ShapeFactsRow, ls.ShapeFacts]] = (), now: datetime | None = None,
-               sweep: bool = False) -> Steps[str | None]:
+               sweep: bool = False, why: str | None = None) -> Steps[str | None]:
     """An active lease row ends (released, expired, done), with its shapes' changes written in the same round
     trip; 409 if another request ended it meanwhile. The shapes are written before the lease row, the order a
     result post takes its row locks in (its shape, then _finish_if_empty's lease), so the two never deadlock.
@@ -95,7 +95,7 @@ def _end_lease(p: Rows, lease: AnyLease, how: ls.LeaseState,
     no longer there to end (each write is guarded by the state it read); None when this one ended nothing."""
     state = ls.end_lease(_lease_facts(lease), how).state.value
     *written, ended = yield (*_shape_writes(p, changes, now or utcnow()),
-                             (Sql.END_LEASE, {"lid": lease.id, "state": state}))
+                             (Sql.END_LEASE, {"lid": lease.id, "state": state, "why": why}))
     if sweep:
         return state if ended.count else None
     if not ended.count:
@@ -274,14 +274,16 @@ def heartbeat(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYON
 
 
 def release(p: Rows, lease_id: str, settings: Settings, caller: Caller = ANYONE,
-            started: Collection[int] = ()) -> Steps[int]:
-    """Untouched shapes go back to the queue uncounted; `started` ones count a try. The lease and the shapes it
-    holds are read in one round trip, the lease ended and the shapes written in a second."""
+            started: Collection[int] = (), why: str | None = None) -> Steps[int]:
+    """Untouched shapes go back to the queue uncounted; `started` ones count a try; `why` the worker gave (a busy
+    GPU) is kept on the lease. The lease and the shapes it holds are read in one round trip, the lease ended and
+    the shapes written in a second."""
     found, held = yield ((Sql.LEASE, {"lid": lease_id}), (Sql.HELD, {"lid": lease_id}))
     lease = yield from _live_lease(p, lease_id, settings, caller, p.as_leases(found.answer))
     back = p.as_shapes(held.answer)
     yield from _end_lease(p, lease, ls.LeaseState.RELEASED,
-               [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts)) for r in back])
+               [(r, ls.release(_row_facts(r), lease.id, r.id in started, settings.max_attempts)) for r in back],
+               why=why)
     return len(back)
 
 

@@ -105,6 +105,33 @@ def test_a_busy_gpu_hands_the_lease_back_and_books_nothing(server, tmp_path):
     assert by_m[3]["last_error"] is None and by_m[3]["attempts"] == 1
 
 
+def test_the_races_busy_verdict_hands_the_lease_back_and_a_later_lease_tunes_its_shapes(server, tmp_path):
+    """Issue 50, the real torch race on the CPU: a planted neighbour makes every capture window of the first
+    race read busy (Timer.window_state) past its re-times, the race raises GpuBusy, the agent hands the lease
+    back (counted, nothing booked, no try counted) and the next lease races the shapes clean. Without
+    `except GpuBusy` in workers/agent.py the shape is booked failed (checked)."""
+    from workers.backends.torch_race import DEFAULT, MM_BT, TorchBackend
+    cid = capture(server, [1, 2])
+    backend = TorchBackend(repeats=3, only=[DEFAULT, MM_BT], busy_drift=0.10, busy_retries=1)
+    verdicts: list[str] = []
+
+    def window_state(control_s):
+        verdicts.append("busy" if len(verdicts) < 2 else "clean")  # the neighbour stays for two windows
+        return (verdicts[-1], "planted neighbour: control kernel +30%" if verdicts[-1] == "busy" else None)
+    backend.timer.window_state = window_state  # type: ignore[method-assign]
+    stats = agent(server, backend, tmp_path).run()
+    by_m = states(server, cid)
+    assert {m: x["state"] for m, x in by_m.items()} == {1: "tuned", 2: "tuned"}, by_m
+    assert stats.busy_handbacks == 1 and stats.backend_errors == 0 and verdicts[:2] == ["busy", "busy"]
+    assert all(x["last_error"] is None and x["attempts"] == 1 for x in by_m.values()), by_m
+    # the service keeps why and counts it: the workers list and page (ReleaseIn.reason, leases.end_reason)
+    with server.client() as c:
+        (w,) = c.get("/v1/workers").json()
+        page = c.get("/workers").text
+    assert w["handed_back"] == 1 and w["handed_back_why"].startswith("GPU busy: 2 busy capture windows"), w
+    assert "planted neighbour" in w["handed_back_why"] and "planted neighbour" in page
+
+
 def test_results_finished_during_a_database_stall_are_delivered_after_it(server, tmp_path):
     """The database is locked past the lease's expiry: the agent waits (no time limit), the results it
     finished meanwhile wait in its spool, and the service takes them late since nobody else has the shapes."""

@@ -177,6 +177,20 @@ def test_release_requeues_without_counting_an_attempt(client):
     assert client.post(f"/v1/leases/{body['lease_id']}/heartbeat").status_code == 409
 
 
+def test_a_release_keeps_the_workers_reason_and_refuses_an_overlong_one(client):
+    """Issue 50: a worker whose GPU stayed busy hands the lease back saying why; the lease keeps it and the
+    workers list counts it. A reason over 500 characters is a 422 naming `reason`, and the lease stays live."""
+    capture(client, shapes(2))
+    body = lease(client, budget_s=1000).json()
+    r = client.post(f"/v1/leases/{body['lease_id']}/release", json={"reason": "x" * 501})
+    assert r.status_code == 422 and "reason" in r.text
+    assert client.post(f"/v1/leases/{body['lease_id']}/heartbeat").status_code == 200
+    r = client.post(f"/v1/leases/{body['lease_id']}/release", json={"reason": "GPU busy: control kernel +16%"})
+    assert r.json()["requeued"] == 2
+    (w,) = [w for w in client.get("/v1/workers").json() if w["worker_id"] == "w1"]
+    assert w["handed_back"] == 1 and w["handed_back_why"] == "GPU busy: control kernel +16%"
+
+
 def test_expired_lease_gives_its_shapes_back(client, settings):
     settings.lease_ttl_s = 0.5
     capture(client, shapes(2))

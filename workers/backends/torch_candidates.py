@@ -18,6 +18,14 @@ class Candidate:
     libtype: str  # the tuned table's libtype column for this kind of kernel
     split_k: int
     fn: Callable[[], torch.Tensor]
+    nbytes: int = 0  # device bytes a captured graph of it holds (its buffers and two calls' outputs: torch_memory)
+    release: Callable[[], None] = lambda: None  # frees the buffers it keeps between calls; the next call re-makes them
+
+
+def graph_bytes(kept: int, per_call: int) -> int:
+    """What a graph of GRAPH_CALLS calls holds: the buffers a candidate keeps, and its private pool, where one
+    call's outputs and temporaries are freed and reused by the next (two calls' worth at once)."""
+    return kept + 2 * per_call
 
 
 def _split_k_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, parts: int,
@@ -68,11 +76,15 @@ def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_
         y = a @ bt
         return (y + bias if bias is not None else y).to(out_dtype)
 
-    cands = [Candidate(DEFAULT, "torch", 0, linear), Candidate(MM_BT, "torch", 0, mm_pretransposed)]
+    mn, e_in, e_out = a.shape[0] * b.shape[0], a.element_size(), torch.empty(0, dtype=out_dtype).element_size()
+    cands = [Candidate(DEFAULT, "torch", 0, linear, graph_bytes(0, mn * (e_in + e_out))),
+             Candidate(MM_BT, "torch", 0, mm_pretransposed, graph_bytes(0, mn * (2 * e_in + e_out)))]
     for parts in SPLIT_PARTS:
         if a.shape[1] >= 64 * parts:
-            cands.append(Candidate(_split_name(parts), "torch", parts, _split_k_cpu(a, b, bias, parts, out_dtype)))
+            cands.append(Candidate(_split_name(parts), "torch", parts, _split_k_cpu(a, b, bias, parts, out_dtype),
+                                   graph_bytes(0, mn * (4 + e_in + 4 + 4 + e_out))))  # acc, part, its float, out
     if a.is_cuda:
         from workers.backends import triton_gemm
-        cands += [Candidate(name, "triton", sk, fn) for name, sk, fn in triton_gemm.candidates(a, b, bias, out_dtype)]
+        cands += [Candidate(name, "triton", sk, fn, graph_bytes(kept, per_call), release)
+                  for name, sk, fn, kept, per_call, release in triton_gemm.candidates(a, b, bias, out_dtype)]
     return cands

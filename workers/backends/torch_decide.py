@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
 from app.domain.student_t import t_sf
 from workers.backends.torch_candidates import Candidate
@@ -124,11 +123,15 @@ class Entry:
     rounds: int = 0  # rounds survived
     err: float | None = None
     error: str | None = None
-    out: torch.Tensor | None = None
+    checked: bool = False  # its output passed the check and both negative controls (no output is held: memory)
 
     @property
     def name(self) -> str:
         return self.cand.name
+
+    @property
+    def nbytes(self) -> int:
+        return self.cand.nbytes
 
     @property
     def times(self) -> list[float]:

@@ -33,11 +33,12 @@ from workers import gpu_idle
 from workers.backends import torch_checks
 from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
 from workers.backends.torch_candidates import (_DTYPES, DEFAULT, MM_BT, SPLIT_PARTS, Candidate, candidates,
-                                               kernel_catalog)
+                                               graph_bytes, kernel_catalog)
 from workers.backends.torch_checks import ERR_MAX, GROSS, check_output, err_ratio, negative_controls, snr_db
 from workers.backends.torch_decide import (Entry, Race, Schedule, decide, pooled_sigma, rel_spread,
                                            sign_confidence, versus)
-from workers.backends.torch_timer import Timer
+from workers.backends.torch_memory import Plan, RaceMemory, gib
+from workers.backends.torch_timer import ReplayFailed, Timer
 
 __all__ = ["DEFAULT", "ERR_MAX", "GROSS", "MM_BT", "SPLIT_PARTS", "Candidate", "Entry", "GpuBusy", "Race",
            "Schedule", "Timer", "TorchBackend", "candidates", "check_output", "err_ratio", "kernel_catalog",
@@ -53,7 +54,7 @@ class TorchBackend:
                  seed: int = 0, only: list[str] | None = None, race: str = "halving",
                  schedule: Schedule | None = None, min_improvement_pct: float = 3.0,
                  exclude: list[str] | None = None, llc_bytes: int | None = None, busy_drift: float | None = None,
-                 busy_retries: int = 3):
+                 busy_retries: int = 3, mem_cap_bytes: int | None = None):
         self.device = torch.device(device)
         self.warmup, self.limit, self.seed = warmup, candidate_limit_s, seed
         self.only = only  # restrict to these candidate names (benchmarks, tests)
@@ -68,6 +69,8 @@ class TorchBackend:
         self._idle_at = -math.inf  # when the device's process list last showed no other process
         self._check_ref: tuple[torch.Tensor, torch.dtype] | None = None  # what a capture window's guard checks
         self.snr_min_db: float | None = None  # an fp8 family's SNR gate (aiter_replay), None: no gate
+        self.memory = RaceMemory(self.device, mem_cap_bytes)
+        self._plan = Plan(0, math.inf, math.inf)  # the shape's memory plan (tune), unbounded outside a race
 
     def _checked(self, out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> tuple[float, str | None]:
         """check_output, then the SNR gate where the family has one."""
@@ -141,10 +144,45 @@ class TorchBackend:
              inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> ShapeResult | None:
         t0, started = time.monotonic(), now_iso()
         shape, sid = item["shape"], item["shape_id"]
+
+        def failed(why: str) -> ShapeResult:
+            return ShapeResult(sid, ResultStatus.FAILED, error=why, elapsed_s=time.monotonic() - t0,
+                               started_at=started, finished_at=now_iso())
         unsupported = [f for f in ("scaleAB", "bpreshuffle") if shape.get(f) == "True"]
         if unsupported or shape.get("dtype") not in _DTYPES or shape.get("outdtype") not in _DTYPES:
-            return ShapeResult(sid, ResultStatus.FAILED, error=f"torch backend cannot run {shape} ({unsupported or 'dtype'})",
-                               elapsed_s=time.monotonic() - t0, started_at=started, finished_at=now_iso())
+            return failed(f"torch backend cannot run {shape} ({unsupported or 'dtype'})")
+        if time.monotonic() - self._idle_at > self.IDLE_EVERY_S:  # nvidia-smi costs ~50 ms: not every shape
+            idle = gpu_idle.others(self.device)
+            if idle.others:
+                raise GpuBusy(f"other processes on {self.device} before the race: {idle.describe()}")
+            self._idle_at = time.monotonic()
+        m, n = int(shape["M"]), int(shape["N"])
+        plan = self._plan = self.memory.plan(m, n, int(shape["K"]), _DTYPES[shape["dtype"]].itemsize,
+                                             shape["bias"] == "True")
+        # before the inputs and the reference (they alone may not fit), and the default with them: no race without
+        default = graph_bytes(0, m * n * (_DTYPES[shape["dtype"]].itemsize + _DTYPES[shape["outdtype"]].itemsize))
+        if plan.budget < default:
+            return failed(self._short(plan, default))
+        base = self._peak_reset()
+        oom = None
+        try:
+            race, ref, out_dtype, note = self._race(batch, item, shape, kind, inputs)
+        except torch.OutOfMemoryError as ex:  # past what the candidates' own failures caught: the shape's
+            oom = str(ex).splitlines()[0][:300]
+        finally:
+            self._inputs = self._check_ref = None
+            self._plan = Plan(0, math.inf, math.inf)
+        if oom is not None:  # out of the except block: its traceback no longer holds the race's tensors
+            self.memory.recover()
+            return failed(f"out of memory racing the shape (planned {gib(plan.bound)} at once): {oom}")
+        if race is None:
+            return None
+        note["memory"] = {**plan.record(), "peak_gib": self._peak_gib(base)}
+        return self._verdict(batch, item, race, ref, out_dtype, t0, started, note)
+
+    def _race(self, batch: Batch, item: dict[str, Any], shape: dict[str, str], kind: str | None,
+              inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None
+              ) -> tuple[Race | None, torch.Tensor, torch.dtype, dict[str, Any]]:
         a, b, bias = inputs or self.inputs(shape)
         out_dtype = _DTYPES[shape["outdtype"]]
         ref = a.double() @ b.double().t() + (bias.double() if bias is not None else 0)
@@ -156,18 +194,28 @@ class TorchBackend:
         # one capture of the incumbent that ran 7% slow, although both full races timed it 6-7% faster)
         first = [item.get("incumbent"), DEFAULT] if kind == "confirm" else [DEFAULT, item.get("incumbent")]
         protected = [n for n in first if n]
-        if time.monotonic() - self._idle_at > self.IDLE_EVERY_S:  # nvidia-smi costs ~50 ms: not every shape
-            idle = gpu_idle.others(self.device)
-            if idle.others:
-                raise GpuBusy(f"other processes on {self.device} before the race: {idle.describe()}")
-            self._idle_at = time.monotonic()
         self._inputs, self._check_ref = (a, b, bias, out_dtype, ref), (ref, out_dtype)
         race = {"exhaustive": self.exhaustive, "confirm": self.confirm}.get(kind, self.halving)(
             cands, ref, out_dtype, batch, protected)
-        self._inputs = self._check_ref = None
-        if race is None:
+        return race, ref, out_dtype, note
+
+    def _short(self, plan: Plan, default: int) -> str:
+        cap = f" under the {gib(self.memory.cap)} cap" if self.memory.cap is not None else ""
+        return (f"not raced: the shape holds about {gib(plan.fixed)} whatever is raced (its inputs, a capture "
+                f"window's fresh copies, the float64 reference and checks) and its default {gib(default)}, "
+                f"with {gib(self.memory.MARGIN)} kept free; {gib(plan.room)} is free for it{cap}")
+
+    def _peak_reset(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def _peak_gib(self, base: int) -> float | None:
+        """The most this shape's race held on the device beyond what was held before it (None on the CPU)."""
+        if self.device.type != "cuda":
             return None
-        return self._verdict(batch, item, race, ref, out_dtype, t0, started, note)
+        return (torch.cuda.max_memory_allocated(self.device) - base) / (1 << 30)
 
     @staticmethod
     def _confirmation(item: dict[str, Any], cands: list[Candidate], kind: str
@@ -188,53 +236,120 @@ class TorchBackend:
 
     def _prepare(self, e: Entry, graph: bool = True) -> bool:
         """First call (any compile happens here: once per config per process) and the replayable form: a
-        captured graph, or (the screen) eager calls."""
+        captured graph, or (the screen) eager calls. A candidate that alone holds more than the shape's memory
+        budget is out with the reason."""
+        if e.nbytes > self._plan.budget:
+            e.error = (f"not raced: it holds about {gib(e.nbytes)} (buffers, a graph's outputs) and the shape's "
+                       f"race has {gib(self._plan.budget)} for its candidates")
+            return False
         try:
             t0 = time.perf_counter()
             e.replay = self.timer.replayable(e.cand.fn) if graph else self.timer.eager(e.cand.fn)
             e.graphed = graph
             first = time.perf_counter() - t0
             if first > self.limit:
-                e.error, e.replay = f"exceeded the {self.limit}s candidate limit ({first:.1f}s)", None
+                e.error = f"exceeded the {self.limit}s candidate limit ({first:.1f}s)"
+                self._free(e)
                 return False
             return True
-        except Exception as ex:  # a kernel that raises is a failed candidate, never a winner
-            e.error = f"{type(ex).__name__}: {ex}"[:500]
-            e.replay = None
-            self.timer.sync()
+        except Exception as ex:  # a kernel that raises (out of memory too) is a failed candidate, never a winner
+            self._failed(e, ex)
             return False
+
+    def _failed(self, e: Entry, ex: BaseException) -> None:
+        """A candidate that raised is out with the reason; out of memory, its memory and the cache go back (the
+        traceback dropped first: its frames hold the tensors the call made)."""
+        e.error = f"{type(ex).__name__}: {ex}"[:500]
+        try:
+            self.timer.sync()
+        except Exception:  # noqa: S110 - the candidate is out already; a sticky error shows on the next call
+            pass
+        self._free(e)
+        if isinstance(ex, torch.OutOfMemoryError):
+            e.error = f"out of memory: {str(ex).splitlines()[0][:300]}"
+            ex.__traceback__ = None
+            self.memory.recover()
+
+    @staticmethod
+    def _free(e: Entry) -> None:
+        """Its graph and the buffers its calls keep go back (a later use makes them again)."""
+        e.replay = None
+        e.cand.release()
 
     def _check(self, e: Entry, ref: torch.Tensor, out_dtype: torch.dtype) -> bool:
         """The output against the reference, then both negative controls on it: a control the check does not
         catch voids the check, and the candidate with it."""
         try:
-            _, e.out = self.timer.once(e.cand.fn)
-            e.err, why = self._checked(e.out, ref, out_dtype)
+            _, out = self.timer.once(e.cand.fn)
+            e.err, why = self._checked(out, ref, out_dtype)
+            if why is None:
+                why = negative_controls(out, ref, out_dtype)
+            del out  # no output is held through the race (issue 50's memory), nor the buffers of one not held
+            if e.replay is None:
+                e.cand.release()
         except Exception as ex:
-            e.error = f"{type(ex).__name__}: {ex}"[:500]
+            self._failed(e, ex)
             return False
-        if why is None:
-            why = negative_controls(e.out, ref, out_dtype)
         if why is not None:
             e.error = why
             return False
+        e.checked = True
         return True
 
-    def _sample(self, entries: list[Entry], n: int, final: bool = False) -> None:
-        live = [e for e in entries if e.replay]
-        eager = [e for e in live if not e.graphed]
-        for group in (eager, [e for e in live if e.graphed]):
+    def _held(self, entries: list[Entry]) -> list[list[Entry]]:
+        """The entries in groups the shape's memory budget holds at once (one group where all fit), and the plan's
+        bound raised to the largest."""
+        groups: list[list[Entry]] = self.memory.groups(entries, self._plan.budget)  # type: ignore[assignment]
+        self._plan.bound = max(self._plan.bound, self._plan.fixed + max((sum(e.nbytes for e in g) for g in groups),
+                                                                        default=0))
+        return groups
+
+    def _sample(self, entries: list[Entry], n: int, final: bool = False, graph: bool | None = None) -> None:
+        """n samples of each entry, interleaved. Where the race's candidates do not all fit the memory budget at
+        once (Plan.spread), group by group (_held), each made (`graph`: captured, else eager) before its samples
+        and freed after them; else in the form each is in, or made in `graph`'s, and held."""
+        live = [e for e in entries if e.error is None and (e.replay or graph is not None)]
+        groups = self._held(live) if graph is not None else [live]
+        for group in groups:
+            if graph is not None:
+                group = [e for e in group if (e.replay and e.graphed == graph) or self._prepare(e, graph)]
+            self._sample_held(group, n, final)
+            if self._plan.spread:
+                for e in group:
+                    self._free(e)
+
+    def _sample_held(self, live: list[Entry], n: int, final: bool) -> None:
+        """n samples of each held entry; one whose replay raises is out with the reason, the rest sampled again."""
+        eager = [e for e in live if e.replay and not e.graphed]
+        for group in (eager, [e for e in live if e.replay and e.graphed]):
             if not group or n <= 0:
                 continue
-            got = self.timer.sample([e.replay for e in group], n, lead=group is eager)  # type: ignore[misc]
+            try:
+                got = self.timer.sample([e.replay for e in group], n, lead=group is eager)  # type: ignore[misc]
+            except ReplayFailed as f:
+                self._failed(group[f.index], f.error)
+                self._sample_held([e for e in group if e.error is None], n, final)
+                continue
             for e, ts in zip(group, got):
                 (e.final if final else e.samples if e.graphed else e.screen).extend(ts)
                 e.sampled_s += sum(ts) * e.replay[1]  # type: ignore[index]
                 if sum(ts) > self.limit:
                     e.error = f"exceeded the {self.limit}s candidate limit while sampling"
 
-    def _prepared(self, cands: list[Candidate], batch: Batch, graph: bool = True
-                  ) -> tuple[list[Entry], list[Entry]] | None:
+    def _prepared(self, cands: list[Candidate], batch: Batch, graph: bool = True,
+                  make: Callable[[Entry], bool] | None = None) -> tuple[list[Entry], list[Entry]] | None:
+        """Each candidate made ready by `make`, or else its first call and replayable form; where they do not all
+        fit the memory budget at once, each is freed again at once (its rounds make it again, group by group:
+        _sample). (every entry, the live ones); None: stopped."""
+        fit = [c for c in cands if c.nbytes <= self._plan.budget]  # the rest are failed candidates (_prepare)
+        spread = self._plan.spread = len(self.memory.groups(fit, self._plan.budget)) > 1
+
+        def ready(e: Entry) -> bool:
+            if not self._prepare(e, graph):
+                return False
+            if spread:
+                self._free(e)
+            return True
         entries: list[Entry] = []
         live: list[Entry] = []
         for c in cands:
@@ -244,21 +359,29 @@ class TorchBackend:
                 break  # past the budget: the race ends with the candidates prepared so far
             e = Entry(c)
             entries.append(e)
-            if self._prepare(e, graph):
+            if (make or ready)(e):
                 live.append(e)
         return entries, live
 
     def exhaustive(self, cands: list[Candidate], ref: torch.Tensor, out_dtype: torch.dtype, batch: Batch,
                    protected: list[str]) -> Race | None:
-        """The baseline: every candidate checked, warmed and timed fully, interleaved like the final round."""
-        got = self._prepared(cands, batch)
+        """The baseline: every candidate checked, warmed and timed fully, interleaved like the final round. Each
+        is captured, checked and warmed alone and freed before the next (all 59 held at once ran an 80 GB H100
+        out of memory at M=6144 N=12288 K=1536, issue 50); the final round captures afresh, window by window."""
+        def warmed(e: Entry) -> bool:
+            ok = self._prepare(e) and self._check(e, ref, out_dtype)
+            try:
+                if ok:
+                    self.timer.sample([e.replay], self.warmup)  # type: ignore[list-item]
+            except ReplayFailed as f:
+                self._failed(e, f.error)
+                ok = False
+            self._free(e)
+            return ok
+        got = self._prepared(cands, batch, make=warmed)
         if got is None:
             return None
         entries, live = got
-        live = [e for e in live if self._check(e, ref, out_dtype)]
-        self.timer.sample([e.replay for e in live if e.replay], self.warmup)
-        for e in entries:
-            e.replay = None  # the final round captures afresh, window by window
         race = Race(entries, "exhaustive")
         self._final(race, live, self.schedule.final)
         for e in entries:
@@ -276,7 +399,7 @@ class TorchBackend:
         live = [e for e in live if self._check(e, ref, out_dtype)]
         race = Race(entries, "confirm")
         for e in entries:
-            e.replay = None
+            self._free(e)
         self._final(race, live, self.schedule.confirm)
         for e in live:
             e.rounds = 1
@@ -294,7 +417,7 @@ class TorchBackend:
         if survivors is None:
             return None
         for e in entries:
-            e.replay = None  # the final round captures afresh, window by window
+            self._free(e)  # the final round captures afresh, window by window
         race = Race(entries, "halving", discarded_s=self.timer.discarded_s - discarded)
         self._final(race, self._finalists(entries, survivors, ref, out_dtype), sch.final)
         return self._settled(race, protected, sch.final)
@@ -307,11 +430,10 @@ class TorchBackend:
                 return None
             if r and batch.time_left() <= 0:
                 break
-            if r:  # past the screen: the survivors' graphs, captured once each
-                live = [e for e in live if e.graphed or self._prepare(e)]
-            self._sample(live, n)
+            graph = bool(r) or not sch.eager_screen  # past the screen: the survivors' graphs, captured once each
+            self._sample(live, n, graph=graph)
             if r == 0:  # the default and incumbent get enough samples to estimate sigma from the start
-                self._sample([e for e in live if e.name in protected], max(0, sch.protect_samples - n))
+                self._sample([e for e in live if e.name in protected], max(0, sch.protect_samples - n), graph=graph)
             live = self._survivors([e for e in live if e.error is None], keep, cap, protected)
         return live
 
@@ -327,23 +449,23 @@ class TorchBackend:
                 return [e]
         return []
 
-    def _fresh(self, window: int) -> dict[str, Callable[[], Any]]:
+    def _fresh(self, window: int, names: set[str]) -> dict[str, Candidate]:
         """Window 0 times the race's own candidates; every later window fresh copies of the inputs and fresh
-        candidates over them (their own buffers, so one placement's luck does not decide)."""
+        candidates over them (their own buffers, so one placement's luck does not decide): those named."""
         if not window or self._inputs is None:
             return {}
         a, b, bias, out_dtype, _ = self._inputs
-        a2, b2 = a.clone(), b.clone()
-        return {c.name: c.fn for c in candidates(a2, b2, bias.clone() if bias is not None else None, out_dtype)}
+        return {c.name: c for c in candidates(a.clone(), b.clone(), bias.clone() if bias is not None else None,
+                                              out_dtype) if c.name in names}
 
     def _final(self, race: Race, entries: list[Entry], n: int, windows: int | None = None,
                per: int | None = None) -> None:
         """The final round: `windows` (Schedule.captures) capture windows, each a fresh capture of every entry
         (over fresh inputs after the first) and of nothing else, guarded (one replay checked against the
         reference before its samples count), then n / windows samples of each (or `per`) and of the control
-        kernel, interleaved. A window whose control drifted is timed again (Timer.window_state): up to
-        busy_retries times; where the drift held when the control was timed again alone (busy), the lease then
-        goes back (GpuBusy); where it did not (a noisy window), the last attempt is booked."""
+        kernel, interleaved (_time_window). A window whose control drifted is timed again (Timer.window_state):
+        up to busy_retries times; where the drift held when the control was timed again alone (busy), the lease
+        then goes back (GpuBusy); where it did not (a noisy window), the last attempt is booked."""
         windows = windows or self.schedule.captures
         per = per or self.schedule.per_window(n)
         for _ in range(windows):
@@ -354,33 +476,62 @@ class TorchBackend:
             for attempt in range(self.busy_retries + 1):
                 if self.timer.on_window:
                     self.timer.on_window(w, attempt)
-                reps = self._captured(live, self._fresh(race.windows))  # window 1: the race's own candidates
-                if not reps:
+                live = [e for e in live if e.error is None]
+                timed, control_s = self._time_window(live, per, self._fresh(race.windows, {e.name for e in live}))
+                if not timed:
                     return
-                got = self.timer.sample([r for _, r in reps] + [self.timer.control()], per)
-                if self._retime(race, w, attempt, statistics.median(got[-1])):
+                if self._retime(race, w, attempt, control_s):
                     continue
-                for (e, (_, calls)), ts in zip(reps, got):
+                for e, ts, calls in timed:
                     e.final.extend(ts)
                     e.caps.append((w, ts))
                     e.sampled_s += sum(ts) * calls
                 race.windows += 1
                 break
 
-    def _captured(self, live: list[Entry], fresh: dict[str, Callable[[], Any]]
+    def _time_window(self, live: list[Entry], per: int, fresh: dict[str, Candidate]
+                     ) -> tuple[list[tuple[Entry, list[float], int]], float]:
+        """One capture window, group by group (as many entries as the memory budget holds at once: _held; one
+        group where all fit): each group captured, its graphs timed interleaved with the control kernel, then
+        freed with their buffers before the next group is captured. (entry, its samples, the calls a sample
+        holds) for each, and the slowest group's control median. A replay that raises is out with the reason
+        and its group timed again without it."""
+        timed: list[tuple[Entry, list[float], int]] = []
+        controls: list[float] = []
+        for group in self._held(live):
+            reps = self._captured(group, fresh)
+            while reps:
+                try:
+                    got = self.timer.sample([r for _, r in reps] + [self.timer.control()], per)
+                except ReplayFailed as f:
+                    if f.index == len(reps):  # the control kernel itself: no candidate's fault
+                        raise f.error from f
+                    self._failed(reps[f.index][0], f.error)
+                    reps = [x for x in reps if x[0].error is None]
+                    continue
+                controls.append(statistics.median(got[-1]))
+                timed += [(e, ts, calls) for (e, (_, calls)), ts in zip(reps, got)]
+                break
+            del reps  # the group's graphs, then the buffers their calls kept
+            for e in group:
+                self._free(e)
+                if e.name in fresh:
+                    fresh[e.name].release()
+        return timed, max(controls, default=0.0)
+
+    def _captured(self, live: list[Entry], fresh: dict[str, Candidate]
                   ) -> list[tuple[Entry, tuple[Callable[[], Any], int]]]:
         """A fresh capture of each live entry, guarded: one replay checked against the reference before its
         samples count (an entry whose replay is wrong, or that raises, is out with the reason)."""
         reps = []
         for e in live:
             try:
-                run, calls, guarded = self.timer.capture(fresh.get(e.name, e.cand.fn))
+                run, calls, guarded = self.timer.capture(fresh.get(e.name, e.cand).fn)
                 why = None
                 if self._check_ref is not None:
                     why = self._checked(guarded(), *self._check_ref)[1]
             except Exception as ex:
-                e.error = f"{type(ex).__name__}: {ex}"[:500]
-                self.timer.sync()
+                self._failed(e, ex)
                 continue
             if why is not None:
                 e.error = f"capture guard: the captured graph's replay is wrong ({why})"
@@ -391,11 +542,13 @@ class TorchBackend:
     def _retime(self, race: Race, w: int, attempt: int, control_s: float) -> bool:
         """Whether window w must be timed again: its control drifted (Timer.window_state). A busy window on its
         last attempt hands the lease back (GpuBusy); a noisy one (the drift gone when the control was timed
-        again alone) is booked on its last attempt."""
+        again alone) is booked on its last attempt; a clocked one (the window's own power draw) at once."""
         state, why = self.timer.window_state(control_s)
         if state == "clean":
             return False
         (race.busy if state == "busy" else race.noisy).append(f"window {w} attempt {attempt + 1}: {why}")
+        if state == "clocked":
+            return False
         if state == "busy" and self.timer.on_busy:
             self.timer.on_busy(why or "")
         if attempt == self.busy_retries:
@@ -425,7 +578,7 @@ class TorchBackend:
             race.resampled = True
             decide(race, protected, sch)
         for e in race.entries:
-            e.replay = None  # free the graphs
+            self._free(e)  # the graphs and the buffers go back
         return race
 
     def _survivors(self, live: list[Entry], keep: float, cap: int, protected: list[str]) -> list[Entry]:
@@ -443,7 +596,7 @@ class TorchBackend:
                 e.rounds += 1
                 out.append(e)
             else:
-                e.replay = None  # out of the race: its graph's memory goes back
+                self._free(e)  # out of the race: its graph's memory goes back
         return out
 
     def _decide(self, race: Race, protected: list[str]) -> Race:
@@ -465,7 +618,7 @@ class TorchBackend:
                          "noisy": race.noisy,
                          "decision": race.decision, "reason": race.reason, "confidence": race.confidence, **note}}
         win = race.winner
-        if win is None or win.out is None:
+        if win is None or not win.checked:
             return ShapeResult(sid, ResultStatus.FAILED, error=race.error or "no winner", **done,
                                elapsed_s=time.monotonic() - t0, finished_at=now_iso())
         # every finalist passed both negative controls in _check (a control that did not fire failed it)

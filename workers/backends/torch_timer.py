@@ -12,6 +12,24 @@ from typing import Any
 
 import torch
 
+from workers import gpu_idle
+
+
+class ReplayFailed(RuntimeError):
+    """A replay raised while it was sampled (an eager call out of memory, say): which one, by its index in the
+    batch, and what it raised; the batch's samples are lost, the others' replays are intact."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(f"replay {index} raised {type(error).__name__}: {error}")
+        self.index, self.error = index, error
+
+
+def _call(i: int, fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception as ex:
+        raise ReplayFailed(i, ex) from ex
+
 
 @dataclass
 class BusyCheck:
@@ -19,14 +37,48 @@ class BusyCheck:
     `keep` clean windows' control medians. The fastest window seen (the rule before) ratchets down with every
     lucky window, so ordinary ones later read as +10-15% (two H200 windows flagged after the neighbour had
     gone). A window over max(drift, z x the control's robust spread across those windows) is suspect; it is
-    busy only when the control, timed again alone at once, is still over: a neighbour that is there stays
-    there, a slow stretch of one window does not. A noisy window's control still joins the idle history: its
-    spread is the control's own."""
+    busy only when the control, timed again alone, is still over: a neighbour that is there stays there, a
+    slow stretch of one window does not. A noisy window's control still joins the idle history: its
+    spread is the control's own.
+
+    Before that repeat the card is let settle (`settle_s`, ended early once its SM clock, where it can be read,
+    is back at the clean windows'): a window of large shapes draws the card to its power cap, and the control
+    interleaved with them, and timed again alone at once, runs at the capped clock (issue 50: an idle,
+    dedicated H100 read 7.51 us against 6.50 us idle after large prefill shapes and raised GpuBusy). On an H100
+    (benchmarks/busy_clocks.py) the control read 7.24 us at 1365 MHz right after 60 s of large GEMMs and
+    6.03 us at 1980 MHz one second later; beside a neighbour running them it read 6.82-7.50 us at 1305-1455
+    MHz throughout. The card's own state passes in a second, a neighbour's does not; the clock alone cannot
+    tell them apart (the neighbour lowers it too). A suspect window read at a lowered clock whose control is
+    idle again once the card settled was the window's own power draw: booked, no re-time (`clocked`)."""
 
     drift: float
     z: float = 3.0
     keep: int = 15
     clean: list[float] = field(default_factory=list)
+    clock: Callable[[], float | None] | None = None  # the SM clock now, MHz (gpu_idle.sm_clock)
+    clocks: list[float] = field(default_factory=list)  # the clock read after each clean window
+    settle_s: float = 1.0  # the most a suspect window's repeat waits for the card to settle
+    pause: Callable[[float], None] = time.sleep
+
+    def _read(self) -> float | None:
+        return self.clock() if self.clock is not None else None
+
+    @property
+    def ref_mhz(self) -> float | None:
+        return statistics.median(self.clocks[-self.keep:]) if self.clocks else None
+
+    def settle(self) -> float | None:
+        """Wait for the card to leave the window's power state: settle_s, or until its clock is back at the clean
+        windows' (read every 0.1 s). The clock read last."""
+        ref, waited, mhz = self.ref_mhz, 0.0, None
+        while waited < self.settle_s:
+            step = min(0.1, self.settle_s - waited) if ref else self.settle_s
+            self.pause(step)
+            waited += step
+            mhz = self._read()
+            if ref and mhz and mhz >= 0.98 * ref:
+                break
+        return mhz
 
     @property
     def base(self) -> float | None:
@@ -48,15 +100,28 @@ class BusyCheck:
                 f"(+{control_s / base - 1:.1%} > {lim:.0%})")
 
     def judge(self, control_s: float, repeat: Callable[[], float]) -> tuple[str, str | None]:
+        """clean | clocked | noisy | busy, and why."""
+        mhz = self._read()
         why = self.over(control_s)
         if why is None:
             self.clean.append(control_s)
+            if mhz:
+                self.clocks.append(mhz)
             return "clean", None
+        ref = self.ref_mhz
+        lowered = bool(mhz and ref and mhz < 0.98 * ref)
+        if mhz:
+            why += f" at {mhz:.0f} MHz" + (f" (clean windows {ref:.0f} MHz)" if ref else "")
+        after = self.settle()
         again = repeat()
-        if self.over(again) is None:  # the control's own noise: part of the idle history (else it is censored)
-            self.clean.append(control_s)
-            return "noisy", f"{why}; timed again alone {again * 1e6:.2f} us: not busy"
-        return "busy", f"{why}; timed again alone {again * 1e6:.2f} us"
+        alone = f"timed again alone after the card settled {again * 1e6:.2f} us" + (f" at {after:.0f} MHz"
+                                                                                   if after else "")
+        if self.over(again) is None:
+            if lowered:  # the window's own power draw: its candidates were timed under it alike
+                return "clocked", f"{why}; {alone}: the card's own clock, booked"
+            self.clean.append(control_s)  # the control's own noise: part of the idle history (else censored)
+            return "noisy", f"{why}; {alone}: not busy"
+        return "busy", f"{why}; {alone}"
 
 
 class Timer:
@@ -87,7 +152,10 @@ class Timer:
         self.llc_bytes = llc_bytes  # the last-level cache the scrub must evict (workers/identity.py)
         # the CPU is shared by design (a 2-core VM with other work): the check is off there unless asked for
         self.busy_drift = busy_drift if busy_drift is not None else (self.BUSY_DRIFT if self.cuda else None)
-        self.busy_check = BusyCheck(self.busy_drift) if self.busy_drift is not None else None
+        # the CPU has no power cap to wait out (its busy check runs in tests alone)
+        self.busy_check = (BusyCheck(self.busy_drift, clock=gpu_idle.sm_clock(device),
+                                     settle_s=BusyCheck.settle_s if self.cuda else 0.0)
+                           if self.busy_drift is not None else None)
         self._control: tuple[Callable[[], Any], int] | None = None
         self.on_window: Callable[[int, int], None] | None = None  # (window, attempt): tests plant neighbours
         self.on_busy: Callable[[str], None] | None = None
@@ -156,12 +224,16 @@ class Timer:
         return self.busy_check.base if self.busy_check else None
 
     def window_state(self, control_s: float) -> tuple[str, str | None]:
-        """clean | noisy | busy, and why, for a window whose control median is control_s (BusyCheck.judge; the
-        repeat times the control alone BUSY_REPEAT more times)."""
+        """clean | clocked | noisy | busy, and why, for a window whose control median is control_s
+        (BusyCheck.judge; the repeat times the control alone BUSY_REPEAT more times)."""
         if self.busy_check is None:
             return "clean", None
-        return self.busy_check.judge(
-            control_s, lambda: statistics.median(self.sample([self.control()], self.BUSY_REPEAT)[0]))
+        def repeat() -> float:
+            try:
+                return statistics.median(self.sample([self.control()], self.BUSY_REPEAT)[0])
+            except ReplayFailed as f:  # the control kernel itself: its own error, not a candidate's
+                raise f.error from None
+        return self.busy_check.judge(control_s, repeat)
 
     def replayable(self, fn: Callable[[], Any]) -> tuple[Callable[[], Any], int]:
         """What one sample runs, and how many calls it holds. Makes the first call (a kernel that raises
@@ -200,7 +272,7 @@ class Timer:
             for i in order:
                 fn, calls = replays[i]
                 t0 = time.perf_counter()
-                fn()
+                _call(i, fn)
                 out[i].append((time.perf_counter() - t0) / calls)
             return out
         if not lead:
@@ -234,7 +306,11 @@ class Timer:
                 ev[0].record()
                 self._flush()
                 ev[1].record()
-                fn()
+                try:
+                    _call(i, fn)
+                except ReplayFailed:
+                    torch.cuda.synchronize()  # what was enqueued before it finishes; then the batch is lost
+                    raise
                 ev[2].record()
                 marks.append((i, ev, calls))
             if held is not None:
@@ -285,6 +361,9 @@ class Timer:
             g.replay()  # also the warm-up replay
             torch.cuda.synchronize()
             return g, out
+        except torch.OutOfMemoryError:  # no memory for the graph: a failed candidate, never timed eagerly instead
+            torch.cuda.synchronize()
+            raise
         except Exception:  # not capturable: time eagerly
             torch.cuda.synchronize()
             return None

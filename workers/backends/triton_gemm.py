@@ -43,29 +43,40 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, K_PER, stride_am, strid
 
 
 def _make(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
-          cfg: tuple[int, ...]) -> Callable[[], torch.Tensor]:
+          cfg: tuple[int, ...]) -> tuple[Callable[[], torch.Tensor], int, int, Callable[[], None]]:
+    """(the call, the bytes its buffer keeps, the bytes one call allocates, what frees the buffer). The split-K
+    buffer (sk x M x N fp32) is made on the first call, not here: made up front, every config's buffer of a
+    shape lived through its whole race (32 GiB at M=6144 N=12288, twice over with a capture window's fresh
+    set: the H100 ran out of memory, issue 50)."""
     bm, bn, bk, sk, warps, stages = cfg
     m, k = a.shape
     n = b.shape[0]
-    buf = torch.empty((sk, m, n), device=a.device, dtype=torch.float32 if sk > 1 else out_dtype)
+    dtype = torch.float32 if sk > 1 else out_dtype
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), sk)
     bias_arg = bias if bias is not None else a
     k_per = triton.cdiv(triton.cdiv(k, sk), bk) * bk
+    held: list[torch.Tensor] = []
 
     def run() -> torch.Tensor:
+        if not held:
+            held.append(torch.empty((sk, m, n), device=a.device, dtype=dtype))
+        buf = held[0]
         _gemm_kernel[grid](a, b, buf, bias_arg, m, n, k, k_per, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                            buf.stride(0), buf.stride(1), buf.stride(2), HAS_BIAS=bias is not None, BLOCK_M=bm,
                            BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=warps, num_stages=stages)
         return buf[0] if sk == 1 else buf.sum(0).to(out_dtype)
-    return run
+    e_out = torch.empty(0, dtype=out_dtype).element_size()
+    kept = sk * m * n * torch.empty(0, dtype=dtype).element_size()
+    return run, kept, (m * n * (4 + e_out) if sk > 1 else 0), held.clear
 
 
 def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
-               ) -> list[tuple[str, int, Callable[[], torch.Tensor]]]:
+               ) -> list[tuple[str, int, Callable[[], torch.Tensor], int, int, Callable[[], None]]]:
+    """(name, split-K, the call, bytes kept, bytes a call allocates, release) for every config."""
     out = []
     for cfg in CONFIGS:
         bk, sk = cfg[2], cfg[3]
         if sk > 1 and a.shape[1] < bk * sk:
             continue  # a split shorter than one K tile does no work
-        out.append((config_name(cfg), sk, _make(a, b, bias, out_dtype, cfg)))
+        out.append((config_name(cfg), sk, *_make(a, b, bias, out_dtype, cfg)))
     return out

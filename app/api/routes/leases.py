@@ -141,5 +141,6 @@ async def post_results(lease_id: LeaseId, body: ResultsIn, request: Request, f: 
 @router.post("/v1/leases/{lease_id}/release", response_model=ReleaseOut)
 async def release(lease_id: LeaseId, f: Acting, body: ReleaseIn | None = None) -> Response:
     started = body.started if body is not None else []
-    n = await f.steps(lambda p: leasing.release(p, lease_id, f.settings, f.caller, started))
+    why = body.reason if body is not None else None
+    n = await f.steps(lambda p: leasing.release(p, lease_id, f.settings, f.caller, started, why))
     return _json(ReleaseOut.model_construct(lease_id=lease_id, requeued=n))
