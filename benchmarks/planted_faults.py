@@ -151,7 +151,8 @@ def main() -> None:
         res, wall = tune(backend, big)
     finally:
         hog.stop()
-    out["busy_retimed"] = {"status": res.status, "busy": res.race["busy"], "windows": res.race["windows"],
+    out["busy_retimed"] = {"status": res.status, "busy": res.race["busy"], "noisy": res.race["noisy"],
+                           "windows": res.race["windows"],
                            "control_idle_us": base * 1e6 if base else None, "wall_s": wall,
                            "window_attempts": [(w, att) for w, att, _ in seen], "winner": res.kernel_name}
     # a neighbour that stays: the lease goes back with the reason
@@ -159,7 +160,7 @@ def main() -> None:
     backend.timer.on_busy = None
     try:
         res, _ = tune(backend, big)
-        out["busy_stays"] = {"handed_back": False, "status": res.status}
+        out["busy_stays"] = {"handed_back": False, "status": res.status, "noisy": res.race["noisy"]}
     except GpuBusy as e:
         out["busy_stays"] = {"handed_back": True, "reason": str(e)}
     finally:

@@ -542,13 +542,11 @@ class TorchBackend:
     def _retime(self, race: Race, w: int, attempt: int, control_s: float) -> bool:
         """Whether window w must be timed again: its control drifted (Timer.window_state). A busy window on its
         last attempt hands the lease back (GpuBusy); a noisy one (the drift gone when the control was timed
-        again alone) is booked on its last attempt; a clocked one (the window's own power draw) at once."""
+        again alone) is booked on its last attempt."""
         state, why = self.timer.window_state(control_s)
         if state == "clean":
             return False
         (race.busy if state == "busy" else race.noisy).append(f"window {w} attempt {attempt + 1}: {why}")
-        if state == "clocked":
-            return False
         if state == "busy" and self.timer.on_busy:
             self.timer.on_busy(why or "")
         if attempt == self.busy_retries:

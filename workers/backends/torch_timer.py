@@ -48,8 +48,8 @@ class BusyCheck:
     (benchmarks/busy_clocks.py) the control read 7.24 us at 1365 MHz right after 60 s of large GEMMs and
     6.03 us at 1980 MHz one second later; beside a neighbour running them it read 6.82-7.50 us at 1305-1455
     MHz throughout. The card's own state passes in a second, a neighbour's does not; the clock alone cannot
-    tell them apart (the neighbour lowers it too). A suspect window read at a lowered clock whose control is
-    idle again once the card settled was the window's own power draw: booked, no re-time (`clocked`)."""
+    tell them apart (the neighbour lowers it too), so it only ends the wait early and is named in the reason.
+    A window whose control is idle again once the card settled is noisy, re-timed as any noisy one."""
 
     drift: float
     z: float = 3.0
@@ -100,7 +100,7 @@ class BusyCheck:
                 f"(+{control_s / base - 1:.1%} > {lim:.0%})")
 
     def judge(self, control_s: float, repeat: Callable[[], float]) -> tuple[str, str | None]:
-        """clean | clocked | noisy | busy, and why."""
+        """clean | noisy | busy, and why."""
         mhz = self._read()
         why = self.over(control_s)
         if why is None:
@@ -108,18 +108,15 @@ class BusyCheck:
             if mhz:
                 self.clocks.append(mhz)
             return "clean", None
-        ref = self.ref_mhz
-        lowered = bool(mhz and ref and mhz < 0.98 * ref)
         if mhz:
+            ref = self.ref_mhz
             why += f" at {mhz:.0f} MHz" + (f" (clean windows {ref:.0f} MHz)" if ref else "")
         after = self.settle()
         again = repeat()
         alone = f"timed again alone after the card settled {again * 1e6:.2f} us" + (f" at {after:.0f} MHz"
                                                                                    if after else "")
-        if self.over(again) is None:
-            if lowered:  # the window's own power draw: its candidates were timed under it alike
-                return "clocked", f"{why}; {alone}: the card's own clock, booked"
-            self.clean.append(control_s)  # the control's own noise: part of the idle history (else censored)
+        if self.over(again) is None:  # the window's own power draw, or the control's own noise: not busy
+            self.clean.append(control_s)  # part of the idle history (a busy window's is censored)
             return "noisy", f"{why}; {alone}: not busy"
         return "busy", f"{why}; {alone}"
 
@@ -224,7 +221,7 @@ class Timer:
         return self.busy_check.base if self.busy_check else None
 
     def window_state(self, control_s: float) -> tuple[str, str | None]:
-        """clean | clocked | noisy | busy, and why, for a window whose control median is control_s
+        """clean | noisy | busy, and why, for a window whose control median is control_s
         (BusyCheck.judge; the repeat times the control alone BUSY_REPEAT more times)."""
         if self.busy_check is None:
             return "clean", None
