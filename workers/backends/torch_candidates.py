@@ -28,6 +28,11 @@ def graph_bytes(kept: int, per_call: int) -> int:
     return kept + 2 * per_call
 
 
+def linear_bytes(mn: int, e_in: int, e_out: int) -> int:
+    """What the default (F.linear) holds: an M x N output in the input dtype and one in the output dtype a call."""
+    return graph_bytes(0, mn * (e_in + e_out))
+
+
 def _split_k_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, parts: int,
                  out_dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     k = a.shape[1]
@@ -77,7 +82,7 @@ def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_
         return (y + bias if bias is not None else y).to(out_dtype)
 
     mn, e_in, e_out = a.shape[0] * b.shape[0], a.element_size(), torch.empty(0, dtype=out_dtype).element_size()
-    cands = [Candidate(DEFAULT, "torch", 0, linear, graph_bytes(0, mn * (e_in + e_out))),
+    cands = [Candidate(DEFAULT, "torch", 0, linear, linear_bytes(mn, e_in, e_out)),
              Candidate(MM_BT, "torch", 0, mm_pretransposed, graph_bytes(0, mn * (2 * e_in + e_out)))]
     for parts in SPLIT_PARTS:
         if a.shape[1] >= 64 * parts:

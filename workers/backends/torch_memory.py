@@ -87,6 +87,17 @@ class RaceMemory:
             held += x.nbytes
         return [g for g in out if g]
 
+    def peak_start(self) -> int:
+        """Start counting a race's peak: the bytes held now (0 on the CPU)."""
+        if not self.cuda:
+            return 0
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak_gib(self, base: int) -> float | None:
+        """The most the race held on the device beyond what was held at peak_start (None on the CPU)."""
+        return (torch.cuda.max_memory_allocated(self.device) - base) / GIB if self.cuda else None
+
     def recover(self) -> None:
         """After an out-of-memory: the cached blocks go back, so that the next try sees the device as it is."""
         if self.cuda:

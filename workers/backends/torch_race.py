@@ -33,7 +33,7 @@ from workers import gpu_idle
 from workers.backends import torch_checks
 from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
 from workers.backends.torch_candidates import (_DTYPES, DEFAULT, MM_BT, SPLIT_PARTS, Candidate, candidates,
-                                               graph_bytes, kernel_catalog)
+                                               kernel_catalog, linear_bytes)
 from workers.backends.torch_checks import ERR_MAX, GROSS, check_output, err_ratio, negative_controls, snr_db
 from workers.backends.torch_decide import (Entry, Race, Schedule, decide, pooled_sigma, rel_spread,
                                            sign_confidence, versus)
@@ -156,14 +156,13 @@ class TorchBackend:
             if idle.others:
                 raise GpuBusy(f"other processes on {self.device} before the race: {idle.describe()}")
             self._idle_at = time.monotonic()
-        m, n = int(shape["M"]), int(shape["N"])
-        plan = self._plan = self.memory.plan(m, n, int(shape["K"]), _DTYPES[shape["dtype"]].itemsize,
-                                             shape["bias"] == "True")
+        m, n, e_in = int(shape["M"]), int(shape["N"]), _DTYPES[shape["dtype"]].itemsize
+        plan = self._plan = self.memory.plan(m, n, int(shape["K"]), e_in, shape["bias"] == "True")
         # before the inputs and the reference (they alone may not fit), and the default with them: no race without
-        default = graph_bytes(0, m * n * (_DTYPES[shape["dtype"]].itemsize + _DTYPES[shape["outdtype"]].itemsize))
+        default = linear_bytes(m * n, e_in, _DTYPES[shape["outdtype"]].itemsize)
         if plan.budget < default:
             return failed(self._short(plan, default))
-        base = self._peak_reset()
+        base = self.memory.peak_start()
         oom = None
         try:
             race, ref, out_dtype, note = self._race(batch, item, shape, kind, inputs)
@@ -177,7 +176,7 @@ class TorchBackend:
             return failed(f"out of memory racing the shape (planned {gib(plan.bound)} at once): {oom}")
         if race is None:
             return None
-        note["memory"] = {**plan.record(), "peak_gib": self._peak_gib(base)}
+        note["memory"] = {**plan.record(), "peak_gib": self.memory.peak_gib(base)}
         return self._verdict(batch, item, race, ref, out_dtype, t0, started, note)
 
     def _race(self, batch: Batch, item: dict[str, Any], shape: dict[str, str], kind: str | None,
@@ -204,18 +203,6 @@ class TorchBackend:
         return (f"not raced: the shape holds about {gib(plan.fixed)} whatever is raced (its inputs, a capture "
                 f"window's fresh copies, the float64 reference and checks) and its default {gib(default)}, "
                 f"with {gib(self.memory.MARGIN)} kept free; {gib(plan.room)} is free for it{cap}")
-
-    def _peak_reset(self) -> int:
-        if self.device.type != "cuda":
-            return 0
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return torch.cuda.memory_allocated(self.device)
-
-    def _peak_gib(self, base: int) -> float | None:
-        """The most this shape's race held on the device beyond what was held before it (None on the CPU)."""
-        if self.device.type != "cuda":
-            return None
-        return (torch.cuda.max_memory_allocated(self.device) - base) / (1 << 30)
 
     @staticmethod
     def _confirmation(item: dict[str, Any], cands: list[Candidate], kind: str
