@@ -183,6 +183,14 @@ def q(xs: list[float], f: float) -> float:
     return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else math.nan
 
 
+def tie_inside_spread(r: dict) -> bool:
+    """The halving race kept the default in a tie against a faster exhaustive pick, and the referee cannot tell
+    the pair apart either (its confidence that the kept default is the slower < 0.95): a tie counts as a right
+    pick only when the pair is within the spread (issue 50)."""
+    return (r["referee"] > 1.01 and r["hv_decision"] == "tie" and r["hv_winner"] == DEFAULT
+            and r["referee_detail"].get("slower_conf", 1.0) < 0.95)
+
+
 def per_shape(name: str, xs: list[float], sums: float) -> str:
     return (f"{name}: ratio of sums {sums:.3f}; per shape median {q(xs, 0.5):.3f}, p10 {q(xs, 0.1):.3f}, "
             f"p90 {q(xs, 0.9):.3f}, max {max(xs):.3f}")
@@ -451,7 +459,8 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
           f"ratio is the median window's): halving pick within 1% of the exhaustive pick on {h2h}/{n} shapes "
           f"({len(differ)} differing picks; worst {worst:.3f}; more than 3% slower: "
           f"{sum(r['referee'] > 1.03 for r in rows)}; halving pick slower across the windows (confidence >= 0.95): "
-          f"{len(sep)})")
+          f"{len(sep)}); a tie that kept the default, the pair within the spread by the referee too: "
+          f"{sum(map(tie_inside_spread, rows))} more")
     busy = sum(len(r.get("hv_busy") or []) + len(r.get("ex_busy") or []) for r in rows)
     decisions: dict[str, int] = {}
     for r in rows:
@@ -460,7 +469,8 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
     print(f"halving schedule {default_schedule}")
     summary = {"shapes": n, "gpu_ratio": gpu, "wall_ratio": wall, "gpu_median": q(gpu_each, 0.5),
                "gpu_p90": q(gpu_each, 0.9), "wall_median": q(wall_each, 0.5), "wall_p90": q(wall_each, 0.9),
-               "within_1pct": h2h, "worst_h2h": worst, "finalists_mean": statistics.mean(fins)}
+               "within_1pct": h2h, "worst_h2h": worst, "finalists_mean": statistics.mean(fins),
+               "ties_inside_spread": sum(map(tie_inside_spread, rows))}
     if a.confirm:
         cfs = [r["confirm"] for r in rows]
         cf_gpu = sum(c["sampled_s"] for c in cfs) / sum(r["hv_sampled_s"] for r in rows)

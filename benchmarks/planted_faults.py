@@ -147,6 +147,18 @@ def main() -> None:
                                               hog.start() if len(seen) == 3 else None)[-1]
     backend.timer.on_busy = lambda why: hog.stop()
     base = backend.timer.control_base
+    controls: list = []  # every window's control median against the idle base and limit, and its verdict
+    judged = backend.timer.window_state
+
+    def window_state(control_s):
+        bc = backend.timer.busy_check
+        before = (bc.base, bc.limit()) if bc else (None, None)
+        got = judged(control_s)
+        controls.append({"control_us": control_s * 1e6, "base_us": before[0] and before[0] * 1e6,
+                         "limit": before[1], "state": got[0], "why": got[1],
+                         "neighbour": hog.p is not None})
+        return got
+    backend.timer.window_state = window_state  # type: ignore[method-assign]
     try:
         res, wall = tune(backend, big)
     finally:
@@ -154,9 +166,11 @@ def main() -> None:
     out["busy_retimed"] = {"status": res.status, "busy": res.race["busy"], "noisy": res.race["noisy"],
                            "windows": res.race["windows"],
                            "control_idle_us": base * 1e6 if base else None, "wall_s": wall,
-                           "window_attempts": [(w, att) for w, att, _ in seen], "winner": res.kernel_name}
+                           "window_attempts": [(w, att) for w, att, _ in seen], "winner": res.kernel_name,
+                           "controls": controls[:]}
     # a neighbour that stays: the lease goes back with the reason
     seen.clear()
+    controls.clear()
     backend.timer.on_busy = None
     try:
         res, _ = tune(backend, big)
@@ -165,6 +179,8 @@ def main() -> None:
         out["busy_stays"] = {"handed_back": True, "reason": str(e)}
     finally:
         hog.stop()
+        out["busy_stays"]["controls"] = controls[:]
+        controls.clear()
     # a neighbour already there before the race: the process check
     backend.timer.on_window = None
     backend._idle_at = -float("inf")  # the process list read afresh before this race
