@@ -390,7 +390,8 @@ def main() -> None:
     summary["skipped"] = skipped
     print(f"raced to the end {len(rows)} of {len(rows) + len(skipped)} shapes taken; busy (handed back) "
           f"{sum('busy' in x for x in skipped)}, failed or not raced {sum('failed' in x for x in skipped)}; peak GPU "
-          f"memory per shape max {max((m for r in rows for m in peaks(r)), default=math.nan):.2f} GiB", flush=True)
+          f"memory per shape max {max((m for r in rows for m in peaks(r)), default=math.nan):.2f} GiB; the "
+          f"process list read {backend.timer.watch.reads} times, {backend.timer.watch.read_s:.1f} s", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps({"compile_s": compile_s, "summary": summary, "rows": rows,
                                            "upgrade": up, "skipped": skipped}, indent=1))

@@ -183,7 +183,7 @@ def main() -> None:
         controls.clear()
     # a neighbour already there before the race: the process check
     backend.timer.on_window = None
-    backend._idle_at = -float("inf")  # the process list read afresh before this race
+    backend.timer.watch.at = -float("inf")  # the process list read afresh before this race
     hog.start()
     try:
         out["processes_seen"] = vars(gpu_idle.list_processes(backend.device))
@@ -193,7 +193,8 @@ def main() -> None:
         out["busy_before"] = {"handed_back": True, "reason": str(e)}
     finally:
         hog.stop()
-    print(json.dumps({k: out[k] for k in ("busy_retimed", "busy_stays", "processes_seen", "busy_before")},
+    out["process_reads"] = {"reads": backend.timer.watch.reads, "seconds": backend.timer.watch.read_s}
+    print(json.dumps({k: out[k] for k in ("process_reads", "busy_retimed", "busy_stays", "processes_seen", "busy_before")},
                      indent=1), flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))

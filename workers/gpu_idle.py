@@ -9,10 +9,12 @@ the race's control kernel (torch_race.Timer.busy) still sees a neighbour by the 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,8 +80,46 @@ def _own(p: Processes) -> Processes:
     return p
 
 
-def others(device: Any) -> Processes:
-    return list_processes(device)
+@dataclass
+class Watch:
+    """Who else computes on the device, read at most every so often (nvidia-smi costs ~50 ms). Before a race
+    (`look`): another attributable process refuses it. During one (`newcomers`): a PID the last look did not
+    list is a process that started since. That is contention, read with no clock in it: the control kernel's
+    time under a neighbour is also what the card's own power cap gives (an H100 read 6.82-7.50 us beside one
+    and 7.24 us at the cap, idle 6.01; issue 50). It needs no attributable PIDs either: a container's host PID
+    not listed before is new all the same. A monitoring agent (nvidia-smi, DCGM) runs no compute process."""
+
+    device: Any
+    every_s: float = 1.0  # the most often a race reads the list (its windows between)
+    seen: frozenset[int] | None = None  # the PIDs at the last look; None: no look yet, or nothing could list
+    at: float = -math.inf  # when the list was last read
+    reads: int = 0  # what the reads cost, for the benchmarks: how many, and their seconds
+    read_s: float = 0.0
+
+    def due(self, every_s: float) -> bool:
+        return time.monotonic() - self.at > every_s
+
+    def _list(self) -> Processes:
+        t = time.monotonic()
+        p = list_processes(self.device)
+        self.at = time.monotonic()
+        self.reads, self.read_s = self.reads + 1, self.read_s + self.at - t
+        return p
+
+    def look(self) -> Processes:
+        """The list now; what it shows becomes the race's starting set."""
+        p = self._list()
+        self.seen = frozenset(p.pids) if p.tool else None
+        return p
+
+    def newcomers(self, now: bool = False) -> str | None:
+        """The processes on the device the last look did not list, named; None where there are none, nothing
+        could list them, or the list was read less than `every_s` ago (`now`: read it anyway)."""
+        if self.seen is None or not (now or self.due(self.every_s)):
+            return None
+        p = self._list()
+        new = sorted(set(p.pids) - self.seen - {os.getpid()})
+        return f"processes on {self.device} that started during the race: pids {new} ({p.tool})" if new else None
 
 
 def sm_clock(device: Any) -> Callable[[], float | None] | None:

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from app.wire import ResultStatus
-from workers import gpu_idle
 from workers.backends import torch_checks
 from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
 from workers.backends.torch_candidates import (_DTYPES, DEFAULT, MM_BT, SPLIT_PARTS, Candidate, candidates,
@@ -66,7 +65,6 @@ class TorchBackend:
         self.busy_retries = busy_retries  # re-times of a busy window before the lease goes back
         self._inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.dtype, torch.Tensor] | None = None
         self._window = 0
-        self._idle_at = -math.inf  # when the device's process list last showed no other process
         self._check_ref: tuple[torch.Tensor, torch.dtype] | None = None  # what a capture window's guard checks
         self.snr_min_db: float | None = None  # an fp8 family's SNR gate (aiter_replay), None: no gate
         self.memory = RaceMemory(self.device, mem_cap_bytes)
@@ -151,11 +149,10 @@ class TorchBackend:
         unsupported = [f for f in ("scaleAB", "bpreshuffle") if shape.get(f) == "True"]
         if unsupported or shape.get("dtype") not in _DTYPES or shape.get("outdtype") not in _DTYPES:
             return failed(f"torch backend cannot run {shape} ({unsupported or 'dtype'})")
-        if time.monotonic() - self._idle_at > self.IDLE_EVERY_S:  # nvidia-smi costs ~50 ms: not every shape
-            idle = gpu_idle.others(self.device)
+        if self.timer.watch.due(self.IDLE_EVERY_S):  # nvidia-smi costs ~50 ms: not every shape
+            idle = self.timer.watch.look()
             if idle.others:
                 raise GpuBusy(f"other processes on {self.device} before the race: {idle.describe()}")
-            self._idle_at = time.monotonic()
         m, n, e_in = int(shape["M"]), int(shape["N"]), _DTYPES[shape["dtype"]].itemsize
         plan = self._plan = self.memory.plan(m, n, int(shape["K"]), e_in, shape["bias"] == "True")
         # before the inputs and the reference (they alone may not fit), and the default with them: no race without

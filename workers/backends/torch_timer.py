@@ -59,6 +59,9 @@ class BusyCheck:
     clocks: list[float] = field(default_factory=list)  # the clock read after each clean window
     settle_s: float = 1.0  # the most a suspect window's repeat waits for the card to settle
     pause: Callable[[float], None] = time.sleep
+    # new compute processes on the card since the race's start, named (gpu_idle.Watch.newcomers; its argument:
+    # read now, a suspect window): busy whatever the control read
+    crowd: Callable[[bool], str | None] | None = None
 
     def _read(self) -> float | None:
         return self.clock() if self.clock is not None else None
@@ -103,6 +106,9 @@ class BusyCheck:
         """clean | noisy | busy, and why."""
         mhz = self._read()
         why = self.over(control_s)
+        crowd = self.crowd(why is not None) if self.crowd is not None else None
+        if crowd is not None:  # a neighbour named by the card itself: its window's times are not ours alone
+            return "busy", crowd + (f"; {why}" if why else "")
         if why is None:
             self.clean.append(control_s)
             if mhz:
@@ -150,8 +156,9 @@ class Timer:
         # the CPU is shared by design (a 2-core VM with other work): the check is off there unless asked for
         self.busy_drift = busy_drift if busy_drift is not None else (self.BUSY_DRIFT if self.cuda else None)
         # the CPU has no power cap to wait out (its busy check runs in tests alone)
+        self.watch = gpu_idle.Watch(device)  # the device's compute processes (before a race and during)
         self.busy_check = (BusyCheck(self.busy_drift, clock=gpu_idle.sm_clock(device),
-                                     settle_s=BusyCheck.settle_s if self.cuda else 0.0)
+                                     settle_s=BusyCheck.settle_s if self.cuda else 0.0, crowd=self.watch.newcomers)
                            if self.busy_drift is not None else None)
         self._control: tuple[Callable[[], Any], int] | None = None
         self.on_window: Callable[[int, int], None] | None = None  # (window, attempt): tests plant neighbours
