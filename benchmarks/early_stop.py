@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import statistics
 import sys
 import time
@@ -131,6 +132,15 @@ def library_kernels(backend: TorchBackend, shape: dict) -> dict[str, list[str]]:
             torch.cuda.synchronize()
         got[name] = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
     return got
+
+
+class Cut(BaseException):
+    """The call's time is up (SIGTERM, as `timeout` sends it): the run stops and reports the shapes raced. Not an
+    Exception: the race fails a candidate on any Exception and goes on."""
+
+
+def _cut(signum: int, frame: object) -> None:
+    raise Cut()
 
 
 class NotRaced(RuntimeError):
@@ -318,76 +328,84 @@ def main() -> None:
     schedules.update({v: Schedule(rounds=VARIANTS[v], final=a.repeats) for v in a.variants.split(",") if v})
     kinds = ["exhaustive", *schedules, *(["exhaustive2"] if a.repeat_exhaustive else [])]
     t_start = time.perf_counter()
-    for i, item in enumerate(items):
-        if time.perf_counter() - t_start > a.budget_s:
-            print(f"budget reached: {len(rows)} of {len(items)} shapes raced", flush=True)
-            break
-        s = item["shape"]
-        try:
-            got, inputs = races(backend, batch, item, kinds, i, schedules)
-            backend.schedule = default_schedule
-            bad = {k: res.error for k, (res, _) in got.items() if res.status == "failed"}
-            if bad:
-                skipped.append({"M": s["M"], "N": s["N"], "K": s["K"], "failed": bad})
-                print(f"{s['M']:>5} {s['N']:>6} {s['K']:>6} not raced to the end: {bad}", flush=True)
-                continue
-            (ex, ex_wall), (hv, hv_wall) = got["exhaustive"], got["halving"]
-            ex_us = ok_us(ex)
-            best, win_us = min(ex_us.values()), ex_us[ex.kernel_name]
-            hv_vs_win, hv_vs_fastest = judge(ex, hv)
-            ref = head_to_head(backend, item, inputs, hv.kernel_name, ex.kernel_name, a.repeats)
-            referee = ref["ratio"]
-            r = {"M": int(s["M"]), "N": int(s["N"]), "K": int(s["K"]), "bias": s["bias"],
-                 "candidates": len(ex.candidates), "ex_fastest": ex.race["fastest"], "ex_winner": ex.kernel_name,
-                 "ex_us": best, "ex_win_us": win_us, "default_us": ex_us.get(DEFAULT), "hv_winner": hv.kernel_name,
-                 "hv_vs_win": hv_vs_win, "hv_vs_fastest": hv_vs_fastest, "hv_us": hv.us, "hv_default_us": hv.default_us,
-                 "ex_status": ex.status, "hv_status": hv.status, "hv_resampled": hv.race["resampled"],
-                 "ex_sampled_s": ex.race["sampled_s"], "hv_sampled_s": hv.race["sampled_s"],
-                 "ex_samples": ex.race["samples"], "hv_samples": hv.race["samples"],
-                 "hv_finalists": hv.race["finalists"], "ex_wall_s": ex_wall, "hv_wall_s": hv_wall,
-                 "sigma": ex.race["sigma"], "referee": referee, "referee_detail": ref,
-                 "hv_decision": hv.race.get("decision"), "hv_confidence": hv.race.get("confidence"),
-                 "hv_reason": hv.race.get("reason"), "hv_busy": hv.race.get("busy"), "ex_busy": ex.race.get("busy"),
-                 "ex_candidates": ex.candidates,
-                 "hv_candidates": hv.candidates, "variants": {},
-                 "ex_memory": ex.race["memory"], "hv_memory": hv.race["memory"]}
-            for v in schedules:
-                if v != "halving":
-                    res, wall = got[v]
-                    r["variants"][v] = {"vs_win": judge(ex, res)[0], "vs_fastest": judge(ex, res)[1],
-                                        "sampled_s": res.race["sampled_s"], "wall_s": wall,
-                                        "same": res.kernel_name == ex.kernel_name}
-            if a.repeat_exhaustive:
-                ex2 = got["exhaustive2"][0]
-                us2 = ok_us(ex2)
-                r["ex2_winner"], r["ex2_vs_win"] = ex2.kernel_name, judge(ex, ex2)[0]
-                d1, d2 = ex_us.get(DEFAULT), us2.get(DEFAULT)
-                # how far each contender's time relative to the default moves between the two races
-                r["ratio_moves"] = [abs((ex_us[c] / d1) / (us2[c] / d2) - 1) for c in ex_us
-                                    if c in us2 and c != DEFAULT and d1 and d2 and ex_us[c] <= 1.05 * best]
-            if a.confirm:
-                r["confirm"] = cf_ = confirmation(backend, batch, item, hv, inputs, a.repeats)
-                # issue 34's rule: never a winner both full races timed >= 3% slower than their fastest finalist
-                cf_["ex_hv_slower"] = slower_in_both(cf_["winner"], ex, hv)
-                cf_["both_3pct_slower"] = all(x >= 1.03 for x in cf_["ex_hv_slower"])
-            rows.append(r)
-            raced.append(item)
-            cf = r.get("confirm")
-            print(f"{r['M']:>5} {r['N']:>6} {r['K']:>6} c={r['candidates']:>2} ex={ex.kernel_name:<34} {win_us:9.2f}us "
-                  f"hv={hv.kernel_name:<34} x-race {hv_vs_win:6.3f} h2h {referee:6.3f} fin={r['hv_finalists']:>2} "
-                  f"gpu {r['hv_sampled_s'] / r['ex_sampled_s']:.3f} wall {hv_wall:5.2f}/{ex_wall:5.2f}s "
-                  f"{hv.status}" + (f" ex2={r['ex2_winner']} {r['ex2_vs_win']:.3f}" if a.repeat_exhaustive else "")
-                  + (f" | confirm {cf['winner']} h2h {cf['h2h']:.3f} gpu {cf['sampled_s'] / r['hv_sampled_s']:.3f} "
-                     f"({len(cf['raced'])} raced)" if cf else "") + memory(r), flush=True)
-        except (GpuBusy, NotRaced, torch.OutOfMemoryError) as e:  # what a worker does: the lease goes back
-            what = "busy" if isinstance(e, GpuBusy) else "failed"  # (busy) or the shape fails; the run goes on
-            skipped.append({"M": s["M"], "N": s["N"], "K": s["K"], what: str(e)[:500]})
-            print(f"{s['M']:>5} {s['N']:>6} {s['K']:>6} {what}: {str(e)[:300]}", flush=True)
-        finally:
-            backend.schedule = default_schedule
-    up = upgrade(backend, batch, raced, rows) if a.confirm else None
+    cut = None
+    signal.signal(signal.SIGTERM, _cut)
+    try:
+        for i, item in enumerate(items):
+            if time.perf_counter() - t_start > a.budget_s:
+                print(f"budget reached: {len(rows)} of {len(items)} shapes raced", flush=True)
+                break
+            s = item["shape"]
+            try:
+                got, inputs = races(backend, batch, item, kinds, i, schedules)
+                backend.schedule = default_schedule
+                bad = {k: res.error for k, (res, _) in got.items() if res.status == "failed"}
+                if bad:
+                    skipped.append({"M": s["M"], "N": s["N"], "K": s["K"], "failed": bad})
+                    print(f"{s['M']:>5} {s['N']:>6} {s['K']:>6} not raced to the end: {bad}", flush=True)
+                    continue
+                (ex, ex_wall), (hv, hv_wall) = got["exhaustive"], got["halving"]
+                ex_us = ok_us(ex)
+                best, win_us = min(ex_us.values()), ex_us[ex.kernel_name]
+                hv_vs_win, hv_vs_fastest = judge(ex, hv)
+                ref = head_to_head(backend, item, inputs, hv.kernel_name, ex.kernel_name, a.repeats)
+                referee = ref["ratio"]
+                r = {"M": int(s["M"]), "N": int(s["N"]), "K": int(s["K"]), "bias": s["bias"],
+                     "candidates": len(ex.candidates), "ex_fastest": ex.race["fastest"], "ex_winner": ex.kernel_name,
+                     "ex_us": best, "ex_win_us": win_us, "default_us": ex_us.get(DEFAULT), "hv_winner": hv.kernel_name,
+                     "hv_vs_win": hv_vs_win, "hv_vs_fastest": hv_vs_fastest, "hv_us": hv.us,
+                     "hv_default_us": hv.default_us,
+                     "ex_status": ex.status, "hv_status": hv.status, "hv_resampled": hv.race["resampled"],
+                     "ex_sampled_s": ex.race["sampled_s"], "hv_sampled_s": hv.race["sampled_s"],
+                     "ex_samples": ex.race["samples"], "hv_samples": hv.race["samples"],
+                     "hv_finalists": hv.race["finalists"], "ex_wall_s": ex_wall, "hv_wall_s": hv_wall,
+                     "sigma": ex.race["sigma"], "referee": referee, "referee_detail": ref,
+                     "hv_decision": hv.race.get("decision"), "hv_confidence": hv.race.get("confidence"),
+                     "hv_reason": hv.race.get("reason"), "hv_busy": hv.race.get("busy"), "ex_busy": ex.race.get("busy"),
+                     "ex_candidates": ex.candidates,
+                     "hv_candidates": hv.candidates, "variants": {},
+                     "ex_memory": ex.race["memory"], "hv_memory": hv.race["memory"]}
+                for v in schedules:
+                    if v != "halving":
+                        res, wall = got[v]
+                        r["variants"][v] = {"vs_win": judge(ex, res)[0], "vs_fastest": judge(ex, res)[1],
+                                            "sampled_s": res.race["sampled_s"], "wall_s": wall,
+                                            "same": res.kernel_name == ex.kernel_name}
+                if a.repeat_exhaustive:
+                    ex2 = got["exhaustive2"][0]
+                    us2 = ok_us(ex2)
+                    r["ex2_winner"], r["ex2_vs_win"] = ex2.kernel_name, judge(ex, ex2)[0]
+                    d1, d2 = ex_us.get(DEFAULT), us2.get(DEFAULT)
+                    # how far each contender's time relative to the default moves between the two races
+                    r["ratio_moves"] = [abs((ex_us[c] / d1) / (us2[c] / d2) - 1) for c in ex_us
+                                        if c in us2 and c != DEFAULT and d1 and d2 and ex_us[c] <= 1.05 * best]
+                if a.confirm:
+                    r["confirm"] = cf_ = confirmation(backend, batch, item, hv, inputs, a.repeats)
+                    # issue 34's rule: never a winner both full races timed >= 3% slower than their fastest finalist
+                    cf_["ex_hv_slower"] = slower_in_both(cf_["winner"], ex, hv)
+                    cf_["both_3pct_slower"] = all(x >= 1.03 for x in cf_["ex_hv_slower"])
+                rows.append(r)
+                raced.append(item)
+                cf = r.get("confirm")
+                print(f"{r['M']:>5} {r['N']:>6} {r['K']:>6} c={r['candidates']:>2} ex={ex.kernel_name:<34} "
+                      f"{win_us:9.2f}us "
+                      f"hv={hv.kernel_name:<34} x-race {hv_vs_win:6.3f} h2h {referee:6.3f} fin={r['hv_finalists']:>2} "
+                      f"gpu {r['hv_sampled_s'] / r['ex_sampled_s']:.3f} wall {hv_wall:5.2f}/{ex_wall:5.2f}s "
+                      f"{hv.status}" + (f" ex2={r['ex2_winner']} {r['ex2_vs_win']:.3f}" if a.repeat_exhaustive else "")
+                      + (f" | confirm {cf['winner']} h2h {cf['h2h']:.3f} gpu {cf['sampled_s'] / r['hv_sampled_s']:.3f} "
+                         f"({len(cf['raced'])} raced)" if cf else "") + memory(r), flush=True)
+            except (GpuBusy, NotRaced, torch.OutOfMemoryError) as e:  # what a worker does: the lease goes back
+                what = "busy" if isinstance(e, GpuBusy) else "failed"  # (busy) or the shape fails; the run goes on
+                skipped.append({"M": s["M"], "N": s["N"], "K": s["K"], what: str(e)[:500]})
+                print(f"{s['M']:>5} {s['N']:>6} {s['K']:>6} {what}: {str(e)[:300]}", flush=True)
+            finally:
+                backend.schedule = default_schedule
+    except Cut:  # what raced so far is reported; the shape in flight is not
+        cut = f"cut by SIGTERM (the call's timeout) after {len(rows) + len(skipped)} of {len(items)} shapes"
+        print(cut, flush=True)
+    up = upgrade(backend, batch, raced, rows) if a.confirm and cut is None else None
     summary = report(rows, compile_s, default_schedule, schedules, a, backend, up) if rows else {"shapes": 0}
-    summary["skipped"] = skipped
+    summary["skipped"], summary["cut"] = skipped, cut
     print(f"raced to the end {len(rows)} of {len(rows) + len(skipped)} shapes taken; busy (handed back) "
           f"{sum('busy' in x for x in skipped)}, failed or not raced {sum('failed' in x for x in skipped)}; peak GPU "
           f"memory per shape max {max((m for r in rows for m in peaks(r)), default=math.nan):.2f} GiB; the "
