@@ -123,7 +123,10 @@ def test_the_races_busy_verdict_hands_the_lease_back_and_a_later_lease_tunes_its
     by_m = states(server, cid)
     assert {m: x["state"] for m, x in by_m.items()} == {1: "tuned", 2: "tuned"}, by_m
     assert stats.busy_handbacks == 1 and stats.backend_errors == 0 and verdicts[:2] == ["busy", "busy"]
-    assert all(x["last_error"] is None and x["attempts"] == 1 for x in by_m.values()), by_m
+    # the hand-back counted no try: each shape's one is its booked result, plus any result the service refused
+    # (a stall of this 2-core machine can time the default past the gfx942 ceiling: refused, counted, raced again)
+    assert all(x["last_error"] is None for x in by_m.values()), by_m
+    assert sum(x["attempts"] for x in by_m.values()) == 2 + stats.refused, (by_m, stats.refused)
     # the service keeps why and counts it: the workers list and page (ReleaseIn.reason, leases.end_reason)
     with server.client() as c:
         (w,) = c.get("/v1/workers").json()
