@@ -159,6 +159,7 @@ class TorchBackend:
         default = linear_bytes(m * n, e_in, _DTYPES[shape["outdtype"]].itemsize)
         if plan.budget < default:
             return failed(self._short(plan, default))
+        self.timer.ready()  # the process's own buffers, made once and held: no race's peak
         base = self.memory.peak_start()
         oom = None
         try:

@@ -152,6 +152,11 @@ class Timer:
         self.cuda = device.type == "cuda"
         self.device = device
         self._scrub: torch.Tensor | None = None
+        # one stream for every capture's warm-up call: a new torch.cuda.Stream() per capture walks the pool's 32
+        # streams, and PyTorch keeps a cuBLAS workspace per (handle, stream) for the life of the process (ATen's
+        # CublasHandlePool.cpp, cublas_handle_stream_to_workspace; 32 MiB on Hopper). 32 x 32 MiB fits what an
+        # H100 process's first race held past its plan: 0.97 GiB against a bound of 0.16 (benchmarks/issue50_s20)
+        self._side: torch.cuda.Stream | None = None
         self.llc_bytes = llc_bytes  # the last-level cache the scrub must evict (workers/identity.py)
         # the CPU is shared by design (a 2-core VM with other work): the check is off there unless asked for
         self.busy_drift = busy_drift if busy_drift is not None else (self.BUSY_DRIFT if self.cuda else None)
@@ -351,8 +356,17 @@ class Timer:
         b.record()
         return a, b, secs
 
+    def ready(self) -> None:
+        """What the timer keeps for the process, made before a race counts its peak (TorchBackend.tune): the
+        scrub buffer and the control kernel's graph, and with it cuBLAS's workspaces on the warm-up and capture
+        streams."""
+        if self.cuda:
+            self.control()
+            if self._scrub is None:
+                self._flush()
+
     def _graph(self, fn: Callable[[], Any]) -> Any:
-        side = torch.cuda.Stream()
+        side = self._side = self._side or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn()
