@@ -3,8 +3,8 @@
 clock, which the race's busy check takes its control kernel's times at (sm_clock).
 
 A container's tool may list processes by host PID: where this process's own PID is not among those listed
-while it holds the device, the list cannot tell ours from another's and is not used (`attributable` False);
-the race's control kernel (torch_race.Timer.busy) still sees a neighbour by the time it costs."""
+while it holds the device, the list cannot tell ours from another's before a race (`attributable` False); during
+one, a PID not listed at its start is a newcomer all the same (Watch)."""
 
 from __future__ import annotations
 
@@ -86,13 +86,14 @@ class Watch:
     (`look`): another attributable process refuses it. During one (`newcomers`): a PID the last look did not
     list is a process that started since. That is contention, read with no clock in it: the control kernel's
     time under a neighbour is also what the card's own power cap gives (an H100 read 6.82-7.50 us beside one
-    and 7.24 us at the cap, idle 6.01; issue 50). It needs no attributable PIDs either: a container's host PID
+    and 7.24 us at the cap, idle 6.01; issue 50), and in a race's windows it read as idle beside one
+    (benchmarks/issue50_s20). It needs no attributable PIDs either: a container's host PID
     not listed before is new all the same. A monitoring agent (nvidia-smi, DCGM) runs no compute process."""
 
     device: Any
     every_s: float = 1.0  # the most often a race reads the list (its windows between)
     seen: frozenset[int] | None = None  # the PIDs at the last look; None: no look yet, or nothing could list
-    crowd: list[int] = field(default_factory=list)  # the newcomers the last read found
+    newcomer_pids: list[int] = field(default_factory=list)  # what the last read found
     at: float = -math.inf  # when the list was last read
     reads: int = 0  # what the reads cost, for the benchmarks: how many, and their seconds
     read_s: float = 0.0
@@ -110,7 +111,7 @@ class Watch:
     def look(self) -> Processes:
         """The list now; what it shows becomes the race's starting set."""
         p = self._list()
-        self.seen, self.crowd = (frozenset(p.pids) if p.tool else None), []
+        self.seen, self.newcomer_pids = (frozenset(p.pids) if p.tool else None), []
         return p
 
     def newcomers(self, now: bool = False) -> str | None:
@@ -119,12 +120,12 @@ class Watch:
         some, every call reads it again until they are gone: a window timed again right after a busy one is
         within the second, and a neighbour that stays must keep it busy (on an H100 the control kernel beside
         one read as idle, benchmarks/RESULTS.md)."""
-        if self.seen is None or not (now or self.crowd or self.due(self.every_s)):
+        if self.seen is None or not (now or self.newcomer_pids or self.due(self.every_s)):
             return None
         p = self._list()
-        self.crowd = sorted(set(p.pids) - self.seen - {os.getpid()})
-        return (f"processes on {self.device} that started during the race: pids {self.crowd} ({p.tool})"
-                if self.crowd else None)
+        self.newcomer_pids = sorted(set(p.pids) - self.seen - {os.getpid()})
+        new = self.newcomer_pids
+        return f"processes on {self.device} that started during the race: pids {new} ({p.tool})" if new else None
 
 
 def sm_clock(device: Any) -> Callable[[], float | None] | None:
