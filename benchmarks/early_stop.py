@@ -434,6 +434,7 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
     cands = [r["candidates"] for r in rows]
     triton_n = [sum(c["name"].startswith("triton_") for c in r["ex_candidates"]) for r in rows]
     worst = max(r["referee"] for r in rows)
+    ties = sum(map(tie_inside_spread, rows))
     print()
     print(f"shapes {n}; candidates per shape {min(cands)}..{max(cands)} (Triton configs {min(triton_n)}.."
           f"{max(triton_n)}); compile lane {compile_s:.1f} s")
@@ -479,7 +480,7 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
           f"({len(differ)} differing picks; worst {worst:.3f}; more than 3% slower: "
           f"{sum(r['referee'] > 1.03 for r in rows)}; halving pick slower across the windows (confidence >= 0.95): "
           f"{len(sep)}); a tie that kept the default, the pair within the spread by the referee too: "
-          f"{sum(map(tie_inside_spread, rows))} more")
+          f"{ties} more")
     busy = sum(len(r.get("hv_busy") or []) + len(r.get("ex_busy") or []) for r in rows)
     decisions: dict[str, int] = {}
     for r in rows:
@@ -489,7 +490,7 @@ def report(rows: list[dict], compile_s: float, default_schedule: Schedule, sched
     summary = {"shapes": n, "gpu_ratio": gpu, "wall_ratio": wall, "gpu_median": q(gpu_each, 0.5),
                "gpu_p90": q(gpu_each, 0.9), "wall_median": q(wall_each, 0.5), "wall_p90": q(wall_each, 0.9),
                "within_1pct": h2h, "worst_h2h": worst, "finalists_mean": statistics.mean(fins),
-               "ties_inside_spread": sum(map(tie_inside_spread, rows))}
+               "ties_inside_spread": ties}
     if a.confirm:
         cfs = [r["confirm"] for r in rows]
         cf_gpu = sum(c["sampled_s"] for c in cfs) / sum(r["hv_sampled_s"] for r in rows)

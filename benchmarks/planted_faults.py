@@ -194,8 +194,8 @@ def main() -> None:
     finally:
         hog.stop()
     out["process_reads"] = {"reads": backend.timer.watch.reads, "seconds": backend.timer.watch.read_s}
-    print(json.dumps({k: out[k] for k in ("process_reads", "busy_retimed", "busy_stays", "processes_seen", "busy_before")},
-                     indent=1), flush=True)
+    shown = ("process_reads", "busy_retimed", "busy_stays", "processes_seen", "busy_before")
+    print(json.dumps({k: out[k] for k in shown}, indent=1), flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
 
