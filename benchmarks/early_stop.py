@@ -289,6 +289,8 @@ def main() -> None:
     p.add_argument("--kernels", action="store_true", help="print the CUDA kernels each library entry launches")
     p.add_argument("--budget-s", type=float, default=1e9, help="take no new shape after this many seconds")
     p.add_argument("--mem-cap-gib", type=float, help="the race's memory cap (a worker beside a server on the card)")
+    p.add_argument("--placement", choices=TorchBackend.PLACEMENTS, default="clone",
+                   help="a capture window's fresh input copies: clones, or each shifted to a random offset")
     p.add_argument("--out")
     a = p.parse_args()
     import torch
@@ -300,7 +302,8 @@ def main() -> None:
         items = items[:a.limit]
     lease = {"gfx": ident.gfx, "cu_num": ident.cu_num, "tuned_header": list(fam.tuned_header), "shapes": items}
     backend = TorchBackend(device=a.device, repeats=a.repeats, warmup=5, candidate_limit_s=20,
-                           mem_cap_bytes=int(a.mem_cap_gib * (1 << 30)) if a.mem_cap_gib else None)
+                           mem_cap_bytes=int(a.mem_cap_gib * (1 << 30)) if a.mem_cap_gib else None,
+                           placement=a.placement)
     batch = Batch(lease, time.monotonic() + 1e6, lambda: False)
     try:
         import triton
@@ -309,7 +312,7 @@ def main() -> None:
         tv = "absent"
     print(f"torch {torch.__version__}, triton {tv}, device={a.device} "
           f"{torch.cuda.get_device_name() if a.device.startswith('cuda') else 'cpu'} gfx={ident.gfx}; "
-          f"{len(items)} shapes from {a.shapes or ['builtin']}", flush=True)
+          f"{len(items)} shapes from {a.shapes or ['builtin']}; placement {a.placement}", flush=True)
 
     build = backend.warm(lease, 1800.0)  # the worker's compile lane: every config once, with and without bias
     compile_s = build["seconds"]
@@ -405,7 +408,7 @@ def main() -> None:
         print(cut, flush=True)
     up = upgrade(backend, batch, raced, rows) if a.confirm and cut is None else None
     summary = report(rows, compile_s, default_schedule, schedules, a, backend, up) if rows else {"shapes": 0}
-    summary["skipped"], summary["cut"] = skipped, cut
+    summary["skipped"], summary["cut"], summary["placement"] = skipped, cut, a.placement
     print(f"raced to the end {len(rows)} of {len(rows) + len(skipped)} shapes taken; busy (handed back) "
           f"{sum('busy' in x for x in skipped)}, failed or not raced {sum('failed' in x for x in skipped)}; peak GPU "
           f"memory per shape max {max((m for r in rows for m in peaks(r)), default=math.nan):.2f} GiB; the "

@@ -214,9 +214,10 @@ def test_the_accuracy_check_tells_a_kernel_that_changes_answers_from_near_tie_fl
     assert acc["prompts"] == 32 and acc["ok"] == (why is None), acc
     if why:
         assert got["verdict"] == "void" and "accuracy: arm B: " in got["reason"] and why in got["reason"], got["reason"]
-    else:  # B's answers flipped (not A's) and the run books
-        assert acc["arms"]["B"]["flips"] > 0 and acc["arms"]["A_prime"]["flips"] == 0 and got["verdict"] != "void", \
-            (acc, got["reason"])
+    else:  # B's answers flipped (not A's) and the accuracy check voids nothing (the identical-arm control may still
+        # void the run on a loaded 2-core machine: "a noisy node", a timing verdict that is not this test's)
+        assert acc["arms"]["B"]["flips"] > 0 and acc["arms"]["A_prime"]["flips"] == 0, acc
+        assert "accuracy" not in (got["reason"] or ""), got["reason"]
 
 
 def test_a_band_with_too_few_requests_is_void_naming_why(gate, tmp_path):

@@ -3,6 +3,7 @@ matmul; split-K in fp32) and, on a GPU, every Triton config (workers/backends/tr
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,6 +11,10 @@ import torch
 
 _DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32}
 DEFAULT = "torch_linear"  # F.linear: the library path an untuned shape takes
+# placement "shift": a capture window's copy of an input lies at a random offset, a multiple of SHIFT_STEP bytes
+# (the caching allocator's own alignment, so a kernel sees the alignment it always does), under SHIFT_BYTES
+SHIFT_BYTES = 2 << 20
+SHIFT_STEP = 512
 
 
 @dataclass
@@ -31,6 +36,19 @@ def graph_bytes(kept: int, per_call: int) -> int:
 def linear_bytes(mn: int, e_in: int, e_out: int) -> int:
     """What the default (F.linear) holds: an M x N output in the input dtype and one in the output dtype a call."""
     return graph_bytes(0, mn * (e_in + e_out))
+
+
+def shifted(t: torch.Tensor, rng: random.Random) -> torch.Tensor:
+    """A contiguous copy of t at a random offset into a buffer of its own. A plain clone need not move: the
+    caching allocator may hand the block a window freed straight back to the next window's clone of the same
+    size, so that every window's "fresh" copies lie at the same addresses (issue 50; benchmarks/linear_modes.py
+    records them on a GPU)."""
+    e = t.element_size()
+    off = rng.randrange(SHIFT_BYTES // SHIFT_STEP) * SHIFT_STEP // e
+    buf = torch.empty(t.numel() + SHIFT_BYTES // e, dtype=t.dtype, device=t.device)
+    out = buf[off:off + t.numel()].view(t.shape)
+    out.copy_(t)
+    return out
 
 
 def _split_k_cpu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, parts: int,
@@ -63,19 +81,19 @@ def kernel_catalog() -> list[str]:
     return [DEFAULT, MM_BT, *map(_split_name, SPLIT_PARTS), *map(config_name, CONFIGS)]
 
 
-def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
-               ) -> list[Candidate]:
+def candidates(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
+               place: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[Candidate]:
     """The library paths first (the default first of all), then, on a GPU, every Triton config. Each library
     entry is a distinct call into BLAS. `torch.addmm(bias, a, b.t(), out=...)` is not one: F.linear on 2-D
     input already makes that very call (at::addmm with a bias, at::matmul -> mm without; torch's
     aten/src/ATen/native/Linear.cpp), so it raced the default's own kernel against itself and handed the race
     a 1-2% placement difference as a win (H200 runs of benchmarks/early_stop.py, which lists the kernels each
-    library entry launches)."""
+    library entry launches). `place`: how the pre-transposed weight is copied (shifted: a window's own placement)."""
 
     def linear() -> torch.Tensor:
         return torch.nn.functional.linear(a, b, bias).to(out_dtype)
 
-    bt = b.t().contiguous()
+    bt = place(b.t()) if place else b.t().contiguous()
 
     def mm_pretransposed() -> torch.Tensor:  # the weight stored K x N: the NN layout, another BLAS kernel
         y = a @ bt

@@ -63,15 +63,15 @@ class RaceMemory:
         return min(room, self.cap - alloc) if self.cap is not None else room
 
     @staticmethod
-    def fixed(m: int, n: int, k: int, elem: int, bias: bool) -> int:
+    def fixed(m: int, n: int, k: int, elem: int, bias: bool, pad: int = 0) -> int:
         """What a shape's race holds whatever is raced: its inputs and the pre-transposed weight, as many again
-        for a capture window's fresh copies, and the float64 reference with the checks' float64 temporaries (or
-        its operands while it is made, the larger)."""
+        (and `pad`: their shifted placement) for a capture window's fresh copies, and the float64 reference with
+        the checks' float64 temporaries (or its operands while it is made, the larger)."""
         inputs = (m * k + 2 * n * k + (n if bias else 0)) * elem
-        return 2 * inputs + max(RaceMemory.CHECK_ARRAYS * m * n, m * n + m * k + n * k) * 8
+        return 2 * inputs + pad + max(RaceMemory.CHECK_ARRAYS * m * n, m * n + m * k + n * k) * 8
 
-    def plan(self, m: int, n: int, k: int, elem: int, bias: bool) -> Plan:
-        fixed, room = self.fixed(m, n, k, elem, bias), self.room()
+    def plan(self, m: int, n: int, k: int, elem: int, bias: bool, pad: int = 0) -> Plan:
+        fixed, room = self.fixed(m, n, k, elem, bias, pad), self.room()
         return Plan(fixed, room, room - fixed - self.MARGIN)
 
     @staticmethod

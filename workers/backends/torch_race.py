@@ -21,6 +21,7 @@ skipped, and an incumbent it lacks means a full race. Rows are written in the le
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -31,8 +32,8 @@ import torch
 from app.wire import ResultStatus
 from workers.backends import torch_checks
 from workers.backends.base import Batch, Emit, GpuBusy, ShapeResult, now_iso, row_helps
-from workers.backends.torch_candidates import (_DTYPES, DEFAULT, MM_BT, SPLIT_PARTS, Candidate, candidates,
-                                               kernel_catalog, linear_bytes)
+from workers.backends.torch_candidates import (_DTYPES, DEFAULT, MM_BT, SHIFT_BYTES, SPLIT_PARTS, Candidate,
+                                               candidates, kernel_catalog, linear_bytes, shifted)
 from workers.backends.torch_checks import ERR_MAX, GROSS, check_output, err_ratio, negative_controls, snr_db
 from workers.backends.torch_decide import (Entry, Race, Schedule, decide, pooled_sigma, rel_spread,
                                            sign_confidence, versus)
@@ -48,12 +49,16 @@ class TorchBackend:
     name = "torch"
     families = ["bf16_gemm"]
     IDLE_EVERY_S = 5.0  # the process list is read before a race at most this often (the control kernel between)
+    # a capture window's fresh copies of the inputs (_fresh): clones, or shifted (each at a random offset of its own)
+    PLACEMENTS = ("clone", "shift")
 
     def __init__(self, device: str = "cpu", warmup: int = 2, repeats: int = 15, candidate_limit_s: float = 10.0,
                  seed: int = 0, only: list[str] | None = None, race: str = "halving",
                  schedule: Schedule | None = None, min_improvement_pct: float = 3.0,
                  exclude: list[str] | None = None, llc_bytes: int | None = None, busy_drift: float | None = None,
-                 busy_retries: int = 3, mem_cap_bytes: int | None = None):
+                 busy_retries: int = 3, mem_cap_bytes: int | None = None, placement: str = "clone"):
+        if placement not in self.PLACEMENTS:
+            raise ValueError(f"placement must be one of {self.PLACEMENTS}, not {placement!r}")
         self.device = torch.device(device)
         self.warmup, self.limit, self.seed = warmup, candidate_limit_s, seed
         self.only = only  # restrict to these candidate names (benchmarks, tests)
@@ -69,6 +74,7 @@ class TorchBackend:
         self.snr_min_db: float | None = None  # an fp8 family's SNR gate (aiter_replay), None: no gate
         self.memory = RaceMemory(self.device, mem_cap_bytes)
         self._plan = Plan(0, math.inf, math.inf)  # the shape's memory plan (tune), unbounded outside a race
+        self.placement, self._place_rng = placement, random.Random(seed)
 
     def _checked(self, out: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype) -> tuple[float, str | None]:
         """check_output, then the SNR gate where the family has one."""
@@ -154,7 +160,8 @@ class TorchBackend:
             if idle.others:
                 raise GpuBusy(f"other processes on {self.device} before the race: {idle.describe()}")
         m, n, e_in = int(shape["M"]), int(shape["N"]), _DTYPES[shape["dtype"]].itemsize
-        plan = self._plan = self.memory.plan(m, n, int(shape["K"]), e_in, shape["bias"] == "True")
+        pad = 4 * SHIFT_BYTES if self.placement == "shift" else 0  # a, b, bias and the pre-transposed weight
+        plan = self._plan = self.memory.plan(m, n, int(shape["K"]), e_in, shape["bias"] == "True", pad)
         # before the inputs and the reference (they alone may not fit), and the default with them: no race without
         default = linear_bytes(m * n, e_in, _DTYPES[shape["outdtype"]].itemsize)
         if plan.budget < default:
@@ -436,12 +443,15 @@ class TorchBackend:
 
     def _fresh(self, window: int, names: set[str]) -> dict[str, Candidate]:
         """Window 0 times the race's own candidates; every later window fresh copies of the inputs and fresh
-        candidates over them (their own buffers, so one placement's luck does not decide): those named."""
+        candidates over them (their own buffers, so one placement's luck does not decide): those named. A clone
+        may land where the last window's was (the caching allocator); placement "shift" moves each copy."""
         if not window or self._inputs is None:
             return {}
         a, b, bias, out_dtype, _ = self._inputs
-        return {c.name: c for c in candidates(a.clone(), b.clone(), bias.clone() if bias is not None else None,
-                                              out_dtype) if c.name in names}
+        place = (lambda t: shifted(t, self._place_rng)) if self.placement == "shift" else None
+        copy = place or torch.Tensor.clone
+        fresh = copy(a), copy(b), copy(bias) if bias is not None else None, out_dtype
+        return {c.name: c for c in (candidates(*fresh, place) if place else candidates(*fresh)) if c.name in names}
 
     def _final(self, race: Race, entries: list[Entry], n: int, windows: int | None = None,
                per: int | None = None) -> None:
