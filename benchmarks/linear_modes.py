@@ -4,8 +4,8 @@ that bimodality decided a near-tie one way in one run and the other way in the n
 
 Each window here is what the race's final round does for one candidate (TorchBackend._final, Timer._graph): a
 fresh capture of GRAPH_CALLS calls, then samples interleaved with the control kernel, each from a flushed L2. Per
-window it records the median time, the kernels one replay launches (torch.profiler) and where the inputs and the
-graph's output lie. Three ways, to tell what is chosen at capture from what the placement does:
+window it records the median time, the SM clock, the kernels one replay launches (torch.profiler) and where the
+inputs and the graph's output lie. Four ways, to tell what is chosen at capture from what the placement does:
 - fresh: fresh copies of the inputs and a fresh capture (the race's windows after the first, placement "clone");
 - shift: the same, each copy at a random offset of its own (placement "shift", torch_candidates.shifted);
 - recapture: the same inputs, a fresh capture;
@@ -27,10 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from workers.backends.torch_candidates import DEFAULT, MM_BT, candidates, shifted  # noqa: E402
+from workers import gpu_idle  # noqa: E402
 from workers.backends.torch_timer import Timer  # noqa: E402
 
 # issue 50's four misses in session 21's headline run 2 (benchmarks/issue50_s21)
 SHAPES = [(320, 6144, 2048), (64, 6144, 2048), (512, 2112, 7168), (2048, 6400, 5120)]
+CLOCK = None  # the SM clock's reader (gpu_idle.sm_clock), read once a window
 
 
 def kernels(replay) -> list[str]:
@@ -46,7 +48,8 @@ def window(timer: Timer, fn, samples: int, graph=None) -> dict:
     g, out = graph or timer._graph(fn)
     got = timer.sample([(g.replay, Timer.GRAPH_CALLS), timer.control()], samples)
     return {"us": statistics.median(got[0]) * 1e6, "control_us": statistics.median(got[1]) * 1e6,
-            "kernels": kernels(g.replay), "out_ptr": hex(out.data_ptr()), "graph": (g, out)}
+            "sm_mhz": CLOCK() if CLOCK else None, "kernels": kernels(g.replay), "out_ptr": hex(out.data_ptr()),
+            "graph": (g, out)}
 
 
 def modes(timer: Timer, m: int, n: int, k: int, windows: int, samples: int) -> dict:
@@ -72,6 +75,7 @@ def modes(timer: Timer, m: int, n: int, k: int, windows: int, samples: int) -> d
                     x, y = (place(a), place(b)) if way == "shift" else (a.clone(), b.clone())
                     w = window(timer, fn_over(x, y, shift=way == "shift"), samples)
                     w.update(a_ptr=hex(x.data_ptr()), b_ptr=hex(y.data_ptr()))
+                    del x, y  # freed before the next window's copies are made, as the race's are (_fresh)
                 else:
                     w = window(timer, fixed, samples, kept["graph"] if way == "replay" else None)
                 w.pop("graph")
@@ -82,7 +86,8 @@ def modes(timer: Timer, m: int, n: int, k: int, windows: int, samples: int) -> d
                   f" max {max(us):7.2f}; kernel sets {len({tuple(r['kernels']) for r in rows})}; eager {eager}",
                   flush=True)
             for r in rows:
-                print(f"      {r['us']:7.2f} us (control {r['control_us']:5.2f}) {r['kernels']} out {r['out_ptr']}"
+                print(f"      {r['us']:7.2f} us (control {r['control_us']:5.2f}, {r['sm_mhz']} MHz) {r['kernels']} "
+                      f"out {r['out_ptr']}"
                       + (f" a {r['a_ptr']} b {r['b_ptr']}" if "a_ptr" in r else ""), flush=True)
         out[f"{name} eager kernels"] = eager  # type: ignore[assignment]
     return out
@@ -98,8 +103,10 @@ def main() -> None:
     a = p.parse_args()
     if not a.device.startswith("cuda") or not torch.cuda.is_available():
         sys.exit("linear_modes.py times CUDA graphs: it needs a GPU (--device cuda:N)")
+    global CLOCK
     timer = Timer(torch.device(a.device))
     timer.ready()
+    CLOCK = gpu_idle.sm_clock(timer.device)
     shapes = [tuple(int(v) for v in s.split(",")) for s in a.shape] if a.shape else SHAPES
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(timer.device)}", flush=True)
     got = {f"{m}x{n}x{k}": modes(timer, m, n, k, a.windows, a.samples) for m, n, k in shapes}
